@@ -1,0 +1,15 @@
+include(CMakePackageConfigHelpers)
+set(KEVO_CMAKE_DIR ${CMAKE_INSTALL_DATADIR}/cmake/kevo)
+
+install(TARGETS kevo kevo_cuda EXPORT kevoTargets)
+install(DIRECTORY include/kevo DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
+install(DIRECTORY knowledge DESTINATION ${CMAKE_INSTALL_DATADIR}/kevo OPTIONAL)
+install(DIRECTORY problems DESTINATION ${CMAKE_INSTALL_DATADIR}/kevo)
+install(EXPORT kevoTargets NAMESPACE kevo:: DESTINATION ${KEVO_CMAKE_DIR})
+
+configure_package_config_file(cmake/kevoConfig.cmake.in
+  ${CMAKE_CURRENT_BINARY_DIR}/kevoConfig.cmake INSTALL_DESTINATION ${KEVO_CMAKE_DIR})
+write_basic_package_version_file(${CMAKE_CURRENT_BINARY_DIR}/kevoConfigVersion.cmake
+  COMPATIBILITY SameMinorVersion ARCH_INDEPENDENT)
+install(FILES ${CMAKE_CURRENT_BINARY_DIR}/kevoConfig.cmake ${CMAKE_CURRENT_BINARY_DIR}/kevoConfigVersion.cmake
+  DESTINATION ${KEVO_CMAKE_DIR})
