@@ -1,0 +1,90 @@
+// kevo/search/mcts.hpp: Monte Carlo tree search over implementations. UCT picks the child to
+// descend into; progressive widening decides when a node gets a new child instead; virtual loss
+// makes parallel selections spread out rather than pile onto one path.
+//
+//   kevo::search::Mcts policy({.exploration = 0.7, .widening_constant = 1.5, .widening_exponent = 0.5});
+#pragma once
+
+#include <kevo/search_policy.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+namespace kevo::search {
+
+class Mcts {
+ public:
+  struct Arguments {
+    double exploration = 0.7;        ///< UCT's c: higher explores more
+    double widening_constant = 1.5;  ///< a node may have ceil(k * visits^alpha) children...
+    double widening_exponent = 0.5;  ///< ...so it widens as it proves itself
+  };
+  Mcts() = default;
+  explicit Mcts(Arguments args) : args_(args) {}
+
+  Expansion select(const SearchTree& tree, Rng& rng) {
+    grow(tree.size());
+    const double best = std::max(tree.best_speedup(), 1e-9);
+    NodeId node = tree.root();
+    for (;;) {
+      const Node& n = tree[node];
+      const double visits = stats_[node].visits + stats_[node].virtual_loss;
+      const double allowed = std::ceil(args_.widening_constant * std::pow(std::max(visits, 1.0), args_.widening_exponent));
+      if (n.child_count < allowed) return {node};
+
+      // UCT over the children that can be descended into (correct ones); a pending child counts
+      // as a visit that scored nothing (virtual loss), so concurrent selections diverge.
+      NodeId chosen = no_node;
+      double chosen_value = -1;
+      const double log_parent = std::log(std::max(visits, 1.0));
+      tree.for_each_child(node, [&](NodeId c) {
+        if (tree[c].state != NodeState::evaluated) return;
+        const Stats& s = stats_[c];
+        const double n_c = s.visits + s.virtual_loss;
+        const double exploitation = (s.subtree_best / best) * (s.visits / n_c);
+        const double value = exploitation + args_.exploration * std::sqrt(log_parent / n_c) +
+                             1e-9 * std::uniform_real_distribution<double>(0, 1)(rng);  // random tie-break
+        if (value > chosen_value) chosen_value = value, chosen = c;
+      });
+      if (chosen == no_node) return {node};  // every child pending or failed: widen here
+      node = chosen;
+    }
+  }
+
+  void on_expand(const SearchTree& tree, NodeId child) {
+    grow(tree.size());
+    for (NodeId n = child; n != no_node; n = tree[n].parent) ++stats_[n].virtual_loss;
+  }
+
+  void on_result(const SearchTree& tree, NodeId child) {
+    grow(tree.size());
+    const Node& c = tree[child];
+    const bool expanded = stats_[child].virtual_loss > 0;  // the root is never expanded, only evaluated
+    for (NodeId n = child; n != no_node; n = tree[n].parent) {
+      Stats& s = stats_[n];
+      if (expanded) --s.virtual_loss;
+      ++s.visits;
+      s.subtree_best = std::max(s.subtree_best, c.speedup);
+    }
+  }
+
+  std::size_t memory_bytes() const { return stats_.capacity() * sizeof(Stats); }
+
+ private:
+  struct Stats {
+    std::uint32_t visits = 0;
+    std::uint32_t virtual_loss = 0;  ///< expansions below this node still in flight
+    float subtree_best = 0;          ///< max-backup: this is a search for the best, not the mean
+  };
+  void grow(std::size_t n) {
+    if (stats_.size() < n) stats_.resize(n);
+  }
+
+  Arguments args_;
+  std::vector<Stats> stats_;
+};
+
+static_assert(SearchPolicy<Mcts>);
+
+}  // namespace kevo::search

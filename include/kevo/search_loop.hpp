@@ -1,0 +1,569 @@
+// kevo/search_loop.hpp: the search loop that composes kevo's components.
+//
+//   retrieve knowledge -> synthesize candidates -> evaluate (in parallel) -> update tree and policy
+//      ^                                                                             |
+//      +------------------ until target reached, budget spent, or stagnation --------+
+//
+// The loop runs on one Boost.Asio io_context; generations and evaluations run on a worker pool and
+// post their results back, so it keeps `jobs` of them in flight and reacts as each one finishes.
+// Policies, memory operators and retrievers are called only from the loop's thread.
+//
+//   auto store = kevo::store::SqliteStore::open("search.db").value();
+//   auto loop = kevo::make_search_loop(problem, evaluator, store, {.jobs = 2, .max_evaluations = 60});
+//   auto result = loop.run(loop.synthesizer().seed());   // or loop.resume(run_id)
+#pragma once
+
+#include <kevo/candidate.hpp>
+#include <kevo/evaluator.hpp>
+#include <kevo/knowledge_retriever.hpp>
+#include <kevo/memory/operators.hpp>
+#include <kevo/memory_operator.hpp>
+#include <kevo/problem.hpp>
+#include <kevo/search/mcts.hpp>
+#include <kevo/search_policy.hpp>
+#include <kevo/search_tree.hpp>
+#include <kevo/store.hpp>
+#include <kevo/synth/template_synthesizer.hpp>
+#include <kevo/synthesizer.hpp>
+
+#include <boost/asio/executor_work_guard.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/signal_set.hpp>
+#include <boost/asio/strand.hpp>
+#include <boost/asio/thread_pool.hpp>
+#include <fmt/format.h>
+
+#include <chrono>
+#include <csignal>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <unordered_map>
+
+namespace kevo {
+
+/// Why a search stopped. Exactly one reason is reported: the first that held.
+enum class StopReason : std::uint8_t {
+  target_reached,
+  evaluation_budget,
+  wall_time,
+  stagnation,             ///< no improvement in `patience` evaluations
+  synthesizer_exhausted,  ///< it failed to propose anything new many times in a row
+  interrupted,            ///< SIGINT or SIGTERM; finished work is stored, resume continues it
+};
+
+inline constexpr std::string_view to_string(StopReason r) {
+  switch (r) {
+    case StopReason::target_reached: return "target_reached";
+    case StopReason::evaluation_budget: return "evaluation_budget";
+    case StopReason::wall_time: return "wall_time";
+    case StopReason::stagnation: return "stagnation";
+    case StopReason::synthesizer_exhausted: return "synthesizer_exhausted";
+    case StopReason::interrupted: return "interrupted";
+  }
+  return "?";
+}
+
+using FailureCounts = std::map<FailureKind, std::size_t>;
+
+/// What the loop reports after each finished evaluation.
+struct Progress {
+  std::size_t evaluations = 0;  ///< finished, the seed included
+  std::size_t in_flight = 0;
+  double best_speedup = 0;
+  NodeId best_node = 0;
+  FailureCounts failures;
+  double elapsed_seconds = 0;
+  double evaluations_per_second = 0;
+  NodeId node = 0;  ///< the node that just finished
+  const Candidate* candidate = nullptr;
+  const Evaluation* evaluation = nullptr;
+  bool new_best = false;
+};
+
+struct SearchResult {
+  StopReason stopped_because = StopReason::evaluation_budget;
+  std::int64_t run_id = 0;
+  std::size_t evaluations = 0;
+  NodeId best_node = 0;
+  std::shared_ptr<const Candidate> best_candidate;
+  double best_speedup = 0;        ///< as the search measured it
+  double verified_speedup = 0;    ///< re-checked on fresh inputs and re-timed against the reference
+  bool verified = false;
+  std::string verification_message;
+  FailureCounts failures;
+  double elapsed_seconds = 0;
+};
+
+struct SearchArguments {
+  std::size_t jobs = 2;                  ///< generations and evaluations in flight
+  std::size_t max_evaluations = 64;      ///< children of the seed to evaluate (the budget)
+  double max_wall_seconds = 0;           ///< 0: no limit
+  double target_speedup = 0;             ///< 0: no target
+  std::size_t patience = 0;              ///< stop after this many results without a new best; 0: never
+  std::uint64_t seed = 1;
+  std::size_t warm_start = 4;            ///< best candidates of earlier runs of this problem to start from
+  bool retime_new_best = true;           ///< re-time a new best against the old one before accepting it
+  bool handle_signals = false;           ///< stop cleanly on SIGINT/SIGTERM
+  std::size_t max_consecutive_generation_failures = 16;
+  std::string settings_json = "{}";      ///< recorded with the run, for resuming it the same way
+  std::function<void(const Progress&)> on_progress;
+};
+
+namespace detail {
+inline std::uint64_t mix(std::uint64_t a, std::uint64_t b) {
+  std::uint64_t x = a ^ (b + 0x9e3779b97f4a7c15ull + (a << 6) + (a >> 2));
+  x ^= x >> 31;
+  x *= 0xbf58476d1ce4e5b9ull;
+  return x ^ (x >> 29);
+}
+}  // namespace detail
+
+template <Synthesizer Synth, SearchPolicy Policy, MemoryOperator Memory, Evaluator Eval, KnowledgeRetriever Retriever,
+          SearchStore Store>
+class SearchLoop {
+  static_assert(check_synthesizer<Synth>() && check_search_policy<Policy>() && check_memory_operator<Memory>() &&
+                check_evaluator<Eval>() && check_knowledge_retriever<Retriever>());
+
+ public:
+  using Arguments = SearchArguments;
+
+  SearchLoop(const Problem& problem, Synth synth, Policy policy, Memory memory, Eval& evaluator, Retriever retriever,
+             Store& store, Arguments args)
+      : problem_(&problem),
+        synth_(std::move(synth)),
+        policy_(std::move(policy)),
+        memory_(std::move(memory)),
+        evaluator_(&evaluator),
+        retriever_(std::move(retriever)),
+        store_(&store),
+        args_(std::move(args)),
+        rng_(args_.seed) {
+    if (args_.jobs == 0) args_.jobs = 1;
+  }
+
+  /// Starts a new run from `seed` (the tree's root), warm-started from earlier runs in the store.
+  expected<SearchResult, Error> run(Candidate seed) {
+    auto run = store_->begin_run(RunInfo{0, problem_->name, problem_->directory.string(), args_.settings_json, {}});
+    if (!run) return unexpected(run.error());
+    run_id_ = *run;
+    if (auto ok = adopt_node(tree_.root(), no_key, std::move(seed), MemoryMode::fresh); !ok) return unexpected(ok.error());
+    to_evaluate_.push_back(tree_.root());
+
+    if (args_.warm_start > 0) {
+      auto earlier = store_->best_of_earlier_runs(problem_->name, run_id_, args_.warm_start);
+      if (!earlier) return unexpected(earlier.error());
+      for (auto& candidate : *earlier) {
+        if (hash_to_node_.count(candidate.hash()) || started_ >= args_.max_evaluations) continue;
+        const NodeId child = tree_.add_child(tree_.root());
+        policy_.on_expand(tree_, child);
+        if (auto ok = adopt_node(child, keys_[tree_.root()], std::move(candidate), MemoryMode::fresh); !ok)
+          return unexpected(ok.error());
+        to_evaluate_.push_back(child);
+        ++started_;
+      }
+    }
+    return drive();
+  }
+
+  /// Continues a stored run: finished evaluations are replayed into the tree and policy, and
+  /// candidates whose evaluation had not finished are evaluated now. Nothing runs twice.
+  expected<SearchResult, Error> resume(std::int64_t run_id) {
+    auto stored = store_->load_nodes(run_id);
+    if (!stored) return unexpected(stored.error());
+    if (stored->empty()) return make_error(fmt::format("run {} holds no nodes to resume", run_id));
+    run_id_ = run_id;
+    std::unordered_map<NodeKey, NodeId> node_of;
+    std::vector<std::pair<std::int64_t, NodeId>> finish_order;
+    for (auto& s : *stored) {
+      NodeId id = tree_.root();
+      if (s.parent != no_key) {
+        auto parent = node_of.find(s.parent);
+        if (parent == node_of.end()) return make_error(fmt::format("run {}: node {} has an unknown parent", run_id, s.key));
+        id = tree_.add_child(parent->second);
+        policy_.on_expand(tree_, id);
+        ++started_;
+      } else if (!node_of.empty()) {
+        return make_error(fmt::format("run {}: more than one root", run_id));
+      }
+      node_of[s.key] = id;
+      remember(id, s.key, std::make_shared<const Candidate>(std::move(s.candidate)));
+      if (s.evaluation) {
+        evaluations_[id] = *s.evaluation;
+        finish_order.emplace_back(s.finish_order, id);
+      } else {
+        to_evaluate_.push_back(id);
+      }
+    }
+    std::sort(finish_order.begin(), finish_order.end());
+    for (auto [order, id] : finish_order) {
+      const Evaluation& e = evaluations_[id];
+      tree_.record(id, e.failure, e.speedup, e.diagnostics.bottleneck);
+      policy_.on_result(tree_, id);
+      if (!e.ok()) ++failures_[e.failure];
+    }
+    resumed_evaluations_ = finish_order.size();
+    rng_.seed(detail::mix(args_.seed, finish_order.size()));
+    return drive();
+  }
+
+  const SearchTree& tree() const { return tree_; }
+  Synth& synthesizer() { return synth_; }
+  Policy& policy() { return policy_; }
+  Retriever& retriever() { return retriever_; }
+  const Candidate& candidate(NodeId id) const { return *candidates_.at(id); }
+  const Evaluation& evaluation(NodeId id) const { return evaluations_.at(id); }
+
+ private:
+  using Executor = boost::asio::io_context::executor_type;
+
+  expected<void, Error> adopt_node(NodeId id, NodeKey parent_key, Candidate candidate, MemoryMode mode,
+                                   NodeKey mate_key = no_key) {
+    auto key = store_->add_node(run_id_, parent_key, mate_key, candidate, mode);
+    if (!key) return unexpected(key.error());
+    remember(id, *key, std::make_shared<const Candidate>(std::move(candidate)));
+    return {};
+  }
+
+  void remember(NodeId id, NodeKey key, std::shared_ptr<const Candidate> candidate) {
+    if (candidates_.size() <= id) {
+      candidates_.resize(id + 1);
+      keys_.resize(id + 1, no_key);
+      evaluations_.resize(id + 1);
+    }
+    if (!candidate->source.empty()) hash_to_node_.emplace(candidate->hash(), id);
+    if constexpr (requires { synth_.remember(*candidate); }) synth_.remember(*candidate);
+    candidates_[id] = std::move(candidate);
+    keys_[id] = key;
+  }
+
+  expected<SearchResult, Error> drive() {
+    boost::asio::io_context io;
+    boost::asio::thread_pool workers(args_.jobs);
+    auto synth_strand = boost::asio::make_strand(workers);
+    auto guard = boost::asio::make_work_guard(io);
+    std::optional<boost::asio::signal_set> signals;
+    if (args_.handle_signals) {
+      signals.emplace(io, SIGINT, SIGTERM);
+      signals->async_wait([this](const boost::system::error_code& ec, int) {
+        if (!ec) stop(StopReason::interrupted);
+      });
+    }
+    io_ = &io;
+    workers_ = &workers;
+    synth_strand_ = &synth_strand;
+    start_time_ = std::chrono::steady_clock::now();
+
+    boost::asio::post(io, [this] { launch(); });
+    done_ = [&] {
+      if (signals) signals->cancel();
+      guard.reset();
+    };
+    io.run();
+    workers.join();
+    if (error_) return unexpected(*error_);
+    return finish();
+  }
+
+  /// Fills the free slots: pending evaluations first, then new generations.
+  void launch() {
+    check_stop();
+    while (!stopping_ && in_flight_ < args_.jobs) {
+      if (!to_evaluate_.empty()) {
+        const NodeId id = to_evaluate_.front();
+        to_evaluate_.pop_front();
+        ++in_flight_;
+        start_evaluation(id);
+        continue;
+      }
+      // Nothing can be generated before the seed's evaluation tells the policy where it stands.
+      if (tree_[tree_.root()].state == NodeState::pending) break;
+      if (tree_[tree_.root()].state == NodeState::failed) {
+        fail(Error{fmt::format("the seed candidate failed ({}): {}", to_string(evaluations_[0].failure),
+                               evaluations_[0].diagnostics.message)});
+        break;
+      }
+      if (started_ >= args_.max_evaluations) break;
+      ++in_flight_;
+      ++started_;
+      start_generation();
+    }
+    if (in_flight_ == 0 && (stopping_ || started_ >= args_.max_evaluations || error_)) {
+      if (!stop_reason_) stop_reason_ = StopReason::evaluation_budget;
+      done_();
+    }
+  }
+
+  GenerationRequest make_request(const Expansion& e, NodeId child) {
+    GenerationRequest r;
+    r.problem = problem_;
+    r.target = problem_->target;
+    r.parent = attempt(e.parent);
+    if (const NodeId gp = tree_[e.parent].parent; gp != no_node) r.grandparent = attempt(gp);
+    if (e.mate != no_node) r.mate = attempt(e.mate);
+    const MemoryContext context = memory_.context(tree_, e.parent);
+    r.memory_mode = context.mode;
+    for (NodeId n : context.trajectory) r.trajectory.push_back(attempt(n));
+    for (NodeId n : context.siblings) r.siblings.push_back(attempt(n));
+    const Evaluation& pe = r.parent.evaluation;
+    r.knowledge = retriever_.retrieve(KnowledgeQuery{.target = problem_->target,
+                                                     .architecture = {},
+                                                     .bottleneck = pe.diagnostics.bottleneck,
+                                                     .failure = pe.failure,
+                                                     .error_text = pe.diagnostics.detail,
+                                                     .operator_class = problem_->name,
+                                                     .problem_words = problem_->description});
+    r.seed = detail::mix(args_.seed, child);
+    return r;
+  }
+
+  Attempt attempt(NodeId id) const { return Attempt{id, candidates_[id], evaluations_[id]}; }
+
+  void start_generation(int tries = 0) {
+    const Expansion e = policy_.select(tree_, rng_);
+    const NodeId child = tree_.add_child(e.parent);
+    policy_.on_expand(tree_, child);
+    generate(child, e, make_request(e, child), tries);
+  }
+
+  void generate(NodeId child, Expansion e, GenerationRequest request, int tries) {
+    auto work = [this, child, e, request = std::move(request), tries]() mutable {
+      expected<Candidate, Error> result = make_error("the synthesizer threw");
+      try {
+        result = synth_.generate(request);
+      } catch (const std::exception& ex) {
+        result = make_error(fmt::format("the synthesizer threw: {}", ex.what()));
+      }
+      boost::asio::post(*io_, [this, child, e, request = std::move(request), tries, result = std::move(result)]() mutable {
+        on_generated(child, e, std::move(request), tries, std::move(result));
+      });
+    };
+    if constexpr (requires { Synth::concurrent_generation; }) {
+      if (Synth::concurrent_generation) return boost::asio::post(*workers_, std::move(work));
+    }
+    boost::asio::post(*synth_strand_, std::move(work));
+  }
+
+  void on_generated(NodeId child, Expansion e, GenerationRequest request, int tries, expected<Candidate, Error> result) {
+    if (result && hash_to_node_.count(result->hash())) {
+      if (tries < 4) {  // a repeat: ask again with another seed rather than evaluate it twice
+        request.seed = detail::mix(request.seed, tries + 1);
+        return generate(child, e, std::move(request), tries + 1);
+      }
+      result = make_error(fmt::format("the synthesizer repeated node {} five times", hash_to_node_[result->hash()]));
+    }
+    if (!result) {
+      Candidate placeholder{{}, {}, result.error().message};
+      if (auto ok = adopt_node(child, keys_[e.parent], std::move(placeholder), request.memory_mode); !ok) return fail(ok.error());
+      Evaluation failed;
+      failed.failure = FailureKind::generation_failed;
+      failed.diagnostics.message = result.error().message;
+      ++consecutive_generation_failures_;
+      return finish_node(child, std::move(failed));
+    }
+    consecutive_generation_failures_ = 0;
+    const NodeKey mate_key = e.mate != no_node ? keys_[e.mate] : no_key;
+    if (auto ok = adopt_node(child, keys_[e.parent], std::move(*result), request.memory_mode, mate_key); !ok) return fail(ok.error());
+    start_evaluation(child);
+  }
+
+  void start_evaluation(NodeId id) {
+    boost::asio::post(*workers_, [this, id, candidate = candidates_[id], seed = detail::mix(args_.seed ^ 0x5eed, keys_[id])] {
+      Evaluation e;
+      try {
+        e = evaluator_->evaluate(*candidate, seed);
+      } catch (const std::exception& ex) {
+        e.failure = FailureKind::sandbox_error;
+        e.diagnostics.message = fmt::format("the evaluator threw: {}", ex.what());
+      }
+      boost::asio::post(*io_, [this, id, e = std::move(e)]() mutable { on_evaluated(id, std::move(e)); });
+    });
+  }
+
+  void on_evaluated(NodeId id, Evaluation e) {
+    const NodeId incumbent = tree_.best();
+    const bool challenges = args_.retime_new_best && e.ok() && id != tree_.root() && incumbent != id &&
+                            tree_[incumbent].state == NodeState::evaluated && e.speedup > tree_.best_speedup();
+    if (!challenges) return finish_node(id, std::move(e));
+    // A new best is only accepted once it beats the old best side by side: noise must not pick it.
+    boost::asio::post(*workers_, [this, id, incumbent, e = std::move(e), seed = detail::mix(args_.seed, ~keys_[id])]() mutable {
+      expected<Comparison, Error> race = make_error("the evaluator threw");
+      try {
+        race = evaluator_->compare(*candidates_[id], *candidates_[incumbent], seed);
+      } catch (const std::exception& ex) {
+        race = make_error(ex.what());
+      }
+      boost::asio::post(*io_, [this, id, incumbent, e = std::move(e), race = std::move(race)]() mutable {
+        if (race && race->challenger_seconds > 0) {
+          const double ratio = race->incumbent_seconds / race->challenger_seconds;
+          const double measured = e.speedup;
+          e.speedup = tree_[incumbent].speedup * ratio;
+          e.diagnostics.message += fmt::format("{}re-timed against node {}: {:.3f}x of it (first measured {:.2f}x)",
+                                               e.diagnostics.message.empty() ? "" : "; ", incumbent, ratio, measured);
+        } else if (!race) {
+          e.diagnostics.message += fmt::format("; re-timing failed: {}", race.error().message);
+        }
+        finish_node(id, std::move(e));
+      });
+    });
+  }
+
+  void finish_node(NodeId id, Evaluation e) {
+    const NodeId previous_best = tree_.best();
+    tree_.record(id, e.failure, e.speedup, e.diagnostics.bottleneck);
+    evaluations_[id] = std::move(e);
+    const Evaluation& done = evaluations_[id];
+    if (auto ok = store_->add_evaluation(run_id_, keys_[id], done); !ok) return fail(ok.error());
+    policy_.on_result(tree_, id);
+    if (!done.ok()) ++failures_[done.failure];
+    --in_flight_;
+    ++finished_here_;
+    learn_skill(id);
+
+    if (args_.on_progress) {
+      Progress p;
+      p.evaluations = tree_.finished();
+      p.in_flight = in_flight_;
+      p.best_speedup = tree_.best_speedup();
+      p.best_node = tree_.best();
+      p.failures = failures_;
+      p.elapsed_seconds = elapsed();
+      p.evaluations_per_second = p.elapsed_seconds > 0 ? finished_here_ / p.elapsed_seconds : 0;
+      p.node = id;
+      p.candidate = candidates_[id].get();
+      p.evaluation = &done;
+      p.new_best = tree_.best() != previous_best;
+      args_.on_progress(p);
+    }
+    launch();
+  }
+
+  /// A child that clearly beat its parent is distilled into a skill for the knowledge base.
+  void learn_skill(NodeId id) {
+    const NodeId parent = tree_[id].parent;
+    if (parent == no_node || tree_[id].state != NodeState::evaluated || tree_[parent].state != NodeState::evaluated) return;
+    const double improvement = tree_[id].speedup / std::max(tree_[parent].speedup, 1e-9f);
+    if (improvement < 1.05) return;
+    Skill s;
+    s.problem = problem_->name;
+    s.target = problem_->target;
+    s.before = candidates_[parent]->knobs;
+    s.after = candidates_[id]->knobs;
+    s.bottleneck = evaluations_[parent].diagnostics.bottleneck;
+    s.improvement = improvement;
+    s.summary = fmt::format("{}: {} made a {}-bound kernel {:.2f}x faster ({:.2f}x -> {:.2f}x over the reference)",
+                            problem_->name, candidates_[id]->origin, to_string(s.bottleneck), improvement,
+                            tree_[parent].speedup, tree_[id].speedup);
+    retriever_.learn(s);
+  }
+
+  void check_stop() {
+    if (stopping_) return;
+    if (args_.target_speedup > 0 && tree_.best_speedup() >= args_.target_speedup) return stop(StopReason::target_reached);
+    if (args_.max_wall_seconds > 0 && elapsed() >= args_.max_wall_seconds) return stop(StopReason::wall_time);
+    if (args_.patience > 0 && tree_.finished_since_improvement() >= args_.patience) return stop(StopReason::stagnation);
+    if (consecutive_generation_failures_ >= args_.max_consecutive_generation_failures)
+      return stop(StopReason::synthesizer_exhausted);
+    if constexpr (requires { synth_.budget_exhausted(); }) {
+      if (synth_.budget_exhausted()) return stop(StopReason::synthesizer_exhausted);
+    }
+  }
+
+  void stop(StopReason reason) {
+    if (stopping_) return;
+    stopping_ = true;
+    stop_reason_ = reason;
+    if (in_flight_ == 0 && done_) boost::asio::post(*io_, [this] { launch(); });
+  }
+
+  void fail(Error error) {
+    if (!error_) error_ = std::move(error);
+    stopping_ = true;
+    if (in_flight_ > 0) --in_flight_;
+    launch();
+  }
+
+  double elapsed() const {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start_time_).count();
+  }
+
+  /// Re-checks the best on fresh inputs and re-times it against the reference, then closes the run.
+  expected<SearchResult, Error> finish() {
+    SearchResult r;
+    r.stopped_because = stop_reason_.value_or(StopReason::evaluation_budget);
+    r.run_id = run_id_;
+    r.evaluations = tree_.finished();
+    r.best_node = tree_.best();
+    r.best_candidate = candidates_[r.best_node];
+    r.best_speedup = tree_.best_speedup();
+    r.failures = failures_;
+    r.elapsed_seconds = elapsed();
+
+    const std::uint64_t fresh = detail::mix(args_.seed, 0xF1AA1ull + r.evaluations);
+    const Evaluation check = evaluator_->evaluate(*r.best_candidate, fresh);
+    if (!check.ok()) {
+      r.verification_message = fmt::format("the best failed its re-check on fresh inputs: {}", check.diagnostics.message);
+    } else if constexpr (requires { evaluator_->compare_with_reference(*r.best_candidate, fresh); }) {
+      auto race = evaluator_->compare_with_reference(*r.best_candidate, fresh);
+      if (race && race->challenger_seconds > 0) {
+        r.verified_speedup = race->incumbent_seconds / race->challenger_seconds;
+        r.verified = true;
+        r.verification_message = "correct on fresh inputs; re-timed side by side with the reference";
+      } else {
+        r.verification_message = race ? "re-timing gave no time" : race.error().message;
+      }
+    } else {
+      r.verified_speedup = check.speedup;
+      r.verified = true;
+      r.verification_message = "correct on fresh inputs; re-timed";
+    }
+    if (auto ok = store_->finish_run(run_id_, std::string(to_string(r.stopped_because)), keys_[r.best_node], r.verified_speedup); !ok)
+      return unexpected(ok.error());
+    return r;
+  }
+
+  const Problem* problem_;
+  Synth synth_;
+  Policy policy_;
+  Memory memory_;
+  Eval* evaluator_;
+  Retriever retriever_;
+  Store* store_;
+  Arguments args_;
+  Rng rng_;
+
+  SearchTree tree_;
+  std::vector<std::shared_ptr<const Candidate>> candidates_;  // by node id
+  std::vector<Evaluation> evaluations_;                       // by node id
+  std::vector<NodeKey> keys_;                                 // by node id: the store's key
+  std::unordered_map<std::uint64_t, NodeId> hash_to_node_;    // so nothing is evaluated twice
+  std::deque<NodeId> to_evaluate_;
+  FailureCounts failures_;
+  std::int64_t run_id_ = 0;
+  std::size_t started_ = 0;        // children of the seed created or being generated: the budget
+  std::size_t in_flight_ = 0;
+  std::size_t finished_here_ = 0;  // finished in this process (the rate excludes resumed work)
+  std::size_t resumed_evaluations_ = 0;
+  std::size_t consecutive_generation_failures_ = 0;
+  bool stopping_ = false;
+  std::optional<StopReason> stop_reason_;
+  std::optional<Error> error_;
+  std::chrono::steady_clock::time_point start_time_;
+  boost::asio::io_context* io_ = nullptr;
+  boost::asio::thread_pool* workers_ = nullptr;
+  boost::asio::strand<boost::asio::thread_pool::executor_type>* synth_strand_ = nullptr;
+  std::function<void()> done_;
+};
+
+/// The three-line start: the offline template synthesizer, MCTS, adaptive memory, no knowledge base.
+template <Evaluator Eval, SearchStore Store>
+auto make_search_loop(const Problem& problem, Eval& evaluator, Store& store, SearchArguments args = {}) {
+  return SearchLoop<synth::TemplateSynthesizer, search::Mcts, memory::Adaptive, Eval, knowledge::NullRetriever, Store>(
+      problem, synth::TemplateSynthesizer(problem), search::Mcts{}, memory::Adaptive{}, evaluator,
+      knowledge::NullRetriever{}, store, std::move(args));
+}
+
+}  // namespace kevo

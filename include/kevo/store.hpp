@@ -1,0 +1,69 @@
+// kevo/store.hpp: the SearchStore concept: where trees, candidates, evaluations and run settings
+// persist, so a search killed at any moment resumes without losing a finished evaluation.
+// Models: store/sqlite_store.hpp (one file, the default); PostgreSQL for shared histories later.
+//
+//   auto store = kevo::store::SqliteStore::open("search.db");
+//   auto run = store->begin_run({.problem = "cpu_scoring", .settings_json = "{}"});
+//   auto key = store->add_node(*run, parent_key, no_key, candidate, MemoryMode::combined);
+#pragma once
+
+#include <kevo/candidate.hpp>
+#include <kevo/expected.hpp>
+#include <kevo/memory_operator.hpp>
+
+#include <concepts>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace kevo {
+
+/// A store's own key for a node (stable across resumes, unlike tree ids).
+using NodeKey = std::int64_t;
+inline constexpr NodeKey no_key = 0;
+
+struct RunInfo {
+  std::int64_t id = 0;
+  std::string problem;          ///< the problem's name
+  std::string problem_dir;      ///< where it was loaded from
+  std::string settings_json;    ///< the run's settings, as the caller wrote them
+  std::string stopped_because;  ///< empty while the run is unfinished
+};
+
+/// A node as stored: its candidate, and its evaluation once finished.
+struct StoredNode {
+  NodeKey key = no_key;
+  NodeKey parent = no_key;      ///< no_key for the root
+  NodeKey mate = no_key;
+  Candidate candidate;
+  MemoryMode memory_mode = MemoryMode::fresh;
+  std::optional<Evaluation> evaluation;
+  std::int64_t finish_order = 0;  ///< evaluations replay in the order they finished
+};
+
+namespace detail {
+template <class S>
+concept store_records = requires(S& s, std::int64_t run, NodeKey key, const Candidate& c, const Evaluation& e,
+                                 const RunInfo& info, const std::string& text) {
+  { s.begin_run(info) } -> std::same_as<expected<std::int64_t, Error>>;
+  { s.add_node(run, key, key, c, MemoryMode::fresh) } -> std::same_as<expected<NodeKey, Error>>;
+  { s.add_evaluation(run, key, e) } -> std::same_as<expected<void, Error>>;
+  { s.finish_run(run, text, key, 1.0) } -> std::same_as<expected<void, Error>>;
+};
+template <class S>
+concept store_resumes = requires(S& s, std::int64_t run, const std::string& text) {
+  { s.find_run(run) } -> std::same_as<expected<RunInfo, Error>>;
+  { s.latest_run() } -> std::same_as<expected<RunInfo, Error>>;
+  { s.load_nodes(run) } -> std::same_as<expected<std::vector<StoredNode>, Error>>;
+  { s.best_of_earlier_runs(text, run, std::size_t{}) } -> std::same_as<expected<std::vector<Candidate>, Error>>;
+};
+}  // namespace detail
+
+/// Records a run as it goes (`begin_run`, `add_node`, `add_evaluation`, `finish_run`) and gives it
+/// back to resume it (`find_run`, `latest_run`, `load_nodes`) or to warm-start a later run
+/// (`best_of_earlier_runs`). Every call is durable when it returns.
+template <class S>
+concept SearchStore = detail::store_records<S> && detail::store_resumes<S>;
+
+}  // namespace kevo

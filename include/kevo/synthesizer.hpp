@@ -1,0 +1,63 @@
+// kevo/synthesizer.hpp: the Synthesizer concept. A synthesizer turns a generation request (the
+// problem, the parent and what the memory operator lets it see, the retrieved knowledge, and the
+// parent's diagnostics) into a new candidate. Models: synth/template_synthesizer.hpp (offline).
+//
+//   kevo::synth::TemplateSynthesizer synth(problem);
+//   kevo::expected<kevo::Candidate, kevo::Error> c = synth.generate(request);
+//   if (!c) log(c.error().message);   // a failed generation costs one attempt, never the search
+#pragma once
+
+#include <kevo/candidate.hpp>
+#include <kevo/expected.hpp>
+#include <kevo/knowledge_retriever.hpp>
+#include <kevo/memory_operator.hpp>
+#include <kevo/problem.hpp>
+#include <kevo/search_tree.hpp>
+
+#include <concepts>
+#include <memory>
+#include <optional>
+#include <vector>
+
+namespace kevo {
+
+/// A node of the tree as a synthesizer sees it: what was tried and what came of it.
+struct Attempt {
+  NodeId node = no_node;
+  std::shared_ptr<const Candidate> candidate;
+  Evaluation evaluation;
+};
+
+struct GenerationRequest {
+  const Problem* problem = nullptr;
+  Target target = Target::cpu;
+  Attempt parent;                        ///< carries the parent's diagnostics
+  std::optional<Attempt> grandparent;    ///< so a change that broke the parent can be backed off
+  std::optional<Attempt> mate;           ///< a second parent, for crossover
+  MemoryMode memory_mode = MemoryMode::fresh;
+  std::vector<Attempt> trajectory;       ///< root .. parent (when the memory operator allows)
+  std::vector<Attempt> siblings;         ///< the parent's finished children, fastest first
+  std::vector<KnowledgeSnippet> knowledge;
+  std::uint64_t seed = 0;                ///< for any randomness, so a run can be replayed
+};
+
+namespace detail {
+template <class S>
+concept synthesizer_generates = requires(S& s, const GenerationRequest& r) {
+  { s.generate(r) } -> std::same_as<expected<Candidate, Error>>;
+};
+}  // namespace detail
+
+/// `generate(request) -> expected<Candidate, Error>`. An error is a failed generation with a
+/// reason a person can read; it costs one attempt.
+template <class S>
+concept Synthesizer = detail::synthesizer_generates<S>;
+
+template <class S>
+constexpr bool check_synthesizer() {
+  static_assert(detail::synthesizer_generates<S>,
+                "Synthesizer: missing `expected<Candidate, Error> generate(const GenerationRequest&)`");
+  return true;
+}
+
+}  // namespace kevo
