@@ -1,0 +1,214 @@
+// The search loop on a synthetic landscape: stop reasons, failures, duplicates, warm starts, and
+// resume after SIGKILL from the real SQLite store.
+#include <kevo/search/evolutionary.hpp>
+#include <kevo/search/greedy.hpp>
+#include <kevo/search/mcts.hpp>
+#include <kevo/search/random.hpp>
+#include <kevo/search_loop.hpp>
+#include <kevo/store/sqlite_store.hpp>
+
+#include "support/synthetic_evaluator.hpp"
+
+#include <catch2/catch.hpp>
+
+#include <csignal>
+#include <filesystem>
+#include <sys/wait.h>
+#include <unistd.h>
+
+using namespace kevo;
+using kevo::testing::SyntheticEvaluator;
+
+namespace {
+std::filesystem::path temp_store(const std::string& name) {
+  auto dir = std::filesystem::temp_directory_path() / fmt::format("kevo-loop-test-{}", ::getpid());
+  std::filesystem::create_directories(dir);
+  auto path = dir / name;
+  for (auto suffix : {"", "-wal", "-shm"}) std::filesystem::remove(path.string() + suffix);
+  return path;
+}
+
+template <class Policy>
+auto make_loop(const Problem& problem, SyntheticEvaluator& evaluator, store::SqliteStore& store, SearchArguments args) {
+  return SearchLoop<synth::TemplateSynthesizer, Policy, memory::Adaptive, SyntheticEvaluator, knowledge::NullRetriever,
+                    store::SqliteStore>(problem, synth::TemplateSynthesizer(problem), Policy{}, memory::Adaptive{},
+                                        evaluator, knowledge::NullRetriever{}, store, std::move(args));
+}
+}  // namespace
+
+TEMPLATE_TEST_CASE("every policy improves on the seed within its budget", "[loop]", search::Mcts, search::Evolutionary,
+                   search::Greedy, search::Random) {
+  const Problem problem = kevo::testing::synthetic_problem();
+  SyntheticEvaluator evaluator;
+  auto store = store::SqliteStore::open(":memory:").value();
+  std::size_t progress_calls = 0;
+  auto loop = make_loop<TestType>(problem, evaluator, store,
+                                  {.jobs = 3, .max_evaluations = 80, .seed = 42,
+                                   .on_progress = [&](const Progress& p) {
+                                     ++progress_calls;
+                                     REQUIRE(p.evaluation != nullptr);
+                                     REQUIRE(p.in_flight <= 3);
+                                   }});
+  auto result = loop.run(loop.synthesizer().seed());
+  REQUIRE(result);
+  CHECK(result->stopped_because == StopReason::evaluation_budget);
+  CHECK(result->evaluations == 81);  // the seed and 80 children
+  CHECK(progress_calls == 81);
+  CHECK(result->best_speedup > 4.0);  // the seed (all zeros) scores 1 + (22 - 20) = 3
+  CHECK(result->verified);
+  CHECK(result->verified_speedup == Approx(result->best_speedup));
+  // knob c = 3 fails to compile on this landscape: those failures are counted, and the search went on.
+  std::size_t failed = 0;
+  for (const auto& node : loop.tree().nodes()) failed += node.state == NodeState::failed;
+  CHECK(failed == (result->failures.count(FailureKind::compile_error) ? result->failures.at(FailureKind::compile_error) : 0) +
+                      (result->failures.count(FailureKind::generation_failed) ? result->failures.at(FailureKind::generation_failed) : 0));
+  // Nothing was evaluated twice: one evaluation per distinct candidate, plus the final re-check.
+  CHECK(static_cast<std::size_t>(evaluator.evaluations.load()) == evaluator.evaluated().size() + 1);
+}
+
+TEST_CASE("the loop says which condition stopped it", "[loop]") {
+  const Problem problem = kevo::testing::synthetic_problem();
+  SyntheticEvaluator evaluator;
+  auto store = store::SqliteStore::open(":memory:").value();
+
+  SECTION("target reached") {
+    auto loop = make_loop<search::Greedy>(problem, evaluator, store, {.max_evaluations = 500, .target_speedup = 6.0});
+    auto r = loop.run(loop.synthesizer().seed());
+    REQUIRE(r);
+    CHECK(r->stopped_because == StopReason::target_reached);
+    CHECK(r->best_speedup >= 6.0);
+    CHECK(r->evaluations < 500);
+  }
+  SECTION("stagnation") {
+    auto loop = make_loop<search::Random>(problem, evaluator, store, {.jobs = 1, .max_evaluations = 5000, .patience = 5});
+    auto r = loop.run(loop.synthesizer().seed());
+    REQUIRE(r);
+    CHECK(r->stopped_because == StopReason::stagnation);
+    CHECK(loop.tree().finished_since_improvement() >= 5);
+  }
+  SECTION("wall time") {
+    evaluator.delay = std::chrono::milliseconds(20);
+    auto loop = make_loop<search::Mcts>(problem, evaluator, store, {.max_evaluations = 5000, .max_wall_seconds = 0.3});
+    auto r = loop.run(loop.synthesizer().seed());
+    REQUIRE(r);
+    CHECK(r->stopped_because == StopReason::wall_time);
+    CHECK(r->elapsed_seconds < 2.0);
+  }
+}
+
+TEST_CASE("a seed that fails is a clear error, not a search", "[loop]") {
+  const Problem problem = kevo::testing::synthetic_problem();
+  SyntheticEvaluator evaluator;
+  auto store = store::SqliteStore::open(":memory:").value();
+  auto loop = make_loop<search::Mcts>(problem, evaluator, store, {.max_evaluations = 10});
+  Candidate broken = loop.synthesizer().seed();
+  broken.knobs["c"] = "3";
+  broken.source += " broken";
+  auto r = loop.run(broken);
+  REQUIRE_FALSE(r);
+  CHECK_THAT(r.error().message, Catch::Contains("seed candidate failed (compile_error)"));
+}
+
+TEST_CASE("a later run starts from what an earlier run found", "[loop][store]") {
+  const Problem problem = kevo::testing::synthetic_problem();
+  SyntheticEvaluator evaluator;
+  const auto path = temp_store("warm.db");
+  auto store = store::SqliteStore::open(path).value();
+  auto first = make_loop<search::Greedy>(problem, evaluator, store, {.max_evaluations = 60, .seed = 1});
+  auto r1 = first.run(first.synthesizer().seed());
+  REQUIRE(r1);
+
+  auto second = make_loop<search::Random>(problem, evaluator, store, {.jobs = 1, .max_evaluations = 4, .seed = 2});
+  auto r2 = second.run(second.synthesizer().seed());
+  REQUIRE(r2);
+  // Its first children are the earlier run's best candidates, so four evaluations reach its best.
+  CHECK(r2->best_speedup >= r1->best_speedup);
+  CHECK_THAT(second.candidate(1).origin, Catch::Contains("earlier run"));
+}
+
+TEST_CASE("a search killed with SIGKILL resumes without losing or repeating an evaluation", "[loop][store][resume]") {
+  const Problem problem = kevo::testing::synthetic_problem();
+  const auto path = temp_store("resume.db");
+  constexpr std::size_t budget = 120;
+
+  const pid_t child = ::fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {
+    // The doomed search: slow evaluations, so the kill lands in the middle of it.
+    SyntheticEvaluator evaluator;
+    evaluator.delay = std::chrono::milliseconds(15);
+    auto store = store::SqliteStore::open(path).value();
+    auto loop = make_loop<search::Mcts>(problem, evaluator, store, {.jobs = 2, .max_evaluations = budget, .seed = 9});
+    (void)loop.run(loop.synthesizer().seed());
+    ::_exit(0);
+  }
+  ::usleep(500 * 1000);
+  ::kill(child, SIGKILL);
+  int status = 0;
+  ::waitpid(child, &status, 0);
+  REQUIRE(WIFSIGNALED(status));
+
+  auto store = store::SqliteStore::open(path).value();
+  auto run = store.latest_run();
+  REQUIRE(run);
+  CHECK(run->stopped_because.empty());  // it never finished
+  auto before = store.load_nodes(run->id).value();
+  std::set<std::uint64_t> finished_before;
+  for (const auto& n : before)
+    if (n.evaluation) finished_before.insert(n.candidate.hash());
+  REQUIRE(finished_before.size() > 5);
+  REQUIRE(finished_before.size() < budget);
+
+  SyntheticEvaluator evaluator;
+  auto loop = make_loop<search::Mcts>(problem, evaluator, store, {.jobs = 2, .max_evaluations = budget, .seed = 9});
+  auto result = loop.resume(run->id);
+  REQUIRE(result);
+  CHECK(result->stopped_because == StopReason::evaluation_budget);
+  CHECK(result->evaluations == budget + 1);
+
+  // Nothing finished before the kill ran again (the final re-check of the best aside).
+  std::size_t repeated = 0;
+  for (auto h : evaluator.evaluated())
+    if (finished_before.count(h) && h != result->best_candidate->hash()) ++repeated;
+  CHECK(repeated == 0);
+  // And nothing was lost: every evaluation stored before the kill is in the resumed tree.
+  auto after = store.load_nodes(run->id).value();
+  std::size_t still_there = 0;
+  for (const auto& n : after)
+    if (n.evaluation && finished_before.count(n.candidate.hash())) ++still_there;
+  CHECK(still_there == finished_before.size());
+  CHECK(after.size() == budget + 1);
+  CHECK(store.find_run(run->id)->stopped_because == "evaluation_budget");
+}
+
+namespace {
+/// A synthesizer that fails every other generation, as an unreliable LLM might.
+struct FlakySynthesizer {
+  synth::TemplateSynthesizer inner;
+  int calls = 0;
+  expected<Candidate, Error> generate(const GenerationRequest& r) {
+    if (++calls % 2 == 0) return make_error("the answer held no code block");
+    if (calls % 5 == 0) throw std::runtime_error("synthesizer bug");
+    return inner.generate(r);
+  }
+};
+}  // namespace
+
+TEST_CASE("failed generations cost one attempt each and the search goes on", "[loop]") {
+  const Problem problem = kevo::testing::synthetic_problem();
+  SyntheticEvaluator evaluator;
+  auto store = store::SqliteStore::open(":memory:").value();
+  SearchLoop<FlakySynthesizer, search::Mcts, memory::Combined, SyntheticEvaluator, knowledge::NullRetriever, store::SqliteStore>
+      loop(problem, FlakySynthesizer{synth::TemplateSynthesizer(problem)}, search::Mcts{}, memory::Combined{}, evaluator,
+           knowledge::NullRetriever{}, store, {.max_evaluations = 40});
+  auto r = loop.run(synth::TemplateSynthesizer(problem).seed());
+  REQUIRE(r);
+  CHECK(r->evaluations == 41);
+  REQUIRE(r->failures.count(FailureKind::generation_failed));
+  CHECK(r->failures.at(FailureKind::generation_failed) >= 20);
+  CHECK(r->best_speedup > 3.0);
+  bool saw_throw = false;
+  for (NodeId n = 1; n < loop.tree().size(); ++n)
+    saw_throw |= loop.evaluation(n).diagnostics.message.find("threw: synthesizer bug") != std::string::npos;
+  CHECK(saw_throw);
+}
