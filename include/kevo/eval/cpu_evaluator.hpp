@@ -1,0 +1,549 @@
+// kevo/eval/cpu_evaluator.hpp: the Evaluator for CPU kernels. It compiles each candidate with the
+// host compiler (builds cached by content hash), runs it in a sandboxed child that checks it
+// against the reference on fresh random inputs (poisoned outputs, every check shape), times it as
+// a median after warm-up, and names its bottleneck against this machine's roofline.
+//
+//   kevo::eval::CpuEvaluator evaluator(*kevo::load_problem("problems/cpu_scoring"));
+//   if (auto ready = evaluator.prepare(); !ready) return fail(ready.error().message);
+//   kevo::Evaluation e = evaluator.evaluate(candidate, /*seed=*/7);   // e.speedup over the reference
+#pragma once
+
+#include <kevo/candidate.hpp>
+#include <kevo/eval/harness.hpp>
+#include <kevo/eval/roofline.hpp>
+#include <kevo/eval/sandbox.hpp>
+#include <kevo/eval/timing_gate.hpp>
+#include <kevo/evaluator.hpp>
+#include <kevo/expected.hpp>
+#include <kevo/problem.hpp>
+
+#include <fmt/format.h>
+#include <simdjson.h>
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <mutex>
+#include <shared_mutex>
+#include <sstream>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <vector>
+
+namespace kevo::eval {
+
+/// $XDG_CACHE_HOME/kevo, else ~/.cache/kevo, else /tmp/kevo-cache.
+inline std::filesystem::path default_cache_dir() {
+  if (const char* xdg = std::getenv("XDG_CACHE_HOME"); xdg && *xdg) return std::filesystem::path(xdg) / "kevo";
+  if (const char* home = std::getenv("HOME"); home && *home) return std::filesystem::path(home) / ".cache" / "kevo";
+  return "/tmp/kevo-cache";
+}
+
+/// $CXX, else g++.
+inline std::string default_compiler() {
+  if (const char* cxx = std::getenv("CXX"); cxx && *cxx) return cxx;
+  return "g++";
+}
+
+struct CpuEvaluatorOptions {
+  std::filesystem::path cache_dir = default_cache_dir();
+  std::string compiler = default_compiler();
+  std::chrono::seconds compile_timeout{60};
+  std::chrono::seconds run_timeout{20};           ///< wall clock, per run of a candidate
+  std::chrono::seconds cpu_time_limit{0};         ///< per run; 0: twice run_timeout (threads use both cores)
+  std::size_t memory_limit_bytes = std::size_t{2} << 30;
+  std::size_t output_limit_bytes = 1u << 20;
+  int max_processes = 64;                         ///< threads count too
+  int warmup = 2;
+  int repetitions = 7;
+  int reference_repetitions = 15;                 ///< the reference is timed once, more carefully
+  int compare_rounds = 3;                         ///< interleaved runs per side in compare()
+  double min_repetition_seconds = 0.002;          ///< a short kernel is called repeatedly per sample
+  bool isolate = true;                            ///< PID and network namespaces where allowed
+};
+
+/// What CpuEvaluator has done so far; the cache's effect is visible here.
+struct CpuEvaluatorStats {
+  std::size_t compiles = 0;     ///< candidate builds actually compiled
+  std::size_t cache_hits = 0;   ///< candidate builds found in the cache
+  std::size_t runs = 0;         ///< sandboxed runs of a harness
+};
+
+class CpuEvaluator {
+ public:
+  explicit CpuEvaluator(Problem problem, CpuEvaluatorOptions options = {})
+      : problem_(std::move(problem)), options_(std::move(options)) {}
+
+  CpuEvaluator(const CpuEvaluator&) = delete;
+  CpuEvaluator& operator=(const CpuEvaluator&) = delete;
+
+  /// Generates and compiles the harness and the reference (cached), times the reference on the
+  /// timing shape and loads (or measures once) the roofline. evaluate() calls it when needed;
+  /// call it first to see its errors, which name the file at fault.
+  expected<void, Error> prepare() {
+    std::lock_guard lock(prepare_mutex_);
+    if (prepared_) return {};
+    if (prepare_error_) return make_error(prepare_error_->message);
+    auto result = prepare_locked();
+    if (!result) prepare_error_ = result.error();
+    else prepared_ = true;
+    return result;
+  }
+
+  /// Compiles, checks and times one candidate. Thread-safe; timed runs are serialized inside.
+  Evaluation evaluate(const Candidate& candidate, std::uint64_t seed) {
+    Evaluation e;
+    if (auto ready = prepare(); !ready) return failed(FailureKind::sandbox_error, "the problem is not ready: " + ready.error().message);
+    e.reference_seconds = reference_seconds_;
+    auto built = build(candidate.source);
+    if (!built.ok()) {
+      e.failure = built.failure;
+      e.diagnostics.message = built.message;
+      e.diagnostics.detail = built.detail;
+      return e;
+    }
+    const RunReport report = run_harness(built.executable, seed, "kernel", true, options_.warmup, options_.repetitions);
+    if (report.failure != FailureKind::none) {
+      e.failure = report.failure;
+      e.diagnostics.message = report.message;
+      e.diagnostics.detail = report.detail;
+      return e;
+    }
+    e.seconds = report.seconds;
+    e.speedup = report.seconds > 0 ? reference_seconds_ / report.seconds : 0;
+    e.diagnostics = classify(report.bytes, report.flops, report.seconds, roofline_);
+    return e;
+  }
+
+  /// Re-times both candidates in interleaved runs (ABBA order), so that drift and noise cannot
+  /// pick the winner. Both are checked for correctness in the first round.
+  expected<Comparison, Error> compare(const Candidate& challenger, const Candidate& incumbent, std::uint64_t seed) {
+    if (auto ready = prepare(); !ready) return make_error(ready.error().message);
+    auto a = build(challenger.source);
+    if (!a.ok()) return make_error("challenger: " + a.message);
+    auto b = build(incumbent.source);
+    if (!b.ok()) return make_error("incumbent: " + b.message);
+    return race({a.executable, "kernel"}, {b.executable, "kernel"}, seed);
+  }
+
+  /// compare() against the reference itself: `incumbent_seconds` is the reference's time in the
+  /// same runs, so challenger vs incumbent is the verified speedup.
+  expected<Comparison, Error> compare_with_reference(const Candidate& challenger, std::uint64_t seed) {
+    if (auto ready = prepare(); !ready) return make_error(ready.error().message);
+    auto a = build(challenger.source);
+    if (!a.ok()) return make_error("challenger: " + a.message);
+    return race({a.executable, "kernel"}, {a.executable, "reference"}, seed);
+  }
+
+  /// Median time of the reference on the timing shape, measured by prepare().
+  double reference_seconds() const { return reference_seconds_; }
+  const Roofline& roofline() const { return roofline_; }
+  const Problem& problem() const { return problem_; }
+  const CpuEvaluatorOptions& options() const { return options_; }
+
+  /// The template rendered with its default knobs: the search's natural root.
+  Candidate default_candidate() const {
+    return Candidate{.source = problem_.render(problem_.default_knobs()), .knobs = problem_.default_knobs(), .origin = "template defaults"};
+  }
+  /// A kernel that calls the reference: its speedup is 1 up to noise.
+  Candidate reference_candidate() const { return Candidate{.source = reference_kernel_source(problem_), .knobs = {}, .origin = "reference"}; }
+
+  CpuEvaluatorStats stats() const { return CpuEvaluatorStats{compiles_.load(), cache_hits_.load(), runs_.load()}; }
+  /// Where this problem's generated sources and builds live.
+  const std::filesystem::path& build_directory() const { return problem_dir_; }
+
+ private:
+  struct Build {
+    FailureKind failure = FailureKind::none;
+    std::filesystem::path executable;
+    std::string message;
+    std::string detail;
+    bool ok() const { return failure == FailureKind::none; }
+  };
+
+  struct RunReport {
+    FailureKind failure = FailureKind::none;
+    std::string message;
+    std::string detail;
+    double seconds = 0, min_seconds = 0, bytes = 0, flops = 0;
+  };
+
+  struct Runner {
+    std::filesystem::path executable;
+    std::string timed;  // "kernel" or "reference"
+  };
+
+  static Evaluation failed(FailureKind kind, std::string message) {
+    Evaluation e;
+    e.failure = kind;
+    e.diagnostics.message = std::move(message);
+    return e;
+  }
+
+  SandboxLimits trusted_limits() const {
+    SandboxLimits l;
+    l.wall_time = options_.compile_timeout;
+    l.drop_privileges = false;
+    l.isolate = false;
+    l.file_size_bytes = 0;
+    l.output_bytes = 256 << 10;
+    const char* path = std::getenv("PATH");
+    l.environment = {std::string("PATH=") + (path ? path : "/usr/local/bin:/usr/bin:/bin"), "LANG=C", "LC_ALL=C", "TMPDIR=/tmp"};
+    return l;
+  }
+
+  SandboxLimits candidate_limits() const {
+    SandboxLimits l;
+    l.wall_time = options_.run_timeout;
+    l.cpu_time = options_.cpu_time_limit.count() > 0 ? options_.cpu_time_limit : 2 * options_.run_timeout;
+    l.memory_bytes = options_.memory_limit_bytes;
+    l.file_size_bytes = 16u << 20;
+    l.output_bytes = options_.output_limit_bytes;
+    l.max_processes = options_.max_processes;
+    l.max_open_files = 64;
+    l.isolate = options_.isolate;
+    return l;
+  }
+
+  std::vector<std::string> compile_flags() const {
+    std::vector<std::string> flags{"-std=c++20"};
+    flags.insert(flags.end(), problem_.compile_flags.begin(), problem_.compile_flags.end());
+    flags.push_back("-pthread");
+    return flags;
+  }
+
+  static std::string join(const std::vector<std::string>& parts) {
+    std::string out;
+    for (const auto& p : parts) out += (out.empty() ? "" : " ") + p;
+    return out;
+  }
+
+  static bool write_file_atomically(const std::filesystem::path& path, std::string_view text) {
+    const auto temporary = path.string() + fmt::format(".tmp-{}-{}", ::getpid(), std::hash<std::thread::id>{}(std::this_thread::get_id()));
+    {
+      std::ofstream out(temporary, std::ios::binary);
+      out << text;
+      if (!out) return false;
+    }
+    std::error_code ec;
+    std::filesystem::rename(temporary, path, ec);
+    return !ec;
+  }
+
+  /// The errors that matter from a compiler's output: the first few errors with their source
+  /// lines, our build paths stripped, capped in size.
+  std::string trim_compiler_output(std::string_view text, std::string_view strip_prefix = {}) const {
+    std::vector<std::string> lines;
+    std::istringstream in{std::string(text)};
+    for (std::string line; std::getline(in, line);) {
+      if (!strip_prefix.empty())
+        for (std::size_t at; (at = line.find(strip_prefix)) != std::string::npos;) line.erase(at, strip_prefix.size());
+      if (!problem_dir_.empty())
+        for (std::string dir = problem_dir_.string() + "/"; line.find(dir) != std::string::npos;) line.erase(line.find(dir), dir.size());
+      lines.push_back(std::move(line));
+    }
+    std::string out;
+    int errors = 0;
+    for (std::size_t i = 0; i < lines.size() && errors < 3; ++i) {
+      const std::string& line = lines[i];
+      const bool is_error = line.find("error:") != std::string::npos || line.find("undefined reference") != std::string::npos ||
+                            line.find("multiple definition") != std::string::npos;
+      if (!is_error) continue;
+      ++errors;
+      out += line + "\n";
+      // the source line and caret that gcc prints beneath
+      for (std::size_t k = i + 1; k < lines.size() && k <= i + 2 && lines[k].find(": ") == std::string::npos; ++k) out += lines[k] + "\n";
+    }
+    if (out.empty())
+      for (std::size_t i = 0; i < lines.size() && i < 10; ++i) out += lines[i] + "\n";
+    if (out.size() > 1500) out = out.substr(0, 1500) + "...\n";
+    while (!out.empty() && out.back() == '\n') out.pop_back();
+    return out;
+  }
+
+  static std::string first_line(std::string_view text) { return std::string(text.substr(0, text.find('\n'))); }
+
+  /// Runs the compiler with `args` in `directory`, as a compile: shared with other compiles, never
+  /// beside a timed run.
+  SandboxResult run_compiler(std::vector<std::string> args, const std::filesystem::path& directory) {
+    args.insert(args.begin(), options_.compiler);
+    SandboxLimits limits = trusted_limits();
+    limits.working_directory = directory;
+    std::shared_lock compiling(gate_);
+    return run_sandboxed(args, limits);
+  }
+
+  expected<void, Error> prepare_locked() {
+    namespace fs = std::filesystem;
+    if (problem_.target != Target::cpu)
+      return make_error(fmt::format("{}: target is {}, but CpuEvaluator runs cpu problems only", (problem_.directory / "problem.json").string(),
+                                    to_string(problem_.target)));
+    const SandboxResult version = run_sandboxed({options_.compiler, "--version"}, trusted_limits());
+    if (!version.ok())
+      return make_error(fmt::format("the compiler '{}' does not run: {}", options_.compiler,
+                                    version.setup_error.empty() ? first_line(version.stderr_text) : version.setup_error));
+    compiler_identity_ = options_.compiler + " " + first_line(version.stdout_text);
+
+    const std::string header = problem_header(problem_);
+    const std::string harness = harness_source(problem_);
+    const std::string flags = join(compile_flags());
+    const std::uint64_t key = content_hash(header + harness + problem_.reference_source + flags + compiler_identity_);
+    problem_dir_ = options_.cache_dir / "problems" / fmt::format("{}-{:016x}", problem_.name, key);
+    std::error_code ec;
+    fs::create_directories(problem_dir_ / "builds", ec);
+    if (ec) return make_error(fmt::format("{}: cannot be created: {}", problem_dir_.string(), ec.message()));
+    if (!write_file_atomically(problem_dir_ / "kevo_problem.hpp", header) || !write_file_atomically(problem_dir_ / "harness.cpp", harness))
+      return make_error(fmt::format("{}: cannot write the generated sources", problem_dir_.string()));
+
+    const std::string manifest = (problem_.directory / "problem.json").string();
+    const std::string reference_path = (problem_.directory / problem_.reference_file).string();
+    std::vector<std::string> base = compile_flags();
+    base.insert(base.end(), {"-I", problem_dir_.string()});
+    auto compile_object = [&](const std::string& source, const std::string& object) -> std::optional<std::string> {
+      if (fs::exists(problem_dir_ / object)) return std::nullopt;
+      const std::string temporary = object + fmt::format(".tmp-{}", ::getpid());
+      std::vector<std::string> args = base;
+      args.insert(args.end(), {"-c", source, "-o", temporary});
+      const SandboxResult r = run_compiler(args, problem_dir_);
+      if (!r.ok()) {
+        fs::remove(problem_dir_ / temporary, ec);
+        if (r.timed_out) return fmt::format("timed out after {} s", options_.compile_timeout.count());
+        return trim_compiler_output(r.stderr_text + r.setup_error);
+      }
+      fs::rename(problem_dir_ / temporary, problem_dir_ / object, ec);
+      return std::nullopt;
+    };
+    if (auto error = compile_object(fs::absolute(reference_path).string(), "reference.o"))
+      return make_error(fmt::format("{} does not compile: {}", reference_path, *error));
+    if (auto error = compile_object("harness.cpp", "harness.o"))
+      return make_error(fmt::format("{}: the tensor sizes or the bytes/FLOPs model do not compile as C++: {}", manifest, *error));
+
+    // The reference run as the kernel: checks the whole pipeline and times the reference.
+    auto reference_build = build(reference_kernel_source(problem_));
+    if (!reference_build.ok())
+      return make_error(fmt::format("{}: the reference does not link with kevo's harness: {}", reference_path, reference_build.detail));
+    const RunReport timing = run_harness(reference_build.executable, 1, "reference", true, options_.warmup, options_.reference_repetitions);
+    if (timing.failure != FailureKind::none)
+      return make_error(fmt::format("{}: the reference failed its own run ({}): {} {}", reference_path, to_string(timing.failure),
+                                    timing.message, timing.detail));
+    reference_seconds_ = timing.seconds;
+
+    std::unique_lock timing_lock(gate_);  // the probe is a timed run too
+    auto roofline = load_or_measure_roofline(options_.cache_dir, options_.compiler);
+    if (!roofline) return make_error(roofline.error().message);
+    roofline_ = *roofline;
+    return {};
+  }
+
+  /// Compiles `source` into an executable linked with the cached reference and harness objects.
+  /// Builds (and compile errors) are cached by content hash of source, flags and compiler.
+  Build build(const std::string& source) {
+    namespace fs = std::filesystem;
+    Build b;
+    const std::uint64_t key = content_hash(source + "\n" + join(compile_flags()) + "\n" + compiler_identity_ + "\n" + problem_dir_.string());
+    const fs::path dir = problem_dir_ / "builds" / fmt::format("{:016x}", key);
+    auto from_cache = [&]() -> bool {
+      if (fs::exists(dir / "candidate")) {
+        b.executable = dir / "candidate";
+        return true;
+      }
+      if (fs::exists(dir / "compile_error.txt")) {
+        std::ifstream in(dir / "compile_error.txt");
+        std::stringstream text;
+        text << in.rdbuf();
+        b.failure = FailureKind::compile_error;
+        b.detail = text.str();
+        b.message = "does not compile: " + first_line(b.detail);
+        return true;
+      }
+      return false;
+    };
+    if (from_cache()) {
+      ++cache_hits_;
+      return b;
+    }
+    ++compiles_;
+    std::error_code ec;
+    const fs::path work = dir.string() + fmt::format(".tmp-{}-{}", ::getpid(), std::hash<std::thread::id>{}(std::this_thread::get_id()));
+    fs::remove_all(work, ec);
+    fs::create_directories(work, ec);
+    if (ec || !write_file_atomically(work / "candidate.cpp", source)) {
+      b.failure = FailureKind::sandbox_error;
+      b.message = fmt::format("{}: cannot write the candidate: {}", work.string(), ec.message());
+      return b;
+    }
+    std::vector<std::string> args = compile_flags();
+    args.insert(args.end(), {"-I", problem_dir_.string(), "-c", "candidate.cpp", "-o", "candidate.o"});
+    SandboxResult r = run_compiler(args, work);
+    if (r.ok()) {
+      args = compile_flags();
+      args.insert(args.end(), {"candidate.o", (problem_dir_ / "reference.o").string(), (problem_dir_ / "harness.o").string(), "-o", "candidate"});
+      r = run_compiler(args, work);
+    }
+    if (!r.ok()) {
+      if (!r.setup_error.empty()) {
+        b.failure = FailureKind::sandbox_error;
+        b.message = "the compiler could not be started: " + r.setup_error;
+        fs::remove_all(work, ec);
+        return b;
+      }
+      b.failure = FailureKind::compile_error;
+      b.detail = r.timed_out ? fmt::format("the compile ran past {} s and was killed", options_.compile_timeout.count())
+                             : trim_compiler_output(r.stderr_text, (work.string() + "/"));
+      b.message = "does not compile: " + first_line(b.detail);
+      // Keep the failure so the same source is not compiled again (timeouts may be load: not kept).
+      if (!r.timed_out) {
+        write_file_atomically(work / "compile_error.txt", b.detail);
+        fs::remove(work / "candidate.o", ec);
+        fs::rename(work, dir, ec);
+      }
+      fs::remove_all(work, ec);
+      return b;
+    }
+    fs::remove(work / "candidate.o", ec);
+    fs::rename(work, dir, ec);  // atomic publish; if another thread won the race, use its build
+    fs::remove_all(work, ec);
+    if (!fs::exists(dir / "candidate")) {
+      b.failure = FailureKind::sandbox_error;
+      b.message = fmt::format("{}: the build vanished", dir.string());
+      return b;
+    }
+    b.executable = dir / "candidate";
+    return b;
+  }
+
+  RunReport run_harness(const std::filesystem::path& executable, std::uint64_t seed, const std::string& timed, bool check, int warmup,
+                        int repetitions) {
+    std::unique_lock timing(gate_);
+    return run_harness_locked(executable, seed, timed, check, warmup, repetitions);
+  }
+
+  RunReport run_harness_locked(const std::filesystem::path& executable, std::uint64_t seed, const std::string& timed, bool check,
+                               int warmup, int repetitions) {
+    ++runs_;
+    const SandboxLimits limits = candidate_limits();
+    const SandboxResult r = run_sandboxed({executable.string(), "--seed", std::to_string(seed), "--time", timed, "--check", check ? "1" : "0",
+                                           "--warmup", std::to_string(warmup), "--repetitions", std::to_string(repetitions),
+                                           "--min-repetition-seconds", fmt::format("{}", options_.min_repetition_seconds)},
+                                          limits);
+    return interpret(r, limits);
+  }
+
+  static std::string tail(std::string_view text, std::size_t bytes = 800) {
+    if (text.size() > bytes) text = text.substr(text.size() - bytes);
+    std::string out(text);
+    while (!out.empty() && (out.back() == '\n' || out.back() == ' ')) out.pop_back();
+    return out;
+  }
+
+  /// Turns what the sandbox saw into one FailureKind with a one-line message.
+  RunReport interpret(const SandboxResult& r, const SandboxLimits& limits) const {
+    RunReport report;
+    auto fail = [&](FailureKind kind, std::string message, std::string detail = {}) {
+      report.failure = kind;
+      report.message = std::move(message);
+      report.detail = std::move(detail);
+      return report;
+    };
+    const std::string err_tail = tail(r.stderr_text);
+    if (!r.started) return fail(FailureKind::sandbox_error, "the sandbox could not start the candidate: " + r.setup_error);
+    if (r.output_limit)
+      return fail(FailureKind::output_limit, fmt::format("printed more than {} bytes; its process group was killed", limits.output_bytes),
+                  tail(r.stderr_text, 300));
+    if (r.timed_out)
+      return fail(FailureKind::timeout,
+                  fmt::format("ran past the {:.3g} s wall-clock limit; its process group was killed",
+                              std::chrono::duration<double>(limits.wall_time).count()),
+                  err_tail);
+    if (r.signal == SIGXCPU || (r.signal == SIGKILL && r.stderr_text.empty() && limits.cpu_time.count() > 0 &&
+                                r.wall.count() >= static_cast<double>(limits.cpu_time.count()) / 2))
+      return fail(FailureKind::cpu_time_limit, fmt::format("used more than {} s of CPU time", limits.cpu_time.count()), err_tail);
+    if (r.signal != 0) {
+      if (r.stderr_text.find("bad_alloc") != std::string::npos)
+        return fail(FailureKind::memory_limit,
+                    fmt::format("ran out of memory (limit {} MiB): std::bad_alloc", limits.memory_bytes >> 20), err_tail);
+      return fail(FailureKind::crash, "crashed with " + signal_name(r.signal), err_tail);
+    }
+    if (r.exit_code != 0) return fail(FailureKind::crash, fmt::format("exited with code {} before reporting", r.exit_code), err_tail);
+
+    // The last non-empty line of stdout is the harness's report.
+    std::string_view out = r.stdout_text;
+    while (!out.empty() && (out.back() == '\n' || out.back() == '\r' || out.back() == ' ')) out.remove_suffix(1);
+    const std::string line(out.substr(out.rfind('\n') == std::string_view::npos ? 0 : out.rfind('\n') + 1));
+    if (line.empty())
+      return fail(FailureKind::bad_report, "exited without a report (did the kernel call exit()?)", err_tail);
+
+    thread_local simdjson::ondemand::parser parser;
+    const simdjson::padded_string input(line);
+    simdjson::ondemand::document doc;
+    std::string_view status;
+    if (parser.iterate(input).get(doc) || doc["status"].get_string().get(status))
+      return fail(FailureKind::bad_report, "printed a malformed report", tail(line, 300));
+    const std::string status_text(status);  // the view dies with the next lookup
+    std::string detail;
+    if (std::string_view d; !doc["detail"].get_string().get(d)) detail = std::string(d);
+    if (status_text == "ok") {
+      double v = 0;
+      if (!doc["seconds"].get_double().get(v)) report.seconds = v;
+      if (!doc["min_seconds"].get_double().get(v)) report.min_seconds = v;
+      if (!doc["bytes"].get_double().get(v)) report.bytes = v;
+      if (!doc["flops"].get_double().get(v)) report.flops = v;
+      return report;
+    }
+    if (status_text == "wrong_answer") return fail(FailureKind::wrong_answer, "wrong answer: " + detail, detail);
+    if (status_text == "unwritten_output") return fail(FailureKind::unwritten_output, "left output unwritten: " + detail, detail);
+    if (status_text == "memory_limit")
+      return fail(FailureKind::memory_limit, fmt::format("ran out of memory (limit {} MiB): {}", limits.memory_bytes >> 20, detail), err_tail);
+    if (status_text == "crash") return fail(FailureKind::crash, "crashed: " + detail, err_tail);
+    return fail(FailureKind::bad_report, "reported an unknown status '" + status_text + "'", detail);
+  }
+
+  static double median(std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
+  }
+
+  expected<Comparison, Error> race(const Runner& challenger, const Runner& incumbent, std::uint64_t seed) {
+    std::unique_lock timing(gate_);  // the whole race, so no compile interleaves with it
+    std::vector<double> a_times, b_times;
+    const int rounds = std::max(1, options_.compare_rounds);
+    for (int round = 0; round < rounds; ++round) {
+      const bool check = round == 0;
+      for (int turn = 0; turn < 2; ++turn) {
+        const bool challenger_turn = (turn == 0) == (round % 2 == 0);  // ABBA...
+        const Runner& who = challenger_turn ? challenger : incumbent;
+        const RunReport r = run_harness_locked(who.executable, seed + static_cast<std::uint64_t>(round), who.timed, check, options_.warmup,
+                                               options_.repetitions);
+        if (r.failure != FailureKind::none)
+          return make_error(fmt::format("{} failed while re-timed: {}: {}", challenger_turn ? "challenger" : "incumbent", to_string(r.failure),
+                                        r.message));
+        (challenger_turn ? a_times : b_times).push_back(r.seconds);
+      }
+    }
+    return Comparison{.challenger_seconds = median(a_times), .incumbent_seconds = median(b_times)};
+  }
+
+  Problem problem_;
+  CpuEvaluatorOptions options_;
+  std::mutex prepare_mutex_;
+  bool prepared_ = false;
+  std::optional<Error> prepare_error_;
+  std::string compiler_identity_;
+  std::filesystem::path problem_dir_;
+  double reference_seconds_ = 0;
+  Roofline roofline_;
+  TimingGate gate_;
+  std::atomic<std::size_t> compiles_{0}, cache_hits_{0}, runs_{0};
+};
+
+static_assert(kevo::Evaluator<CpuEvaluator>);
+static_assert(kevo::check_evaluator<CpuEvaluator>());
+
+}  // namespace kevo::eval
