@@ -222,24 +222,26 @@ class KnowledgeBase {
 
       const std::string category(st->text(3));
       const std::string_view source = st->text(6);
-      double score = -st->real(8);  // bm25: lower is better, so negate
+      // Relevance is bm25 (negated: lower is better there) plus fixed bonuses for structured
+      // matches. The bonuses are added, not multiplied: words such as "memory" occur in most
+      // documents, so their bm25 is near zero and a multiplier would not lift the right ones.
+      double score = -st->real(8);
       auto has_tag = [&](std::string_view t) {
         return !t.empty() && std::string_view(tags).find(t) != std::string_view::npos;
       };
-      // Signals outrank word overlap: a document tagged for the bottleneck or failure at hand wins.
-      if (has_tag(bound_tag)) score *= 2.0;
-      if (!failure_tag.empty() && has_tag(failure_tag)) score *= 2.0;
-      if (query.failure == FailureKind::compile_error && category.starts_with("optimization/debugging")) score *= 2.0;
+      if (has_tag(bound_tag)) score += 10;
+      if (!failure_tag.empty() && has_tag(failure_tag)) score += 10;
+      if (query.failure == FailureKind::compile_error && category.starts_with("optimization/debugging")) score += 20;
       if (query.failure != FailureKind::none && query.failure != FailureKind::compile_error &&
           (category.starts_with("correctness") || category.starts_with("optimization/debugging")))
-        score *= 1.5;
-      if (arch_named) score *= 1.3;
+        score += 8;
+      if (arch_named) score += 10;  // written for exactly this chip
       if (source == "skill") {
         // A skill learned on this very problem is the most specific advice there is.
         std::size_t shared = 0;
         const std::string origin_lower = detail::lowercase(st->text(7));
         for (const auto& w : problem_words) shared += origin_lower.find(w) != std::string::npos;
-        score *= 1.5 + static_cast<double>(std::min<std::size_t>(shared, 3));
+        score += 10 + 10 * static_cast<double>(std::min<std::size_t>(shared, 3));
       }
       Hit hit;
       hit.snippet.title = std::string(st->text(0));
