@@ -1,0 +1,257 @@
+// kevo-search: optimize one kernel of a problem directory on this machine's CPU.
+//
+// It composes the offline template synthesizer, a search policy, a memory operator, the
+// sandboxed CPU evaluator and the SQLite store into a SearchLoop, prints progress as results
+// come in, writes the best kernel to disk, and ends with its verified speedup:
+//
+//   kevo-search problems/cpu_scoring --budget 60 --jobs 2
+//   ...
+//   best: 7.3x over reference (verified)
+//
+// A search stopped at any moment (Ctrl-C, or even SIGKILL) continues with --resume.
+#include <kevo/eval/cpu_evaluator.hpp>
+#include <kevo/memory/any_memory.hpp>
+#include <kevo/search/any_policy.hpp>
+#include <kevo/search_loop.hpp>
+#include <kevo/store/sqlite_store.hpp>
+
+#include <fmt/format.h>
+#include <simdjson.h>
+
+#include <charconv>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+namespace fs = std::filesystem;
+
+namespace {
+
+struct Options {
+  fs::path problem_dir;
+  std::string policy = "mcts";
+  std::string memory = "adaptive";
+  std::size_t jobs = 2;
+  std::size_t budget = 60;
+  double wall_seconds = 0;
+  double target = 0;
+  std::size_t patience = 0;
+  std::uint64_t seed = 1;
+  fs::path store;
+  fs::path out;
+  fs::path json;
+  bool resume = false;
+  bool quiet = false;
+};
+
+constexpr const char* usage = R"(usage: kevo-search PROBLEM_DIR [options]
+
+Searches for a faster, verified implementation of the problem's kernel on this CPU.
+
+options:
+  --policy NAME     mcts (default), evolutionary, greedy, random
+  --memory NAME     adaptive (default), combined, trajectory, siblings, fresh
+  --jobs N          generations and evaluations in flight (default 2)
+  --budget N        candidates to evaluate (default 60)
+  --time SECONDS    stop after this much wall time
+  --target X        stop once a candidate is X times faster than the reference
+  --patience N      stop after N evaluations without a new best
+  --seed S          random seed (default 1)
+  --store PATH      SQLite store (default kevo-runs/PROBLEM.db)
+  --resume          continue the latest run in the store where it stopped
+  --out PATH        where to write the best kernel (default kevo-runs/PROBLEM.best.cpp)
+  --json PATH       also write a JSON summary there
+  --quiet           print only the last line
+)";
+
+template <class T>
+bool parse_number(std::string_view text, T& out) {
+  if constexpr (std::is_floating_point_v<T>) {
+    try {
+      std::size_t used = 0;
+      out = static_cast<T>(std::stod(std::string(text), &used));
+      return used == text.size();
+    } catch (...) {
+      return false;
+    }
+  } else {
+    auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), out);
+    return ec == std::errc() && end == text.data() + text.size();
+  }
+}
+
+kevo::expected<Options, kevo::Error> parse_arguments(int argc, char** argv) {
+  Options o;
+  for (int i = 1; i < argc; ++i) {
+    const std::string_view arg = argv[i];
+    auto value = [&]() -> kevo::expected<std::string_view, kevo::Error> {
+      if (i + 1 >= argc) return kevo::make_error(fmt::format("{} needs a value", arg));
+      return std::string_view(argv[++i]);
+    };
+    auto number = [&](auto& out) -> std::optional<kevo::Error> {
+      auto v = value();
+      if (!v) return v.error();
+      if (!parse_number(*v, out)) return kevo::Error{fmt::format("{} needs a number, not '{}'", arg, *v)};
+      return std::nullopt;
+    };
+    std::optional<kevo::Error> error;
+    if (arg == "--policy" || arg == "--memory" || arg == "--store" || arg == "--out" || arg == "--json") {
+      auto v = value();
+      if (!v) return kevo::unexpected(v.error());
+      if (arg == "--policy") o.policy = *v;
+      else if (arg == "--memory") o.memory = *v;
+      else if (arg == "--store") o.store = *v;
+      else if (arg == "--out") o.out = *v;
+      else o.json = *v;
+    } else if (arg == "--jobs") error = number(o.jobs);
+    else if (arg == "--budget") error = number(o.budget);
+    else if (arg == "--time") error = number(o.wall_seconds);
+    else if (arg == "--target") error = number(o.target);
+    else if (arg == "--patience") error = number(o.patience);
+    else if (arg == "--seed") error = number(o.seed);
+    else if (arg == "--resume") o.resume = true;
+    else if (arg == "--quiet") o.quiet = true;
+    else if (arg == "--help" || arg == "-h") return kevo::make_error("");
+    else if (arg.starts_with("--")) return kevo::make_error(fmt::format("unknown option {}", arg));
+    else if (o.problem_dir.empty()) o.problem_dir = arg;
+    else return kevo::make_error(fmt::format("unexpected argument '{}'", arg));
+    if (error) return kevo::unexpected(*error);
+  }
+  if (o.problem_dir.empty()) return kevo::make_error("no problem directory given");
+  if (o.jobs == 0) return kevo::make_error("--jobs must be at least 1");
+  return o;
+}
+
+/// The settings a resumed run must keep, as stored with the run.
+std::string settings_json(const Options& o) {
+  return fmt::format(R"({{"policy":"{}","memory":"{}","seed":{},"budget":{},"jobs":{}}})", o.policy, o.memory, o.seed,
+                     o.budget, o.jobs);
+}
+
+void restore_settings(std::string_view json, Options& o) {
+  simdjson::dom::parser parser;
+  simdjson::dom::element e;
+  if (parser.parse(json.data(), json.size()).get(e)) return;
+  std::string_view s;
+  if (!e["policy"].get_string().get(s)) o.policy = s;
+  if (!e["memory"].get_string().get(s)) o.memory = s;
+  uint64_t n;
+  if (!e["seed"].get_uint64().get(n)) o.seed = n;
+}
+
+std::string failures_text(const kevo::FailureCounts& failures) {
+  std::string out;
+  for (auto [kind, count] : failures) out += fmt::format(" {}={}", kevo::to_string(kind), count);
+  return out.empty() ? " none" : out;
+}
+
+int fail(std::string_view message) {
+  fmt::print(stderr, "kevo-search: {}\n", message);
+  return 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  auto options = parse_arguments(argc, argv);
+  if (!options) {
+    if (!options.error().message.empty()) fmt::print(stderr, "kevo-search: {}\n\n", options.error().message);
+    fmt::print(stderr, "{}", usage);
+    return 2;
+  }
+  Options o = *options;
+
+  auto problem = kevo::load_problem(o.problem_dir);
+  if (!problem) return fail(problem.error().message);
+  if (o.store.empty()) o.store = fs::path("kevo-runs") / (problem->name + ".db");
+  if (o.out.empty()) o.out = fs::path("kevo-runs") / (problem->name + ".best.cpp");
+  for (const auto& p : {o.store, o.out, o.json})
+    if (p.has_parent_path()) fs::create_directories(p.parent_path());
+
+  auto store = kevo::store::SqliteStore::open(o.store);
+  if (!store) return fail(store.error().message);
+  std::int64_t resume_run = 0;
+  if (o.resume) {
+    auto run = store->latest_run();
+    if (!run) return fail(run.error().message);
+    if (!run->stopped_because.empty())
+      return fail(fmt::format("the latest run in {} already finished ({}); start a new one without --resume",
+                              o.store.string(), run->stopped_because));
+    restore_settings(run->settings_json, o);
+    resume_run = run->id;
+  }
+
+  auto policy = kevo::search::make_policy(o.policy);
+  if (!policy) return fail(policy.error().message);
+  auto memory = kevo::memory::make_memory(o.memory);
+  if (!memory) return fail(memory.error().message);
+
+  kevo::eval::CpuEvaluator evaluator(*problem);
+  if (!o.quiet) fmt::print("kevo-search: {} ({}), preparing the reference and the roofline...\n", problem->name, problem->directory.string());
+  if (auto ready = evaluator.prepare(); !ready) return fail(ready.error().message);
+  if (!o.quiet)
+    fmt::print("reference: {:.3f} ms on the timing shape; policy {}, memory {}, {} jobs, budget {}, store {}\n",
+               evaluator.reference_seconds() * 1e3, o.policy, o.memory, o.jobs, o.budget, o.store.string());
+
+  kevo::SearchArguments args{.jobs = o.jobs,
+                             .max_evaluations = o.budget,
+                             .max_wall_seconds = o.wall_seconds,
+                             .target_speedup = o.target,
+                             .patience = o.patience,
+                             .seed = o.seed,
+                             .handle_signals = true,
+                             .settings_json = settings_json(o)};
+  if (!o.quiet)
+    args.on_progress = [&](const kevo::Progress& p) {
+      const kevo::Evaluation& e = *p.evaluation;
+      const std::string outcome = e.ok() ? fmt::format("{:6.2f}x {}-bound", e.speedup, kevo::to_string(e.diagnostics.bottleneck))
+                                         : fmt::format("{} ({})", kevo::to_string(e.failure), e.diagnostics.message.substr(0, 60));
+      fmt::print("[{:3}/{}] {:5.2f} eval/s  best {:6.2f}x{}  node {:3}: {}  <- {}\n  failures:{}\n", p.evaluations - 1,
+                 o.budget, p.evaluations_per_second, p.best_speedup, p.new_best ? " (new)" : "      ", p.node, outcome,
+                 p.candidate->origin.substr(0, 70), failures_text(p.failures));
+      std::fflush(stdout);
+    };
+
+  kevo::synth::TemplateSynthesizer synth(*problem);
+  kevo::SearchLoop<kevo::synth::TemplateSynthesizer, kevo::search::AnyPolicy, kevo::memory::AnyMemory,
+                   kevo::eval::CpuEvaluator, kevo::knowledge::NullRetriever, kevo::store::SqliteStore>
+      loop(*problem, synth, *policy, *memory, evaluator, kevo::knowledge::NullRetriever{}, *store, args);
+  auto result = o.resume ? loop.resume(resume_run) : loop.run(synth.seed());
+  if (!result) return fail(result.error().message);
+
+  {
+    std::ofstream out(o.out);
+    out << "// kevo-search: best kernel for " << problem->name << ", knobs: " << kevo::to_string(result->best_candidate->knobs)
+        << "\n// " << fmt::format("{:.2f}x over the reference ({})", result->verified_speedup, result->verification_message)
+        << "\n" << result->best_candidate->source;
+  }
+  if (!o.json.empty()) {
+    std::ofstream json(o.json);
+    json << fmt::format(
+        R"({{"problem":{},"target":"{}","evaluations":{},"best_speedup":{:.4f},"search_speedup":{:.4f},"verified":{},)"
+        R"("best_candidate":{{"node":{},"file":{},"knobs":{}}},"stopped_because":"{}","store":{},"run_id":{},)"
+        R"("policy":"{}","memory":"{}","elapsed_seconds":{:.2f},"failures":{{{}}}}})"
+        "\n",
+        kevo::detail::json_quote(problem->name), kevo::to_string(problem->target), result->evaluations,
+        result->verified_speedup, result->best_speedup, result->verified, result->best_node,
+        kevo::detail::json_quote(o.out.string()), kevo::detail::knobs_to_json(result->best_candidate->knobs),
+        kevo::to_string(result->stopped_because), kevo::detail::json_quote(o.store.string()), result->run_id, o.policy,
+        o.memory, result->elapsed_seconds, [&] {
+          std::string f;
+          for (auto [kind, count] : result->failures)
+            f += fmt::format("{}\"{}\":{}", f.empty() ? "" : ",", kevo::to_string(kind), count);
+          return f;
+        }());
+  }
+  if (!o.quiet)
+    fmt::print("stopped: {} after {} evaluations in {:.1f} s; failures:{}\nbest kernel: {} ({})\n",
+               kevo::to_string(result->stopped_because), result->evaluations, result->elapsed_seconds,
+               failures_text(result->failures), o.out.string(), kevo::to_string(result->best_candidate->knobs));
+  if (!result->verified) {
+    fmt::print("best: {:.1f}x over reference (NOT verified: {})\n", result->best_speedup, result->verification_message);
+    return 3;
+  }
+  fmt::print("best: {:.1f}x over reference (verified)\n", result->verified_speedup);
+  return 0;
+}
