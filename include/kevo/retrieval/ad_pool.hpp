@@ -1,0 +1,170 @@
+// kevo/retrieval/ad_pool.hpp: the ad pool on the host, in the stored form that the GPU index mirrors
+// (fp16 bits, or int8 with a per-ad scale; targeting as packed clauses).
+//
+//   HostAdPool pool(schema);
+//   if (auto ok = pool.upsert(ad); !ok) log(ok.error().message);
+//   pool.expire(ad.id);
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "kevo/retrieval/half.hpp"
+#include "kevo/retrieval/types.hpp"
+
+namespace kevo::retrieval {
+
+/// One clause packed in 32 bits, the form that both the host pool and the GPU index hold:
+/// value in bits 0..16, category in 17..21, exclude in 22, "last clause of this ad" in 23.
+namespace clause_bits {
+inline constexpr std::uint32_t value_mask = (1u << 17) - 1u;
+inline constexpr int category_shift = 17;
+inline constexpr std::uint32_t exclude = 1u << 22;
+inline constexpr std::uint32_t last = 1u << 23;
+inline std::uint32_t pack(const Clause& c, bool is_last) {
+  return c.value | (c.category << category_shift) | (c.exclude ? exclude : 0u) | (is_last ? last : 0u);
+}
+inline std::uint32_t category(std::uint32_t packed) { return (packed >> category_shift) & 31u; }
+inline std::uint32_t value(std::uint32_t packed) { return packed & value_mask; }
+}  // namespace clause_bits
+
+/// Checks a schema: 1..32 categories of 1..2^17 values, d from 1 to 1024.
+inline expected<void, Error> validate_schema(const Schema& schema) {
+  if (schema.categories() < 1 || schema.categories() > kMaxCategories)
+    return make_error("schema: 1 to 32 categories");
+  for (std::uint32_t v : schema.category_values)
+    if (v < 1 || v > kMaxCategoryValues) return make_error("schema: a category has 1 to 131072 values");
+  if (schema.dim < 1 || schema.dim > 1024) return make_error("schema: d from 1 to 1024");
+  return {};
+}
+
+/// Symmetric int8 quantisation of one embedding: a = scale * q, q in [-127, 127].
+struct QuantizedEmbedding {
+  std::vector<std::int8_t> values;
+  float scale = 0.0f;
+};
+
+inline QuantizedEmbedding quantize_int8(const std::vector<float>& embedding) {
+  float max_abs = 0.0f;
+  for (float a : embedding) max_abs = std::max(max_abs, std::fabs(a));
+  QuantizedEmbedding q{std::vector<std::int8_t>(embedding.size(), 0), max_abs / 127.0f};
+  if (max_abs == 0.0f) return q;
+  for (std::size_t k = 0; k < embedding.size(); ++k)
+    q.values[k] = static_cast<std::int8_t>(std::clamp(std::lround(embedding[k] / q.scale), -127l, 127l));
+  return q;
+}
+
+/// The ad pool on the host: slots hold ads; ids map to slots; expired slots are reused.
+class HostAdPool {
+ public:
+  explicit HostAdPool(Schema schema) : schema_(std::move(schema)) {}
+
+  const Schema& schema() const { return schema_; }
+  std::size_t slots() const { return ids_.size(); }
+  std::size_t live_count() const { return id_to_slot_.size(); }
+
+  /// Inserts the ad, or replaces every field of the ad with that id.
+  expected<void, Error> upsert(const AdRecord& ad) {
+    if (auto ok = validate_ad(schema_, ad); !ok) return ok;
+    std::size_t slot;
+    if (auto it = id_to_slot_.find(ad.id); it != id_to_slot_.end()) {
+      slot = it->second;
+    } else if (!free_slots_.empty()) {
+      slot = free_slots_.back();
+      free_slots_.pop_back();
+    } else {
+      slot = grow();
+    }
+    write_slot(slot, ad);
+    if (ad.live) id_to_slot_[ad.id] = slot;
+    else release(slot, ad.id);
+    return {};
+  }
+
+  /// Takes the ad out of every later request; false when no live ad has that id.
+  bool expire(std::uint32_t id) {
+    auto it = id_to_slot_.find(id);
+    if (it == id_to_slot_.end()) return false;
+    release(it->second, id);
+    return true;
+  }
+
+  std::optional<std::size_t> slot_of(std::uint32_t id) const {
+    auto it = id_to_slot_.find(id);
+    if (it == id_to_slot_.end()) return std::nullopt;
+    return it->second;
+  }
+
+  std::uint32_t id(std::size_t slot) const { return ids_[slot]; }
+  bool live(std::size_t slot) const { return live_[slot] != 0; }
+  float bias(std::size_t slot) const { return bias_[slot]; }
+  const std::vector<std::uint32_t>& clauses(std::size_t slot) const { return clauses_[slot]; }
+
+  /// The embedding value the reference uses: fp16 widened, or int8 dequantised (scale * q in fp32).
+  float embedding(std::size_t slot, int k) const {
+    const std::size_t at = slot * static_cast<std::size_t>(schema_.dim) + static_cast<std::size_t>(k);
+    if (schema_.embedding_type == EmbeddingType::fp16) return half_to_float(fp16_[at]);
+    return scale_[slot] * static_cast<float>(int8_[at]);
+  }
+
+  // The stored form, for uploads to a device index.
+  const std::vector<std::uint16_t>& fp16_values() const { return fp16_; }
+  const std::vector<std::int8_t>& int8_values() const { return int8_; }
+  const std::vector<float>& scales() const { return scale_; }
+
+ private:
+  std::size_t grow() {
+    const std::size_t slot = ids_.size();
+    const auto d = static_cast<std::size_t>(schema_.dim);
+    ids_.push_back(0);
+    live_.push_back(0);
+    bias_.push_back(0.0f);
+    scale_.push_back(0.0f);
+    clauses_.emplace_back();
+    if (schema_.embedding_type == EmbeddingType::fp16) fp16_.resize(fp16_.size() + d);
+    else int8_.resize(int8_.size() + d);
+    return slot;
+  }
+
+  void write_slot(std::size_t slot, const AdRecord& ad) {
+    const auto d = static_cast<std::size_t>(schema_.dim);
+    ids_[slot] = ad.id;
+    live_[slot] = ad.live ? 1 : 0;
+    bias_[slot] = ad.bias;
+    if (schema_.embedding_type == EmbeddingType::fp16) {
+      for (std::size_t k = 0; k < d; ++k) fp16_[slot * d + k] = float_to_half(ad.embedding[k]);
+    } else {
+      QuantizedEmbedding q = quantize_int8(ad.embedding);
+      std::copy(q.values.begin(), q.values.end(), int8_.begin() + static_cast<std::ptrdiff_t>(slot * d));
+      scale_[slot] = q.scale;
+    }
+    std::vector<std::uint32_t>& packed = clauses_[slot];
+    packed.clear();
+    for (std::size_t c = 0; c < ad.clauses.size(); ++c)
+      packed.push_back(clause_bits::pack(ad.clauses[c], c + 1 == ad.clauses.size()));
+  }
+
+  void release(std::size_t slot, std::uint32_t id) {
+    live_[slot] = 0;
+    id_to_slot_.erase(id);
+    free_slots_.push_back(slot);
+  }
+
+  Schema schema_;
+  std::vector<std::uint32_t> ids_;
+  std::vector<std::uint8_t> live_;
+  std::vector<float> bias_;
+  std::vector<float> scale_;
+  std::vector<std::uint16_t> fp16_;
+  std::vector<std::int8_t> int8_;
+  std::vector<std::vector<std::uint32_t>> clauses_;
+  std::unordered_map<std::uint32_t, std::size_t> id_to_slot_;
+  std::vector<std::size_t> free_slots_;
+};
+
+}  // namespace kevo::retrieval

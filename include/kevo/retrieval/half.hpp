@@ -1,0 +1,57 @@
+// kevo/retrieval/half.hpp: IEEE binary16 conversions on the host, without CUDA headers.
+//
+//   std::uint16_t bits = kevo::retrieval::float_to_half(0.1f);   // round to nearest even
+//   float back = kevo::retrieval::half_to_float(bits);           // exact
+#pragma once
+
+#include <bit>
+#include <cstdint>
+
+namespace kevo::retrieval {
+
+/// Rounds a float to the nearest binary16 (ties to even), as the GPU's __float2half_rn does.
+inline std::uint16_t float_to_half(float value) {
+  const std::uint32_t x = std::bit_cast<std::uint32_t>(value);
+  const std::uint32_t sign = (x >> 16) & 0x8000u;
+  const std::uint32_t abs = x & 0x7fffffffu;
+  if (abs >= 0x7f800000u) {  // inf or NaN
+    return static_cast<std::uint16_t>(sign | 0x7c00u | (abs > 0x7f800000u ? 0x200u : 0u));
+  }
+  if (abs >= 0x477ff000u) return static_cast<std::uint16_t>(sign | 0x7c00u);  // rounds past 65504
+  if (abs < 0x38800000u) {
+    // Subnormal half (or zero): shift the mantissa with its implicit bit into place.
+    if (abs < 0x33000000u) return static_cast<std::uint16_t>(sign);  // below half the smallest subnormal
+    const std::uint32_t exponent = abs >> 23;
+    const std::uint32_t mantissa = (abs & 0x7fffffu) | 0x800000u;
+    const std::uint32_t shift = 126u - exponent;  // 14..24
+    std::uint32_t half = mantissa >> shift;
+    const std::uint32_t rest = mantissa & ((1u << shift) - 1u);
+    const std::uint32_t halfway = 1u << (shift - 1u);
+    if (rest > halfway || (rest == halfway && (half & 1u))) ++half;
+    return static_cast<std::uint16_t>(sign | half);
+  }
+  std::uint32_t half = ((abs - 0x38000000u) >> 13);
+  const std::uint32_t rest = abs & 0x1fffu;
+  if (rest > 0x1000u || (rest == 0x1000u && (half & 1u))) ++half;
+  return static_cast<std::uint16_t>(sign | half);
+}
+
+/// Widens a binary16 to float exactly.
+inline float half_to_float(std::uint16_t bits) {
+  const std::uint32_t sign = static_cast<std::uint32_t>(bits & 0x8000u) << 16;
+  const std::uint32_t exponent = (bits >> 10) & 0x1fu;
+  std::uint32_t mantissa = bits & 0x3ffu;
+  if (exponent == 0) {
+    if (mantissa == 0) return std::bit_cast<float>(sign);
+    int e = -1;  // normalise the subnormal
+    do { ++e; mantissa <<= 1; } while ((mantissa & 0x400u) == 0);
+    return std::bit_cast<float>(sign | ((112u - e) << 23) | ((mantissa & 0x3ffu) << 13));
+  }
+  if (exponent == 31) return std::bit_cast<float>(sign | 0x7f800000u | (mantissa << 13));
+  return std::bit_cast<float>(sign | ((exponent + 112u) << 23) | (mantissa << 13));
+}
+
+/// Rounds a float through binary16 and back: what "rounded to fp16" means in the spec.
+inline float round_to_half(float value) { return half_to_float(float_to_half(value)); }
+
+}  // namespace kevo::retrieval

@@ -1,0 +1,280 @@
+// kevo/retrieval/reference.hpp: the CPU reference of the retrieval spec. It is exact (double
+// accumulation), readable and multi-threaded; every GPU kernel is checked against it, and it is
+// also the CPU backend's engine.
+//
+//   RequestVectors v = compute_request_vectors(model, request.features);
+//   std::vector<ScoredAd> top = reference_search(pool, v, request);
+//   if (auto ok = compare_with_reference(pool, v, request, gpu_top); !ok) fail(ok.error().message);
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+#include "kevo/retrieval/ad_pool.hpp"
+#include "kevo/retrieval/half.hpp"
+#include "kevo/retrieval/types.hpp"
+
+namespace kevo::retrieval {
+
+/// The per-request vectors u_e and g_e, already rounded to fp16 (held as the exact float values).
+struct RequestVectors {
+  int experts = 0;
+  int dim = 0;
+  std::vector<float> expert;  // u: (E, d)
+  std::vector<float> gate;    // g: (E, d)
+};
+
+/// Runs the user towers and gating projection: u_e = W2_e relu(W1_e x + c1_e) + c2_e, g_e = P u_e / sqrt(d).
+inline RequestVectors compute_request_vectors(const Model& model, const std::vector<float>& features) {
+  const int e_count = model.experts, h_count = model.hidden, f = model.features, d = model.dim;
+  RequestVectors v{e_count, d, std::vector<float>(static_cast<std::size_t>(e_count) * d),
+                   std::vector<float>(static_cast<std::size_t>(e_count) * d)};
+  std::vector<float> hidden(static_cast<std::size_t>(h_count));
+  std::vector<float> u(static_cast<std::size_t>(d));
+  const double inv_sqrt_d = 1.0 / std::sqrt(static_cast<double>(d));
+  for (int e = 0; e < e_count; ++e) {
+    for (int j = 0; j < h_count; ++j) {
+      const float* row = &model.w1[(static_cast<std::size_t>(e) * h_count + j) * f];
+      double acc = model.c1[static_cast<std::size_t>(e) * h_count + j];
+      for (int i = 0; i < f; ++i) acc += static_cast<double>(row[i]) * features[static_cast<std::size_t>(i)];
+      hidden[static_cast<std::size_t>(j)] = static_cast<float>(std::max(acc, 0.0));
+    }
+    for (int j = 0; j < d; ++j) {
+      const float* row = &model.w2[(static_cast<std::size_t>(e) * d + j) * h_count];
+      double acc = model.c2[static_cast<std::size_t>(e) * d + j];
+      for (int i = 0; i < h_count; ++i) acc += static_cast<double>(row[i]) * hidden[static_cast<std::size_t>(i)];
+      u[static_cast<std::size_t>(j)] = static_cast<float>(acc);
+    }
+    for (int j = 0; j < d; ++j) {
+      const float* row = &model.gate_projection[static_cast<std::size_t>(j) * d];
+      double acc = 0.0;
+      for (int i = 0; i < d; ++i) acc += static_cast<double>(row[i]) * u[static_cast<std::size_t>(i)];
+      v.gate[static_cast<std::size_t>(e) * d + j] = round_to_half(static_cast<float>(acc * inv_sqrt_d));
+      v.expert[static_cast<std::size_t>(e) * d + j] = round_to_half(u[static_cast<std::size_t>(j)]);
+    }
+  }
+  return v;
+}
+
+/// The request's targeting query as one sorted value list per category, for membership tests.
+class QuerySets {
+ public:
+  QuerySets(int categories, const std::vector<CategoryQuery>& query) : sets_(static_cast<std::size_t>(categories)) {
+    for (const CategoryQuery& q : query) {
+      auto& set = sets_.at(q.category);
+      set.insert(set.end(), q.values.begin(), q.values.end());
+      std::sort(set.begin(), set.end());
+    }
+  }
+  bool contains(std::uint32_t category, std::uint32_t value) const {
+    const auto& set = sets_[category];
+    return std::binary_search(set.begin(), set.end(), value);
+  }
+
+ private:
+  std::vector<std::vector<std::uint32_t>> sets_;
+};
+
+/// Eligibility: live, and for every category (ANY or S ∩ Q ≠ ∅) and X ∩ Q = ∅.
+inline bool is_eligible(const HostAdPool& pool, std::size_t slot, const QuerySets& query) {
+  if (!pool.live(slot)) return false;
+  std::uint32_t restricted = 0, satisfied = 0;
+  for (std::uint32_t packed : pool.clauses(slot)) {
+    const std::uint32_t c = clause_bits::category(packed);
+    const bool member = query.contains(c, clause_bits::value(packed));
+    if (packed & clause_bits::exclude) {
+      if (member) return false;
+    } else {
+      restricted |= 1u << c;
+      if (member) satisfied |= 1u << c;
+    }
+  }
+  return restricted == satisfied;
+}
+
+/// A reference score; when the k_e-th and (k_e+1)-th gate logits lie within 1e-3, the spec lets an
+/// implementation route either way, so the other routing's score comes too.
+struct ReferenceScore {
+  double score = 0.0;
+  double alternative = 0.0;
+  bool ambiguous = false;
+};
+
+inline constexpr double kRoutingTieTolerance = 1e-3;
+
+inline ReferenceScore reference_score(const HostAdPool& pool, std::size_t slot, const RequestVectors& v, int routing) {
+  const int e_count = v.experts, d = v.dim;
+  std::vector<double> a(static_cast<std::size_t>(d));
+  for (int k = 0; k < d; ++k) a[static_cast<std::size_t>(k)] = pool.embedding(slot, k);
+  std::vector<double> expert_score(static_cast<std::size_t>(e_count)), logit(static_cast<std::size_t>(e_count));
+  for (int e = 0; e < e_count; ++e) {
+    const float* u = &v.expert[static_cast<std::size_t>(e) * d];
+    const float* g = &v.gate[static_cast<std::size_t>(e) * d];
+    double s = 0.0, l = 0.0;
+    for (int k = 0; k < d; ++k) {
+      s += a[static_cast<std::size_t>(k)] * u[k];
+      l += a[static_cast<std::size_t>(k)] * g[k];
+    }
+    expert_score[static_cast<std::size_t>(e)] = s;
+    logit[static_cast<std::size_t>(e)] = l;
+  }
+  // Experts by logit, largest first; ties go to the lower expert index.
+  std::vector<int> order(static_cast<std::size_t>(e_count));
+  for (int e = 0; e < e_count; ++e) order[static_cast<std::size_t>(e)] = e;
+  std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return logit[a] > logit[b]; });
+  auto mix = [&](const std::vector<int>& chosen) {
+    double max_logit = -std::numeric_limits<double>::infinity();
+    for (int e : chosen) max_logit = std::max(max_logit, logit[static_cast<std::size_t>(e)]);
+    double total = 0.0, weighted = 0.0;
+    for (int e : chosen) {
+      const double w = std::exp(logit[static_cast<std::size_t>(e)] - max_logit);
+      total += w;
+      weighted += w * expert_score[static_cast<std::size_t>(e)];
+    }
+    return weighted / total + pool.bias(slot);
+  };
+  std::vector<int> chosen(order.begin(), order.begin() + routing);
+  ReferenceScore result{mix(chosen), 0.0, false};
+  if (routing < e_count &&
+      logit[static_cast<std::size_t>(order[routing - 1])] - logit[static_cast<std::size_t>(order[routing])] <=
+          kRoutingTieTolerance) {
+    chosen.back() = order[static_cast<std::size_t>(routing)];
+    result.alternative = mix(chosen);
+    result.ambiguous = true;
+  }
+  return result;
+}
+
+/// Result order: score descending, ties by lower ad id.
+inline bool ranks_before(const ScoredAd& a, const ScoredAd& b) {
+  return a.score > b.score || (a.score == b.score && a.id < b.id);
+}
+
+inline unsigned default_thread_count() { return std::max(1u, std::thread::hardware_concurrency()); }
+
+/// Runs body(part, begin, end) over [0, count) split into `parts` ranges, one std::thread each.
+template <class Body>
+void parallel_for_ranges(std::size_t count, unsigned parts, Body body) {
+  std::vector<std::thread> workers;
+  const std::size_t step = (count + parts - 1) / parts;
+  for (unsigned part = 0; part < parts; ++part) {
+    const std::size_t begin = std::min(count, part * step), end = std::min(count, begin + step);
+    workers.emplace_back([&body, part, begin, end] { body(part, begin, end); });
+  }
+  for (std::thread& w : workers) w.join();
+}
+
+/// Every eligible ad with its reference score, in slot order.
+struct EligibleScores {
+  std::vector<std::size_t> slots;
+  std::vector<ReferenceScore> scores;
+};
+
+inline EligibleScores score_eligible_ads(const HostAdPool& pool, const RequestVectors& v, const Request& request,
+                                         unsigned threads = default_thread_count()) {
+  const QuerySets query(pool.schema().categories(), request.query);
+  // Small pools are not worth a thread each.
+  const auto parts = static_cast<unsigned>(std::clamp<std::size_t>(pool.slots() / 4096, 1, std::max(1u, threads)));
+  std::vector<EligibleScores> partial(parts);
+  parallel_for_ranges(pool.slots(), parts, [&](unsigned part, std::size_t begin, std::size_t end) {
+    EligibleScores& local = partial[part];
+    for (std::size_t slot = begin; slot < end; ++slot) {
+      if (!is_eligible(pool, slot, query)) continue;
+      local.slots.push_back(slot);
+      local.scores.push_back(reference_score(pool, slot, v, request.routing));
+    }
+  });
+  EligibleScores all;
+  for (EligibleScores& p : partial) {
+    all.slots.insert(all.slots.end(), p.slots.begin(), p.slots.end());
+    all.scores.insert(all.scores.end(), p.scores.begin(), p.scores.end());
+  }
+  return all;
+}
+
+/// The reference top-K: the K eligible ads with the highest scores, score descending, ties by lower id.
+inline std::vector<ScoredAd> reference_search(const HostAdPool& pool, const RequestVectors& v, const Request& request,
+                                              unsigned threads = default_thread_count()) {
+  const EligibleScores eligible = score_eligible_ads(pool, v, request, threads);
+  std::vector<ScoredAd> all(eligible.slots.size());
+  for (std::size_t i = 0; i < all.size(); ++i)
+    all[i] = {pool.id(eligible.slots[i]), static_cast<float>(eligible.scores[i].score)};
+  const std::size_t k = std::min(all.size(), static_cast<std::size_t>(request.k));
+  std::partial_sort(all.begin(), all.begin() + static_cast<std::ptrdiff_t>(k), all.end(), ranks_before);
+  all.resize(k);
+  return all;
+}
+
+/// The spec's score tolerance: 1e-3 * (1 + |ref|).
+inline double score_tolerance(double reference) { return 1e-3 * (1.0 + std::fabs(reference)); }
+
+/// Checks a result against the reference under the spec's rules: scores within tolerance (either
+/// routing where the routing is ambiguous), the reference's top-K except for ads within tolerance
+/// of the K-th score, ordered, and no missing, extra, ineligible or duplicate ad.
+inline expected<void, Error> compare_with_reference(const HostAdPool& pool, const RequestVectors& v,
+                                                    const Request& request, const std::vector<ScoredAd>& result,
+                                                    unsigned threads = default_thread_count()) {
+  const EligibleScores eligible = score_eligible_ads(pool, v, request, threads);
+  std::unordered_map<std::uint32_t, std::size_t> index_of_id;  // id -> index into eligible
+  for (std::size_t i = 0; i < eligible.slots.size(); ++i) index_of_id[pool.id(eligible.slots[i])] = i;
+
+  std::vector<ScoredAd> reference(eligible.slots.size());
+  for (std::size_t i = 0; i < reference.size(); ++i)
+    reference[i] = {pool.id(eligible.slots[i]), static_cast<float>(eligible.scores[i].score)};
+  const std::size_t k = std::min(reference.size(), static_cast<std::size_t>(request.k));
+  std::partial_sort(reference.begin(), reference.begin() + static_cast<std::ptrdiff_t>(k), reference.end(),
+                    ranks_before);
+  reference.resize(k);
+
+  auto fail = [](std::string why) { return make_error(std::move(why)); };
+  if (result.size() != k)
+    return fail("returned " + std::to_string(result.size()) + " ads, expected " + std::to_string(k));
+
+  std::unordered_set<std::uint32_t> returned;
+  for (std::size_t i = 0; i < result.size(); ++i) {
+    const ScoredAd& r = result[i];
+    if (!returned.insert(r.id).second) return fail("duplicate id " + std::to_string(r.id));
+    auto it = index_of_id.find(r.id);
+    if (it == index_of_id.end()) return fail("id " + std::to_string(r.id) + " is not an eligible ad");
+    const ReferenceScore& ref = eligible.scores[it->second];
+    const bool close = std::fabs(r.score - ref.score) <= score_tolerance(ref.score) ||
+                       (ref.ambiguous && std::fabs(r.score - ref.alternative) <= score_tolerance(ref.alternative));
+    if (!close)
+      return fail("id " + std::to_string(r.id) + " scored " + std::to_string(r.score) + ", reference " +
+                  std::to_string(ref.score));
+    if (i > 0 && !ranks_before(result[i - 1], r))
+      return fail("results out of order at position " + std::to_string(i));
+  }
+  if (k == 0 || k == eligible.slots.size()) {
+    for (const ScoredAd& ref : reference)
+      if (!returned.count(ref.id)) return fail("eligible id " + std::to_string(ref.id) + " is missing");
+    return {};
+  }
+  // Ads may swap in or out of the top-K only at the K-th score, within tolerance.
+  const double kth = reference.back().score;
+  auto near_boundary = [&](std::uint32_t id) {
+    const ReferenceScore& ref = eligible.scores[index_of_id.at(id)];
+    return std::fabs(ref.score - kth) <= score_tolerance(kth) ||
+           (ref.ambiguous && std::fabs(ref.alternative - kth) <= score_tolerance(kth));
+  };
+  std::unordered_set<std::uint32_t> in_reference;
+  for (const ScoredAd& ref : reference) {
+    in_reference.insert(ref.id);
+    if (!returned.count(ref.id) && !near_boundary(ref.id))
+      return fail("id " + std::to_string(ref.id) + " (reference score " + std::to_string(ref.score) +
+                  ") is missing from the top-K");
+  }
+  for (const ScoredAd& r : result)
+    if (!in_reference.count(r.id) && !near_boundary(r.id))
+      return fail("id " + std::to_string(r.id) + " is not in the reference top-K");
+  return {};
+}
+
+}  // namespace kevo::retrieval

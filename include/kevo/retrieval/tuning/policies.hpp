@@ -1,0 +1,93 @@
+// kevo/retrieval/tuning/policies.hpp: every knob of the retrieval kernels, one plain aggregate per
+// kernel, each knob's legal domain declared beside it so that kevo's search can sweep them. A
+// policy never changes results, only speed. Host-only: no CUDA headers.
+//
+//   ScoringPolicy p{.block_threads = 128, .tiles_per_chunk = 16, .blocks_per_sm = 4};
+//   if (!is_legal(p)) reject(p);
+//   store_result(to_string(p), timing);   // the printable form is the key for search results
+#pragma once
+
+#include <algorithm>
+#include <array>
+#include <string>
+
+namespace kevo::retrieval {
+
+/// Index matching: one thread tests `ads_per_thread` ads (striped across the block).
+struct MatchingPolicy {
+  int block_threads = 256;
+  static constexpr std::array<int, 3> block_threads_domain{128, 256, 512};  // compile-time variants
+  int ads_per_thread = 4;
+  static constexpr std::array<int, 4> ads_per_thread_domain{1, 2, 4, 8};  // compile-time variants
+  friend bool operator==(const MatchingPolicy&, const MatchingPolicy&) = default;
+};
+
+/// Fused MoE-gated scoring: each warp scores tiles of 16 eligible ads with mma.sync; a chunk of
+/// `tiles_per_chunk` tiles shares one maximum that top-K uses to skip whole chunks.
+struct ScoringPolicy {
+  int block_threads = 256;
+  static constexpr std::array<int, 2> block_threads_domain{128, 256};  // compile-time variants
+  int tiles_per_chunk = 16;
+  static constexpr std::array<int, 4> tiles_per_chunk_domain{4, 8, 16, 32};  // run time
+  int blocks_per_sm = 4;
+  static constexpr std::array<int, 6> blocks_per_sm_domain{1, 2, 3, 4, 6, 8};  // run time (grid size)
+  friend bool operator==(const ScoringPolicy&, const ScoringPolicy&) = default;
+};
+
+/// Top-K: radix select over (score, id) keys, 12 bits a level; a level is refined only while the
+/// boundary digit holds more than `boundary_cap` ads, then the survivors are radix-sorted.
+struct TopKPolicy {
+  int block_threads = 256;
+  static constexpr std::array<int, 1> block_threads_domain{256};  // compile-time variants
+  int boundary_cap = 8192;
+  static constexpr std::array<int, 4> boundary_cap_domain{2048, 4096, 8192, 16384};  // run time
+  friend bool operator==(const TopKPolicy&, const TopKPolicy&) = default;
+};
+
+/// All the pipeline's knobs together.
+struct PipelinePolicy {
+  MatchingPolicy matching{};
+  ScoringPolicy scoring{};
+  TopKPolicy topk{};
+  friend bool operator==(const PipelinePolicy&, const PipelinePolicy&) = default;
+};
+
+namespace detail {
+template <class T, std::size_t N>
+bool in_domain(int value, const std::array<T, N>& domain) {
+  return std::find(domain.begin(), domain.end(), value) != domain.end();
+}
+}  // namespace detail
+
+inline bool is_legal(const MatchingPolicy& p) {
+  return detail::in_domain(p.block_threads, MatchingPolicy::block_threads_domain) &&
+         detail::in_domain(p.ads_per_thread, MatchingPolicy::ads_per_thread_domain);
+}
+inline bool is_legal(const ScoringPolicy& p) {
+  return detail::in_domain(p.block_threads, ScoringPolicy::block_threads_domain) &&
+         detail::in_domain(p.tiles_per_chunk, ScoringPolicy::tiles_per_chunk_domain) &&
+         detail::in_domain(p.blocks_per_sm, ScoringPolicy::blocks_per_sm_domain);
+}
+inline bool is_legal(const TopKPolicy& p) {
+  return detail::in_domain(p.block_threads, TopKPolicy::block_threads_domain) &&
+         detail::in_domain(p.boundary_cap, TopKPolicy::boundary_cap_domain);
+}
+inline bool is_legal(const PipelinePolicy& p) { return is_legal(p.matching) && is_legal(p.scoring) && is_legal(p.topk); }
+
+inline std::string to_string(const MatchingPolicy& p) {
+  return "matching{block_threads=" + std::to_string(p.block_threads) +
+         ",ads_per_thread=" + std::to_string(p.ads_per_thread) + "}";
+}
+inline std::string to_string(const ScoringPolicy& p) {
+  return "scoring{block_threads=" + std::to_string(p.block_threads) + ",tiles_per_chunk=" +
+         std::to_string(p.tiles_per_chunk) + ",blocks_per_sm=" + std::to_string(p.blocks_per_sm) + "}";
+}
+inline std::string to_string(const TopKPolicy& p) {
+  return "topk{block_threads=" + std::to_string(p.block_threads) + ",boundary_cap=" + std::to_string(p.boundary_cap) +
+         "}";
+}
+inline std::string to_string(const PipelinePolicy& p) {
+  return to_string(p.matching) + " " + to_string(p.scoring) + " " + to_string(p.topk);
+}
+
+}  // namespace kevo::retrieval

@@ -1,0 +1,141 @@
+// kevo/retrieval/types.hpp: the model, ads, requests and results of the retrieval spec
+// (shared/spec/retrieval-model.md), and the validation every backend applies to a request.
+//
+//   kevo::retrieval::Request request{.features = x, .query = {{0, {3}}, {7, {1, 2}}}, .k = 100};
+//   if (auto ok = validate_request(schema, model, request); !ok) reply_400(ok.error().message);
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "kevo/expected.hpp"
+
+namespace kevo::retrieval {
+
+/// How embeddings are held: fp16, or int8 with one fp32 scale per ad (a = scale * q).
+enum class EmbeddingType { fp16, int8 };
+
+inline const char* to_string(EmbeddingType type) { return type == EmbeddingType::fp16 ? "fp16" : "int8"; }
+
+/// The largest K a request may ask for, and the largest category value a clause can hold.
+inline constexpr int kMaxK = 4096;
+inline constexpr std::uint32_t kMaxCategoryValues = 1u << 17;
+inline constexpr int kMaxCategories = 32;
+
+/// The targeting space and embedding width that an ad pool is built for.
+struct Schema {
+  std::vector<std::uint32_t> category_values;  // V_c for each category c; C = size()
+  int dim = 128;                               // d
+  EmbeddingType embedding_type = EmbeddingType::fp16;
+  int categories() const { return static_cast<int>(category_values.size()); }
+};
+
+/// The MoE-gated interaction model's weights, fp32, row-major.
+struct Model {
+  int features = 256;  // f
+  int hidden = 256;
+  int dim = 128;       // d
+  int experts = 8;     // E
+  std::vector<float> w1;  // (E, hidden, f)
+  std::vector<float> c1;  // (E, hidden)
+  std::vector<float> w2;  // (E, d, hidden)
+  std::vector<float> c2;  // (E, d)
+  std::vector<float> gate_projection;  // P: (d, d)
+};
+
+/// One targeting clause: an allowed value, or an excluded one, of one category.
+struct Clause {
+  std::uint32_t category = 0;
+  std::uint32_t value = 0;
+  bool exclude = false;
+};
+
+/// An ad as a caller hands it in: a category with no allow clause targets ANY value.
+struct AdRecord {
+  std::uint32_t id = 0;
+  std::vector<float> embedding;  // (d)
+  float bias = 0.0f;
+  std::vector<Clause> clauses;
+  bool live = true;
+};
+
+/// The user's values of one category.
+struct CategoryQuery {
+  std::uint32_t category = 0;
+  std::vector<std::uint32_t> values;
+};
+
+/// One retrieval request: user features, targeting query, K and the routing width k_e.
+struct Request {
+  std::vector<float> features;        // x: (f)
+  std::vector<CategoryQuery> query;   // categories not listed have an empty Q_c
+  int k = 1000;
+  int routing = 2;                    // k_e, experts used per ad
+};
+
+/// One result: an ad id and its score.
+struct ScoredAd {
+  std::uint32_t id = 0;
+  float score = 0.0f;
+  friend bool operator==(const ScoredAd&, const ScoredAd&) = default;
+};
+
+/// Checks a model's shapes; a model that fails this is a caller's error, not a bug.
+inline expected<void, Error> validate_model(const Model& model) {
+  const auto e = static_cast<std::size_t>(model.experts), h = static_cast<std::size_t>(model.hidden);
+  const auto f = static_cast<std::size_t>(model.features), d = static_cast<std::size_t>(model.dim);
+  if (model.experts < 1 || model.hidden < 1 || model.features < 1 || model.dim < 1)
+    return make_error("model: every dimension must be positive");
+  if (model.w1.size() != e * h * f || model.c1.size() != e * h || model.w2.size() != e * d * h ||
+      model.c2.size() != e * d || model.gate_projection.size() != d * d)
+    return make_error("model: a weight tensor has the wrong number of values");
+  return {};
+}
+
+/// Checks a request against the pool's schema and the model; the messages are for the caller.
+inline expected<void, Error> validate_request(const Schema& schema, const Model& model, const Request& request) {
+  if (static_cast<int>(request.features.size()) != model.features)
+    return make_error("wrong feature length: got " + std::to_string(request.features.size()) + ", the model takes " +
+                      std::to_string(model.features));
+  if (request.k < 1 || request.k > kMaxK)
+    return make_error("K out of range: " + std::to_string(request.k) + " (1.." + std::to_string(kMaxK) + ")");
+  if (request.routing < 1 || request.routing > model.experts)
+    return make_error("routing width out of range: " + std::to_string(request.routing) + " (1.." +
+                      std::to_string(model.experts) + ")");
+  std::vector<bool> seen(schema.category_values.size(), false);
+  for (const CategoryQuery& q : request.query) {
+    if (q.category >= schema.category_values.size())
+      return make_error("unknown category: " + std::to_string(q.category));
+    if (seen[q.category]) return make_error("category listed twice: " + std::to_string(q.category));
+    seen[q.category] = true;
+    for (std::uint32_t v : q.values)
+      if (v >= schema.category_values[q.category])
+        return make_error("value out of range: category " + std::to_string(q.category) + " has " +
+                          std::to_string(schema.category_values[q.category]) + " values, got " + std::to_string(v));
+  }
+  for (float x : request.features)
+    if (!(x == x) || x - x != 0.0f) return make_error("features must be finite");
+  return {};
+}
+
+/// Checks an ad against the schema before it enters a pool.
+inline expected<void, Error> validate_ad(const Schema& schema, const AdRecord& ad) {
+  if (static_cast<int>(ad.embedding.size()) != schema.dim)
+    return make_error("ad " + std::to_string(ad.id) + ": embedding has " + std::to_string(ad.embedding.size()) +
+                      " values, the pool holds " + std::to_string(schema.dim));
+  for (const Clause& c : ad.clauses) {
+    if (c.category >= schema.category_values.size())
+      return make_error("ad " + std::to_string(ad.id) + ": unknown category " + std::to_string(c.category));
+    if (c.value >= schema.category_values[c.category])
+      return make_error("ad " + std::to_string(ad.id) + ": value out of range in category " +
+                        std::to_string(c.category));
+  }
+  for (float a : ad.embedding)
+    if (!(a == a) || a - a != 0.0f) return make_error("ad " + std::to_string(ad.id) + ": embedding must be finite");
+  if (!(ad.bias == ad.bias) || ad.bias - ad.bias != 0.0f)
+    return make_error("ad " + std::to_string(ad.id) + ": bias must be finite");
+  return {};
+}
+
+}  // namespace kevo::retrieval
