@@ -207,9 +207,9 @@ int main(int argc, char** argv) {
       const kevo::Evaluation& e = *p.evaluation;
       const std::string outcome = e.ok() ? fmt::format("{:6.2f}x {}-bound", e.speedup, kevo::to_string(e.diagnostics.bottleneck))
                                          : fmt::format("{} ({})", kevo::to_string(e.failure), e.diagnostics.message.substr(0, 60));
-      fmt::print("[{:3}/{}] {:5.2f} eval/s  best {:6.2f}x{}  node {:3}: {}  <- {}\n  failures:{}\n", p.evaluations - 1,
-                 o.budget, p.evaluations_per_second, p.best_speedup, p.new_best ? " (new)" : "      ", p.node, outcome,
-                 p.candidate->origin.substr(0, 70), failures_text(p.failures));
+      fmt::print("[{:3}/{}] {:4.2f} eval/s  best {:6.2f}x{}  node {:3}: {}  <- {}{}\n", p.evaluations - 1, o.budget,
+                 p.evaluations_per_second, p.best_speedup, p.new_best ? " (new)" : "      ", p.node, outcome,
+                 p.candidate->origin.substr(0, 70), p.failures.empty() ? "" : "  | failures:" + failures_text(p.failures));
       std::fflush(stdout);
     };
 
