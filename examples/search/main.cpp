@@ -11,6 +11,7 @@
 // A search stopped at any moment (Ctrl-C, or even SIGKILL) continues with --resume.
 #include <kevo/eval/cpu_evaluator.hpp>
 #include <kevo/memory/any_memory.hpp>
+#include <kevo/report/html_report.hpp>
 #include <kevo/search/any_policy.hpp>
 #include <kevo/search_loop.hpp>
 #include <kevo/store/sqlite_store.hpp>
@@ -41,6 +42,7 @@ struct Options {
   fs::path store;
   fs::path out;
   fs::path json;
+  fs::path report;
   bool resume = false;
   bool quiet = false;
 };
@@ -62,6 +64,7 @@ options:
   --resume          continue the latest run in the store where it stopped
   --out PATH        where to write the best kernel (default kevo-runs/PROBLEM.best.cpp)
   --json PATH       also write a JSON summary there
+  --report PATH     write an HTML report (progress plot, tree, best kernels) (default kevo-runs/PROBLEM.html)
   --quiet           print only the last line
 )";
 
@@ -96,14 +99,16 @@ kevo::expected<Options, kevo::Error> parse_arguments(int argc, char** argv) {
       return std::nullopt;
     };
     std::optional<kevo::Error> error;
-    if (arg == "--policy" || arg == "--memory" || arg == "--store" || arg == "--out" || arg == "--json") {
+    if (arg == "--policy" || arg == "--memory" || arg == "--store" || arg == "--out" || arg == "--json" ||
+        arg == "--report") {
       auto v = value();
       if (!v) return kevo::unexpected(v.error());
       if (arg == "--policy") o.policy = *v;
       else if (arg == "--memory") o.memory = *v;
       else if (arg == "--store") o.store = *v;
       else if (arg == "--out") o.out = *v;
-      else o.json = *v;
+      else if (arg == "--json") o.json = *v;
+      else o.report = *v;
     } else if (arg == "--jobs") error = number(o.jobs);
     else if (arg == "--budget") error = number(o.budget);
     else if (arg == "--time") error = number(o.wall_seconds);
@@ -166,7 +171,8 @@ int main(int argc, char** argv) {
   if (!problem) return fail(problem.error().message);
   if (o.store.empty()) o.store = fs::path("kevo-runs") / (problem->name + ".db");
   if (o.out.empty()) o.out = fs::path("kevo-runs") / (problem->name + ".best.cpp");
-  for (const auto& p : {o.store, o.out, o.json})
+  if (o.report.empty()) o.report = fs::path("kevo-runs") / (problem->name + ".html");
+  for (const auto& p : {o.store, o.out, o.json, o.report})
     if (p.has_parent_path()) fs::create_directories(p.parent_path());
 
   auto store = kevo::store::SqliteStore::open(o.store);
@@ -244,6 +250,9 @@ int main(int argc, char** argv) {
           return f;
         }());
   }
+  if (auto ok = kevo::report::write_html(*store, result->run_id, o.report); !ok) fmt::print(stderr, "kevo-search: {}\n", ok.error().message);
+  if (!o.quiet)
+    fmt::print("report: {}\n", o.report.string());
   if (!o.quiet)
     fmt::print("stopped: {} after {} evaluations in {:.1f} s; failures:{}\nbest kernel: {} ({})\n",
                kevo::to_string(result->stopped_because), result->evaluations, result->elapsed_seconds,
