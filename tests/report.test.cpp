@@ -1,0 +1,49 @@
+// The HTML report, drawn from a real store after a real (synthetic-landscape) search.
+#include <kevo/report/html_report.hpp>
+#include <kevo/search_loop.hpp>
+#include <kevo/store/sqlite_store.hpp>
+
+#include "support/synthetic_evaluator.hpp"
+
+#include <catch2/catch.hpp>
+
+using namespace kevo;
+
+namespace {
+std::size_t count(const std::string& text, std::string_view what) {
+  std::size_t n = 0;
+  for (auto at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+  return n;
+}
+}  // namespace
+
+TEST_CASE("the report plots every evaluation and draws every node", "[report]") {
+  const Problem problem = kevo::testing::synthetic_problem();
+  kevo::testing::SyntheticEvaluator evaluator;
+  auto store = store::SqliteStore::open(":memory:").value();
+  auto loop = make_search_loop(problem, evaluator, store, {.max_evaluations = 30, .seed = 3});
+  auto result = loop.run(loop.synthesizer().seed());
+  REQUIRE(result);
+
+  auto html = report::render_html(store, result->run_id);
+  REQUIRE(html);
+  CHECK_THAT(*html, Catch::Contains(fmt::format("31 evaluations; best {:.2f}x", result->best_speedup)));
+  CHECK_THAT(*html, Catch::Contains("stopped: evaluation_budget"));
+  // Each evaluation is a dot (correct) or a red cross (failed) in the progress plot...
+  std::size_t failed = 0;
+  for (const auto& [kind, n] : result->failures) failed += n;
+  const std::string plot = html->substr(0, html->find("The fastest candidates"));
+  CHECK(count(plot, "<circle") + count(plot, ">x<title>") == 31);
+  CHECK(count(plot, ">x<title>") == failed);
+  // ...and each node a circle in the tree.
+  const std::string tree = html->substr(html->find("The search tree"));
+  CHECK(count(tree, "<circle") == 31);
+  CHECK_THAT(*html, Catch::Contains("The best kernel"));
+}
+
+TEST_CASE("the report of an unknown run is an error", "[report]") {
+  auto store = store::SqliteStore::open(":memory:").value();
+  auto html = report::render_html(store, 42);
+  REQUIRE_FALSE(html);
+  CHECK_THAT(html.error().message, Catch::Contains("no run 42"));
+}
