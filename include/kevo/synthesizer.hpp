@@ -50,6 +50,12 @@ concept synthesizer_generates = requires(S& s, const GenerationRequest& r) {
 
 /// `generate(request) -> expected<Candidate, Error>`. An error is a failed generation with a
 /// reason a person can read; it costs one attempt.
+///
+/// The loop calls `generate` off its own thread, one call at a time, so a synthesizer may keep
+/// state without locks. One that is safe to call from several threads at once (an LLM client
+/// waiting on the network) says so with `static constexpr bool concurrent_generation = true;`
+/// and then gets up to `jobs` calls in parallel. One that spends a budget (tokens, money) may
+/// offer `bool budget_exhausted() const`; the loop then stops cleanly once it returns true.
 template <class S>
 concept Synthesizer = detail::synthesizer_generates<S>;
 
