@@ -11,8 +11,8 @@
 //   allowed, enters fresh PID and network namespaces behind a tiny reaper that is pid 1 there, so
 //   anything it forks dies with it;
 // - rlimits on CPU (soft below hard, so SIGXCPU names the cause), address space, file size,
-//   open files and processes (after dropping root to an unprivileged uid, since root ignores
-//   NPROC), no core files, PR_SET_NO_NEW_PRIVS;
+//   open files and processes (after dropping root to an unprivileged uid of the run's own, since
+//   root ignores NPROC), no core files, PR_SET_NO_NEW_PRIVS;
 // - stdin is /dev/null, the environment is rebuilt from scratch (nothing of the parent's), the
 //   program is opened before privileges drop and started with fexecve;
 // - stdout and stderr are read through pipes with a cap; past it the group is killed;
@@ -57,7 +57,11 @@ struct SandboxLimits {
   int max_open_files = 0;                    ///< RLIMIT_NOFILE
   bool drop_privileges = true;               ///< when root: run as `unprivileged_uid`
   bool isolate = true;                       ///< try new PID + network namespaces
-  unsigned unprivileged_uid = 65534;         ///< "nobody"
+  /// The uid to drop to. 0: a uid of the run's own (`per_run_uid_base` + the child's pid), so
+  /// that runs side by side never share a process count (RLIMIT_NPROC is per uid) nor can signal
+  /// each other.
+  unsigned unprivileged_uid = 0;
+  unsigned per_run_uid_base = 1'000'000;
   std::filesystem::path working_directory = "/";
   std::vector<std::string> environment = {"PATH=/usr/local/bin:/usr/bin:/bin", "LANG=C", "LC_ALL=C"};
 };
@@ -178,6 +182,7 @@ struct ChildPlan {
   const SandboxLimits* limits = nullptr;
   const char* working_directory = "/";
   bool drop_uid = false;
+  uid_t run_uid = 65534;
 };
 
 [[noreturn]] inline void fail_setup(int status_fd, int stage) {
@@ -200,9 +205,9 @@ struct ChildPlan {
   if (l.max_open_files > 0) set_limit(RLIMIT_NOFILE, static_cast<rlim_t>(l.max_open_files), static_cast<rlim_t>(l.max_open_files));
   if (l.max_processes > 0) set_limit(RLIMIT_NPROC, static_cast<rlim_t>(l.max_processes), static_cast<rlim_t>(l.max_processes));
   if (plan.drop_uid) {
-    const gid_t gid = static_cast<gid_t>(l.unprivileged_uid);
-    if (::setgroups(0, nullptr) != 0 || ::setresgid(gid, gid, gid) != 0 ||
-        ::setresuid(l.unprivileged_uid, l.unprivileged_uid, l.unprivileged_uid) != 0)
+    const uid_t uid = plan.run_uid;
+    const gid_t gid = static_cast<gid_t>(uid);
+    if (::setgroups(0, nullptr) != 0 || ::setresgid(gid, gid, gid) != 0 || ::setresuid(uid, uid, uid) != 0)
       fail_setup(plan.status_fd, 2);
   }
   if (::prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0) fail_setup(plan.status_fd, 3);
@@ -237,8 +242,9 @@ struct ChildPlan {
 }
 
 // The first child: its own process group, dies with its parent, tries the namespaces.
-[[noreturn]] inline void run_first_child(const ChildPlan& plan, bool try_isolate) {
+[[noreturn]] inline void run_first_child(ChildPlan& plan, bool try_isolate) {
   ::setpgid(0, 0);
+  if (plan.limits->unprivileged_uid == 0) plan.run_uid = static_cast<uid_t>(plan.limits->per_run_uid_base + static_cast<unsigned>(::getpid()));
   ::prctl(PR_SET_PDEATHSIG, SIGKILL);
   ::dup2(plan.stdin_fd, 0);
   ::dup2(plan.stdout_fd, 1);
@@ -319,6 +325,7 @@ inline SandboxResult run_sandboxed(const std::vector<std::string>& argv, const S
   plan.limits = &limits;
   plan.working_directory = working_directory.c_str();
   plan.drop_uid = limits.drop_privileges && ::geteuid() == 0;
+  plan.run_uid = static_cast<uid_t>(limits.unprivileged_uid);
 
   const pid_t child = ::fork();
   if (child < 0) {

@@ -1,0 +1,187 @@
+// CpuEvaluator on the shipped problems: defaults are correct, the reference-equivalent runs at
+// speedup ~1, builds are cached, compare() re-times fairly, the roofline is cached and the
+// bottleneck classification is sensible.
+#include <kevo/eval/cpu_evaluator.hpp>
+
+#include <catch2/catch.hpp>
+
+#include <filesystem>
+#include <future>
+#include <random>
+#include <string>
+
+namespace {
+
+const std::filesystem::path shipped = std::filesystem::path(KEVO_SOURCE_DIR) / "problems";
+
+kevo::eval::CpuEvaluatorOptions test_options() {
+  kevo::eval::CpuEvaluatorOptions o;
+  o.cache_dir = std::filesystem::temp_directory_path() / "kevo-test-cache";
+  o.run_timeout = std::chrono::seconds(20);
+  return o;
+}
+
+kevo::eval::CpuEvaluator make_evaluator(const std::string& name) {
+  auto problem = kevo::load_problem(shipped / name);
+  if (!problem) FAIL(problem.error().message);
+  return kevo::eval::CpuEvaluator(*problem, test_options());
+}
+
+kevo::Candidate with_knobs(const kevo::Problem& problem, const kevo::Knobs& changes) {
+  kevo::Knobs knobs = problem.default_knobs();
+  for (const auto& [name, value] : changes) knobs[name] = value;
+  return kevo::Candidate{.source = problem.render(knobs), .knobs = knobs};
+}
+
+// A source no earlier run has built, so the first evaluation must compile it.
+std::string unique_comment() {
+  std::random_device entropy;
+  return fmt::format("\n// nonce {:016x}{:08x}\n", std::uint64_t(entropy()) << 32 | entropy(), entropy());
+}
+
+}  // namespace
+
+TEST_CASE("each shipped problem prepares, and its default candidate is correct at speedup ~1") {
+  const auto name = GENERATE(as<std::string>{}, "cpu_scoring", "softmax", "gemm");
+  INFO(name);
+  auto evaluator = make_evaluator(name);
+  auto ready = evaluator.prepare();
+  INFO((ready ? "" : ready.error().message));
+  REQUIRE(ready);
+  CHECK(evaluator.reference_seconds() > 0);
+  const kevo::Evaluation e = evaluator.evaluate(evaluator.default_candidate(), 7);
+  INFO(to_string(e.failure) << ": " << e.diagnostics.message << "\n" << e.diagnostics.detail);
+  REQUIRE(e.ok());
+  CHECK(e.reference_seconds == evaluator.reference_seconds());
+  CHECK(e.speedup > 0.5);  // the defaults are the plain loop: about as fast as the reference
+  CHECK(e.speedup < 2.0);
+  CHECK(e.diagnostics.bottleneck != kevo::Bottleneck::unknown);
+  CHECK_FALSE(e.diagnostics.message.empty());
+}
+
+TEST_CASE("the reference run as a candidate has speedup ~1") {
+  auto evaluator = make_evaluator("cpu_scoring");
+  const kevo::Evaluation e = evaluator.evaluate(evaluator.reference_candidate(), 3);
+  INFO(e.diagnostics.message);
+  REQUIRE(e.ok());
+  CHECK(e.speedup > 0.6);
+  CHECK(e.speedup < 1.6);
+}
+
+TEST_CASE("the build cache hits on the second evaluation of the same source") {
+  auto evaluator = make_evaluator("softmax");
+  REQUIRE(evaluator.prepare());
+  kevo::Candidate candidate = evaluator.default_candidate();
+  candidate.source += unique_comment();
+  const auto before = evaluator.stats();
+  const kevo::Evaluation first = evaluator.evaluate(candidate, 1);
+  REQUIRE(first.ok());
+  const auto after_first = evaluator.stats();
+  CHECK(after_first.compiles == before.compiles + 1);
+  const kevo::Evaluation second = evaluator.evaluate(candidate, 2);  // new seed: new inputs, same build
+  REQUIRE(second.ok());
+  const auto after_second = evaluator.stats();
+  CHECK(after_second.compiles == after_first.compiles);
+  CHECK(after_second.cache_hits == after_first.cache_hits + 1);
+  CHECK(after_second.runs == after_first.runs + 1);
+}
+
+TEST_CASE("a tuned cpu_scoring candidate is correct and well ahead of the reference") {
+  auto evaluator = make_evaluator("cpu_scoring");
+  const auto tuned = with_knobs(evaluator.problem(), {{"vector_width", "16"}, {"loop_order", "experts_inner"}, {"reduction", "halving"}});
+  const kevo::Evaluation e = evaluator.evaluate(tuned, 5);
+  INFO(e.diagnostics.message << "\n" << e.diagnostics.detail);
+  REQUIRE(e.ok());
+  CHECK(e.speedup > 3);  // about 9x on the 2-core machine it was tuned on
+}
+
+TEST_CASE("compare() re-times both sides and sees which is faster") {
+  auto evaluator = make_evaluator("gemm");
+  const auto blocked = with_knobs(evaluator.problem(), {{"loop_order", "ikj"}, {"vector_width", "16"}, {"block_n", "64"}, {"rows_per_step", "4"}});
+  auto race = evaluator.compare(blocked, evaluator.default_candidate(), 9);
+  INFO((race ? "" : race.error().message));
+  REQUIRE(race);
+  CHECK(race->challenger_seconds > 0);
+  CHECK(race->challenger_seconds < race->incumbent_seconds);
+
+  auto verified = evaluator.compare_with_reference(blocked, 9);
+  REQUIRE(verified);
+  CHECK(verified->incumbent_seconds / verified->challenger_seconds > 3);
+
+  // A candidate that fails cannot win a race.
+  kevo::Candidate broken = blocked;
+  broken.source += "\nint this does not compile;\n";
+  auto refused = evaluator.compare(broken, evaluator.default_candidate(), 9);
+  REQUIRE_FALSE(refused);
+  CHECK(refused.error().message.find("challenger") != std::string::npos);
+}
+
+TEST_CASE("evaluate() is safe from several threads at once") {
+  auto evaluator = make_evaluator("softmax");
+  REQUIRE(evaluator.prepare());
+  const auto& problem = evaluator.problem();
+  std::vector<std::future<kevo::Evaluation>> runs;
+  for (const char* width : {"4", "8", "16"})
+    runs.push_back(std::async(std::launch::async, [&, width] {
+      auto c = with_knobs(problem, {{"vector_width", width}, {"exp_impl", "polynomial"}});
+      c.source += unique_comment();
+      return evaluator.evaluate(c, 21);
+    }));
+  for (auto& run : runs) {
+    const kevo::Evaluation e = run.get();
+    INFO(e.diagnostics.message << "\n" << e.diagnostics.detail);
+    CHECK(e.ok());
+    CHECK(e.speedup > 1);
+  }
+}
+
+TEST_CASE("the roofline is measured once and then read from the cache") {
+  auto evaluator = make_evaluator("gemm");
+  REQUIRE(evaluator.prepare());
+  const auto path = kevo::eval::roofline_cache_path(test_options().cache_dir);
+  CHECK(std::filesystem::exists(path));
+  auto again = kevo::eval::load_or_measure_roofline(test_options().cache_dir, "g++");
+  REQUIRE(again);
+  CHECK(again->from_cache);
+  CHECK(again->read_gbytes_per_s == Approx(evaluator.roofline().read_gbytes_per_s));
+  CHECK(again->peak_gflops > 1);
+  CHECK(again->read_gbytes_per_s > 0.5);
+  CHECK(again->ridge_intensity() > 0);
+  CHECK_FALSE(again->cpu_model.empty());
+}
+
+TEST_CASE("classify() names memory-, compute- and latency-bound kernels") {
+  kevo::eval::Roofline machine;
+  machine.read_gbytes_per_s = 50;  // 50 GB/s
+  machine.peak_gflops = 500;       // ridge at 10 FLOP/byte
+
+  // 1 GB at 45 GB/s, almost no arithmetic: memory-bound at 90%.
+  auto memory = kevo::eval::classify(1e9, 1e8, 1e9 / 45e9, machine);
+  CHECK(memory.bottleneck == kevo::Bottleneck::memory);
+  CHECK(memory.roofline_fraction == Approx(0.9));
+  CHECK(memory.achieved_gbytes_per_s == Approx(45));
+
+  // 100 GFLOP at 400 GFLOP/s over little data: compute-bound at 80%.
+  auto compute = kevo::eval::classify(1e8, 1e11, 1e11 / 400e9, machine);
+  CHECK(compute.bottleneck == kevo::Bottleneck::compute);
+  CHECK(compute.roofline_fraction == Approx(0.8));
+  CHECK(compute.achieved_gflops == Approx(400));
+
+  // The same work 50x slower than the roof: latency-bound.
+  auto latency = kevo::eval::classify(1e8, 1e11, 50 * 1e11 / 500e9, machine);
+  CHECK(latency.bottleneck == kevo::Bottleneck::latency);
+  CHECK(latency.roofline_fraction == Approx(0.02));
+  CHECK(latency.message.find("latency-bound") != std::string::npos);
+
+  // Without a timing there is nothing to say.
+  CHECK(kevo::eval::classify(1, 1, 0, machine).bottleneck == kevo::Bottleneck::unknown);
+}
+
+TEST_CASE("the shipped problems classify sensibly: the scalar references are latency-bound") {
+  auto evaluator = make_evaluator("cpu_scoring");
+  const kevo::Evaluation plain = evaluator.evaluate(evaluator.default_candidate(), 4);
+  REQUIRE(plain.ok());
+  CHECK(plain.diagnostics.bottleneck == kevo::Bottleneck::latency);
+  CHECK(plain.diagnostics.roofline_fraction < 0.1);
+  CHECK(plain.diagnostics.achieved_gflops > 0);
+}

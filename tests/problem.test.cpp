@@ -1,0 +1,103 @@
+// Problem directories: the shipped problems load; malformed ones fail with errors that name the
+// file and the field at fault.
+#include <kevo/eval/cpu_evaluator.hpp>
+#include <kevo/problem.hpp>
+
+#include <catch2/catch.hpp>
+
+#include <filesystem>
+#include <string>
+
+namespace {
+
+const std::filesystem::path shipped = std::filesystem::path(KEVO_SOURCE_DIR) / "problems";
+const std::filesystem::path fixtures = std::filesystem::path(KEVO_TEST_DATA_DIR) / "problems";
+
+bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+
+}  // namespace
+
+TEST_CASE("every shipped problem loads and renders its defaults") {
+  const auto name = GENERATE(as<std::string>{}, "cpu_scoring", "softmax", "gemm");
+  auto problem = kevo::load_problem(shipped / name);
+  INFO(name);
+  REQUIRE(problem);
+  CHECK(problem->name == name);
+  CHECK(problem->target == kevo::Target::cpu);
+  CHECK(problem->check_shapes.size() >= 3);
+  CHECK_FALSE(problem->bytes_model.empty());
+  CHECK_FALSE(problem->flops_model.empty());
+  CHECK(problem->knobs.size() >= 4);
+  for (const auto& knob : problem->knobs) {
+    INFO(knob.name);
+    CHECK(knob.domain.size() >= 2);
+    CHECK(knob.index_of(knob.default_value));
+  }
+  const std::string source = problem->render(problem->default_knobs());
+  CHECK_FALSE(contains(source, "${"));
+  CHECK(contains(source, "#include \"kevo_problem.hpp\""));
+  CHECK(contains(problem->reference_source, "void reference("));
+}
+
+TEST_CASE("cpu_scoring exposes the knobs the issue names, each on a sensible side") {
+  auto problem = kevo::load_problem(shipped / "cpu_scoring");
+  REQUIRE(problem);
+  for (auto [name, side] : {std::pair{"vector_width", kevo::KnobSide::compute},
+                            {"accumulators", kevo::KnobSide::compute},
+                            {"ads_per_block", kevo::KnobSide::memory},
+                            {"loop_order", kevo::KnobSide::memory},
+                            {"prefetch_distance", kevo::KnobSide::memory},
+                            {"threads", kevo::KnobSide::parallel}}) {
+    INFO(name);
+    const kevo::KnobSpec* knob = problem->knob(name);
+    REQUIRE(knob);
+    CHECK(knob->side == side);
+  }
+}
+
+TEST_CASE("a manifest without a required key names the file and the key") {
+  auto problem = kevo::load_problem(fixtures / "missing_key");
+  REQUIRE_FALSE(problem);
+  const std::string& message = problem.error().message;
+  INFO(message);
+  CHECK(contains(message, "missing_key/problem.json"));
+  CHECK(contains(message, "missing key 'tolerance'"));
+}
+
+TEST_CASE("a knob with an empty domain names the file and the knob") {
+  auto problem = kevo::load_problem(fixtures / "empty_domain");
+  REQUIRE_FALSE(problem);
+  const std::string& message = problem.error().message;
+  INFO(message);
+  CHECK(contains(message, "empty_domain/problem.json"));
+  CHECK(contains(message, "knobs.unroll.domain"));
+  CHECK(contains(message, "empty"));
+}
+
+TEST_CASE("a template that uses an undeclared knob names the template, its line and the knob") {
+  auto problem = kevo::load_problem(fixtures / "undeclared_knob");
+  REQUIRE_FALSE(problem);
+  const std::string& message = problem.error().message;
+  INFO(message);
+  CHECK(contains(message, "undeclared_knob/kernel.cpp.tmpl:4"));
+  CHECK(contains(message, "'tile'"));
+}
+
+TEST_CASE("a reference that does not compile fails prepare() with the file and the compiler's error") {
+  auto problem = kevo::load_problem(fixtures / "broken_reference");
+  REQUIRE(problem);  // loading reads the files; compiling is prepare()'s job
+  kevo::eval::CpuEvaluatorOptions options;
+  options.cache_dir = std::filesystem::temp_directory_path() / "kevo-test-cache";
+  kevo::eval::CpuEvaluator evaluator(*problem, options);
+  auto ready = evaluator.prepare();
+  REQUIRE_FALSE(ready);
+  const std::string& message = ready.error().message;
+  INFO(message);
+  CHECK(contains(message, "broken_reference/reference.cpp does not compile:"));
+  CHECK(contains(message, "error:"));
+  CHECK(message.size() < 2500);  // trimmed
+  // An evaluation against a broken problem is a sandbox error, not the candidate's fault.
+  const kevo::Evaluation e = evaluator.evaluate(evaluator.default_candidate(), 1);
+  CHECK(e.failure == kevo::FailureKind::sandbox_error);
+  CHECK(contains(e.diagnostics.message, "does not compile"));
+}

@@ -1,0 +1,233 @@
+// The sandbox: every way a candidate can misbehave costs one evaluation, with the right
+// FailureKind and a message a person can act on; the next good candidate still succeeds.
+#include <kevo/eval/cpu_evaluator.hpp>
+#include <kevo/eval/sandbox.hpp>
+
+#include <catch2/catch.hpp>
+
+#include <cstdlib>
+#include <filesystem>
+#include <string>
+
+namespace {
+
+using kevo::FailureKind;
+
+const std::filesystem::path axpy_dir = std::filesystem::path(KEVO_TEST_DATA_DIR) / "problems" / "axpy";
+
+bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+
+kevo::eval::CpuEvaluatorOptions small_limits() {
+  kevo::eval::CpuEvaluatorOptions o;
+  o.cache_dir = std::filesystem::temp_directory_path() / "kevo-test-cache";
+  o.run_timeout = std::chrono::seconds(2);
+  o.compile_timeout = std::chrono::seconds(30);
+  o.memory_limit_bytes = std::size_t{512} << 20;
+  o.output_limit_bytes = 64 << 10;
+  o.max_processes = 32;
+  o.warmup = 1;
+  o.repetitions = 3;
+  return o;
+}
+
+kevo::eval::CpuEvaluator& axpy_evaluator() {
+  static kevo::eval::CpuEvaluator evaluator = [] {
+    auto problem = kevo::load_problem(axpy_dir);
+    if (!problem) FAIL(problem.error().message);
+    return kevo::eval::CpuEvaluator(*problem, small_limits());
+  }();
+  return evaluator;
+}
+
+// A candidate for axpy (out = 2x + y) whose body is `body`, with helpers available.
+kevo::Candidate axpy_candidate(const std::string& body) {
+  return kevo::Candidate{.source = "#include \"kevo_problem.hpp\"\n"
+                                   "#include <cstdio>\n#include <cstdlib>\n#include <cstring>\n#include <new>\n"
+                                   "#include <stdexcept>\n#include <unistd.h>\n"
+                                   "void kernel(const Shape& shape, const float* x, const float* y, float* out) {\n" +
+                                   body + "\n}\n"};
+}
+
+const std::string correct_body = "for (long i = 0; i < shape.N; ++i) out[i] = 2.0f * x[i] + y[i];";
+
+void expect_good_candidate_still_succeeds() {
+  const kevo::Evaluation e = axpy_evaluator().evaluate(axpy_candidate(correct_body + " // still fine"), 11);
+  INFO(e.diagnostics.message << "\n" << e.diagnostics.detail);
+  CHECK(e.ok());
+  CHECK(e.seconds > 0);
+}
+
+kevo::Evaluation evaluate_body(const std::string& body, std::uint64_t seed = 3) {
+  auto& evaluator = axpy_evaluator();
+  REQUIRE(evaluator.prepare());
+  const kevo::Evaluation e = evaluator.evaluate(axpy_candidate(body), seed);
+  INFO(to_string(e.failure) << ": " << e.diagnostics.message << "\n" << e.diagnostics.detail);
+  return e;
+}
+
+}  // namespace
+
+TEST_CASE("a correct candidate passes") {
+  const kevo::Evaluation e = evaluate_body(correct_body);
+  INFO(e.diagnostics.message);
+  CHECK(e.ok());
+  CHECK(e.speedup > 0);
+}
+
+TEST_CASE("a crashing candidate is a crash that names the signal") {
+  const kevo::Evaluation e = evaluate_body("volatile int* p = nullptr; *p = 1;");
+  CHECK(e.failure == FailureKind::crash);
+  CHECK(contains(e.diagnostics.message, "SIGSEGV"));
+  expect_good_candidate_still_succeeds();
+}
+
+TEST_CASE("a candidate that exits or throws before the report is a crash, one that exits 0 a bad report") {
+  CHECK(evaluate_body("std::exit(3);").failure == FailureKind::crash);
+  const kevo::Evaluation thrown = evaluate_body("throw std::runtime_error(\"boom\");");
+  CHECK(thrown.failure == FailureKind::crash);
+  CHECK(contains(thrown.diagnostics.message, "boom"));
+  const kevo::Evaluation quiet = evaluate_body("std::exit(0);");
+  CHECK(quiet.failure == FailureKind::bad_report);
+  CHECK(contains(quiet.diagnostics.message, "without a report"));
+  expect_good_candidate_still_succeeds();
+}
+
+TEST_CASE("a hanging candidate is a timeout, killed at the wall-clock limit") {
+  const auto t0 = std::chrono::steady_clock::now();
+  const kevo::Evaluation e = evaluate_body("for (;;) { asm volatile(\"\"); }");
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  CHECK(e.failure == FailureKind::timeout);
+  CHECK(contains(e.diagnostics.message, "wall-clock limit"));
+  CHECK(seconds < 10);
+  expect_good_candidate_still_succeeds();
+}
+
+TEST_CASE("a candidate that burns CPU past its CPU-time limit is a cpu_time_limit") {
+  auto problem = kevo::load_problem(axpy_dir);
+  REQUIRE(problem);
+  auto options = small_limits();
+  options.run_timeout = std::chrono::seconds(6);
+  options.cpu_time_limit = std::chrono::seconds(1);
+  kevo::eval::CpuEvaluator evaluator(*problem, options);
+  const kevo::Evaluation e = evaluator.evaluate(axpy_candidate("for (;;) { asm volatile(\"\"); }"), 5);
+  INFO(e.diagnostics.message);
+  CHECK(e.failure == FailureKind::cpu_time_limit);
+  CHECK(contains(e.diagnostics.message, "CPU time"));
+}
+
+TEST_CASE("a candidate that allocates without bound hits the memory limit") {
+  const kevo::Evaluation e = evaluate_body("for (;;) { char* p = new char[1 << 24]; std::memset(p, 1, 1 << 24); }");
+  CHECK(e.failure == FailureKind::memory_limit);
+  CHECK(contains(e.diagnostics.message, "memory"));
+  expect_good_candidate_still_succeeds();
+}
+
+TEST_CASE("a fork bomb is contained: it times out and leaves nothing behind") {
+  const kevo::Evaluation e = evaluate_body("for (;;) ::fork();");
+  CHECK((e.failure == FailureKind::timeout || e.failure == FailureKind::crash));
+  expect_good_candidate_still_succeeds();
+}
+
+TEST_CASE("a candidate that prints gigabytes is stopped at the output cap") {
+  const kevo::Evaluation e = evaluate_body("static char line[1 << 16]; std::memset(line, 'x', sizeof line); for (;;) std::fwrite(line, 1, sizeof line, stdout);");
+  CHECK(e.failure == FailureKind::output_limit);
+  CHECK(contains(e.diagnostics.message, "printed more than"));
+  expect_good_candidate_still_succeeds();
+}
+
+TEST_CASE("a candidate that does not compile is a compile error with the compiler's first error") {
+  const kevo::Evaluation e = evaluate_body("return undeclared_variable;");
+  CHECK(e.failure == FailureKind::compile_error);
+  CHECK(contains(e.diagnostics.message, "candidate.cpp:"));
+  CHECK(contains(e.diagnostics.message, "undeclared_variable"));
+  CHECK_FALSE(contains(e.diagnostics.detail, "/builds/"));  // build paths are stripped
+  // The failure is cached: the same source is not compiled twice.
+  const auto before = axpy_evaluator().stats();
+  const kevo::Evaluation again = evaluate_body("return undeclared_variable;");
+  CHECK(again.failure == FailureKind::compile_error);
+  CHECK(axpy_evaluator().stats().compiles == before.compiles);
+  expect_good_candidate_still_succeeds();
+}
+
+TEST_CASE("a wrong answer is reported with a summary of the mismatch") {
+  const kevo::Evaluation e = evaluate_body("for (long i = 0; i < shape.N; ++i) out[i] = 2.0f * x[i] + y[i] + (i == 5 ? 1.0f : 0.0f);");
+  CHECK(e.failure == FailureKind::wrong_answer);
+  CHECK(contains(e.diagnostics.message, "out: 1 of"));
+  CHECK(contains(e.diagnostics.message, "first at index 5"));
+  CHECK(contains(e.diagnostics.message, "expected"));
+  CHECK(contains(e.diagnostics.message, "got"));
+  expect_good_candidate_still_succeeds();
+}
+
+TEST_CASE("inputs are fresh random numbers: a candidate that ignores its inputs is wrong") {
+  const kevo::Evaluation e = evaluate_body("for (long i = 0; i < shape.N; ++i) out[i] = 0.0f;");
+  CHECK(e.failure == FailureKind::wrong_answer);
+}
+
+TEST_CASE("an output left partly unwritten is unwritten_output") {
+  const kevo::Evaluation e = evaluate_body("for (long i = 0; i + 1 < shape.N; ++i) out[i] = 2.0f * x[i] + y[i];");
+  CHECK(e.failure == FailureKind::unwritten_output);
+  CHECK(contains(e.diagnostics.message, "unwritten"));
+  expect_good_candidate_still_succeeds();
+}
+
+TEST_CASE("a write past the end of an output is a wrong answer") {
+  const kevo::Evaluation e = evaluate_body(correct_body + " out[shape.N] = 1.0f;");
+  CHECK(e.failure == FailureKind::wrong_answer);
+  CHECK(contains(e.diagnostics.message, "past its end"));
+}
+
+TEST_CASE("the parent's secrets are not in the candidate's environment") {
+  ::setenv("KEVO_TEST_SECRET", "hunter2", 1);
+  ::setenv("OPENAI_API_KEY", "sk-test-secret", 1);
+  // The candidate answers wrongly if it can see any secret.
+  const kevo::Evaluation e = evaluate_body(
+      "extern char** environ; bool leaked = std::getenv(\"KEVO_TEST_SECRET\") || std::getenv(\"OPENAI_API_KEY\") || std::getenv(\"HOME\");\n"
+      "for (char** v = environ; *v; ++v) leaked = leaked || std::strstr(*v, \"hunter2\") || std::strstr(*v, \"sk-test\");\n"
+      "for (long i = 0; i < shape.N; ++i) out[i] = 2.0f * x[i] + y[i] + (leaked ? 1.0f : 0.0f);");
+  CHECK(e.ok());
+}
+
+TEST_CASE("run_sandboxed: scrubbed environment, /dev/null stdin, no network, unprivileged") {
+  ::setenv("KEVO_TEST_SECRET", "hunter2", 1);
+  kevo::eval::SandboxLimits limits;
+  limits.wall_time = std::chrono::seconds(5);
+  const auto r = kevo::eval::run_sandboxed({"/bin/sh", "-c", "env; echo uid=$(id -u); cat; wc -l < /proc/net/dev"}, limits);
+  INFO(r.stdout_text << r.stderr_text << r.setup_error);
+  REQUIRE(r.started);
+  CHECK(r.exited);
+  CHECK_FALSE(contains(r.stdout_text, "hunter2"));
+  CHECK_FALSE(contains(r.stdout_text, "KEVO_TEST_SECRET"));
+  CHECK(contains(r.stdout_text, "PATH="));
+  if (::geteuid() == 0) {
+    CHECK_FALSE(contains(r.stdout_text, "uid=0\n"));
+    CHECK(r.isolated);
+    CHECK(contains(r.stdout_text, "\n3\n"));  // only the loopback device: header lines + lo
+  }
+}
+
+TEST_CASE("run_sandboxed: a timeout kills the whole process group, grandchildren included") {
+  kevo::eval::SandboxLimits limits;
+  limits.wall_time = std::chrono::milliseconds(500);
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto r = kevo::eval::run_sandboxed({"/bin/sh", "-c", "sleep 30 & sleep 30 & wait"}, limits);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  CHECK(r.timed_out);
+  CHECK(seconds < 3);
+}
+
+TEST_CASE("run_sandboxed: the exit code, the signal and a missing program are reported") {
+  kevo::eval::SandboxLimits limits;
+  limits.wall_time = std::chrono::seconds(5);
+  const auto exited = kevo::eval::run_sandboxed({"/bin/sh", "-c", "echo out; echo err >&2; exit 7"}, limits);
+  CHECK(exited.exited);
+  CHECK(exited.exit_code == 7);
+  CHECK(exited.stdout_text == "out\n");
+  CHECK(exited.stderr_text == "err\n");
+  const auto killed = kevo::eval::run_sandboxed({"/bin/sh", "-c", "kill -ABRT $$"}, limits);
+  CHECK(killed.signal == SIGABRT);
+  CHECK(kevo::eval::signal_name(SIGABRT).rfind("SIGABRT", 0) == 0);
+  const auto missing = kevo::eval::run_sandboxed({"/no/such/program"}, limits);
+  CHECK_FALSE(missing.started);
+  CHECK(contains(missing.setup_error, "/no/such/program"));
+}
