@@ -1,0 +1,106 @@
+// kevo/synth/llm_synthesizer.hpp: a Synthesizer that asks an LLM for new kernel code. One adaptive
+// prompt (synth/prompt_builder.hpp) carries the problem, the target's constraints, the parent's
+// diagnostics, the memory context and the retrieved knowledge; the answer is taken as a whole-file
+// rewrite or as SEARCH/REPLACE edits. Every malformed answer or failed request is a failed
+// generation with a readable reason, never a crash; an exhausted token budget stops the search.
+//
+//   auto llm = kevo::net::BlockingLlmClient::create({.base_url = url, .model = "gpt-x", .api_key_env = "OPENAI_API_KEY"});
+//   kevo::synth::LlmSynthesizer synth(std::move(*llm));
+//   auto candidate = synth.generate(request);   // expected<Candidate, Error>
+#pragma once
+
+#include <kevo/net/chat.hpp>
+#include <kevo/synth/prompt_builder.hpp>
+#include <kevo/synthesizer.hpp>
+
+#include <fmt/format.h>
+
+#include <concepts>
+#include <functional>
+#include <optional>
+#include <string>
+
+namespace kevo::synth {
+
+/// What the synthesizer needs of an LLM client: a blocking chat completion. Models:
+/// net::BlockingLlmClient; tests may pass anything with the same call.
+template <class C>
+concept ChatCompleter = requires(C& c, const net::ChatRequest& r) {
+  { c.complete(r) } -> std::same_as<expected<net::ChatResponse, net::LlmError>>;
+};
+
+struct LlmSynthesizerOptions {
+  std::size_t max_tokens = 8192;                 ///< per answer
+  std::optional<double> temperature = 0.7;
+  PromptOptions prompt;
+  ExtractionOptions extraction;
+  /// Called with every prompt and the answer's text (empty when the request failed), e.g. for
+  /// --log-prompts. The API key is never part of either.
+  std::function<void(const Prompt&, std::string_view answer)> on_exchange;
+};
+
+template <ChatCompleter Completer>
+class LlmSynthesizer {
+ public:
+  explicit LlmSynthesizer(Completer completer, LlmSynthesizerOptions options = {})
+      : completer_(std::move(completer)), options_(std::move(options)) {}
+
+  expected<Candidate, Error> generate(const GenerationRequest& request) {
+    if (!request.problem) return make_error("LLM synthesizer: the request names no problem");
+    const Prompt prompt = build_prompt(request, options_.prompt);
+    net::ChatRequest chat;
+    chat.system = prompt.system;
+    chat.messages.push_back({"user", prompt.user});
+    chat.max_tokens = options_.max_tokens;
+    chat.temperature = options_.temperature;
+
+    auto answer = completer_.complete(chat);
+    if (options_.on_exchange) options_.on_exchange(prompt, answer ? std::string_view(answer->text) : std::string_view());
+    if (!answer) {
+      if (answer.error().kind == net::LlmErrorKind::budget_exhausted) budget_exhausted_ = true;
+      return make_error(fmt::format("LLM request failed ({}): {}", to_string(answer.error().kind), answer.error().message));
+    }
+    const std::string parent_source = request.parent.candidate ? request.parent.candidate->source : std::string();
+    auto code = extract_code(answer->text, parent_source, options_.extraction);
+    if (!code) {
+      std::string reason = code.error().message;
+      if (answer->truncated()) reason += " (the answer stopped at max_tokens)";
+      return make_error("LLM answer unusable: " + reason);
+    }
+    Candidate c;
+    c.source = std::move(code->source);
+    // The model's own one-line account of the change: it lands in the tree and in learned skills.
+    c.origin = code->form == AnswerForm::edits ? fmt::format("llm edits ({})", code->edits) : std::string("llm rewrite");
+    if (!code->explanation.empty()) c.origin += ": " + detail::one_line(code->explanation, 200);
+    return c;
+  }
+
+  /// True once a request failed for lack of budget, or the client reports its budget spent; the
+  /// search loop checks this and stops cleanly.
+  bool budget_exhausted() const {
+    if constexpr (requires { completer_.budget_exhausted(); }) {
+      if (completer_.budget_exhausted()) return true;
+    }
+    return budget_exhausted_;
+  }
+
+  Completer& completer() { return completer_; }
+  const Completer& completer() const { return completer_; }
+  const LlmSynthesizerOptions& options() const { return options_; }
+
+ private:
+  Completer completer_;
+  LlmSynthesizerOptions options_;
+  bool budget_exhausted_ = false;
+};
+
+namespace detail {
+/// The least a completer must offer; checks LlmSynthesizer against the concept without pulling in
+/// the HTTP client here.
+struct CompleterArchetype {
+  expected<net::ChatResponse, net::LlmError> complete(const net::ChatRequest&);
+};
+}  // namespace detail
+static_assert(Synthesizer<LlmSynthesizer<detail::CompleterArchetype>>);
+
+}  // namespace kevo::synth

@@ -1,0 +1,597 @@
+// kevo/synth/prompt_builder.hpp: the one adaptive prompt of the LLM synthesizer, and the robust
+// extraction of a candidate from the model's answer. The prompt is assembled from the generation
+// request: the problem and its reference, the target's constraints, the parent and its last
+// diagnostics (compile errors trimmed to what matters, the mismatch, the bottleneck), the memory
+// context (trajectory, sibling comparisons, both or nothing) and the retrieved knowledge; the task
+// it sets adapts to those signals (fix the build, fix correctness, or attack the bottleneck).
+//
+//   kevo::synth::Prompt p = kevo::synth::build_prompt(request);
+//   auto code = kevo::synth::extract_code(answer_text, parent_source);   // rewrite or SEARCH/REPLACE
+//   if (!code) log(code.error().message);                                 // never a crash
+#pragma once
+
+#include <kevo/knowledge/skill_distiller.hpp>
+#include <kevo/synthesizer.hpp>
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <array>
+#include <cctype>
+#include <set>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace kevo::synth {
+
+struct Prompt {
+  std::string system;
+  std::string user;
+};
+
+struct PromptOptions {
+  std::size_t max_source_chars = 24'000;     ///< the parent (and reference) quoted up to this
+  std::size_t max_error_lines = 24;          ///< compiler output kept after trimming
+  std::size_t max_trajectory_steps = 6;      ///< the most recent steps of the line
+  std::size_t max_siblings = 4;              ///< per group: faster, slower, failed
+  std::size_t max_changed_lines = 8;         ///< lines quoted from a sibling's or step's change
+  bool offer_edits = true;                   ///< allow SEARCH/REPLACE answers
+};
+
+namespace detail {
+using knowledge::detail::trim;
+
+inline std::vector<std::string_view> lines_of(std::string_view text) {
+  std::vector<std::string_view> out;
+  while (!text.empty()) {
+    const std::size_t eol = text.find('\n');
+    out.push_back(text.substr(0, eol));
+    text = eol == std::string_view::npos ? std::string_view() : text.substr(eol + 1);
+  }
+  return out;
+}
+
+inline std::string clip(std::string_view text, std::size_t max_chars) {
+  if (text.size() <= max_chars) return std::string(text);
+  return fmt::format("{}\n... ({} more characters cut)", text.substr(0, max_chars), text.size() - max_chars);
+}
+
+inline std::string one_line(std::string_view text, std::size_t max_chars = 200) {
+  std::string out;
+  for (char c : text) {
+    if (out.size() >= max_chars) {
+      out += "...";
+      break;
+    }
+    out += (c == '\n' || c == '\r' || c == '\t') ? ' ' : c;
+  }
+  return out;
+}
+
+inline std::string_view language_of(Target t) {
+  switch (t) {
+    case Target::cpu: return "cpp";
+    case Target::cuda: return "cuda";
+    case Target::hip: return "cpp";
+  }
+  return "cpp";
+}
+
+/// The declaration of `name(...)` in a source: the entry point the harness links against.
+inline std::string signature_of(std::string_view source, std::string_view name) {
+  for (std::size_t at = source.find(name); at != std::string_view::npos; at = source.find(name, at + 1)) {
+    const std::size_t open = at + name.size();
+    if (open >= source.size() || source[open] != '(') continue;
+    if (at > 0 && (std::isalnum(static_cast<unsigned char>(source[at - 1])) || source[at - 1] == '_')) continue;
+    const std::size_t line_start = source.rfind('\n', at);
+    const std::size_t close = source.find(')', open);
+    if (close == std::string_view::npos) break;
+    const std::size_t begin = line_start == std::string_view::npos ? 0 : line_start + 1;
+    std::string sig;
+    for (char c : source.substr(begin, close + 1 - begin)) {
+      if (c == '\n') c = ' ';
+      if (c == ' ' && !sig.empty() && sig.back() == ' ') continue;
+      sig += c;
+    }
+    return sig;
+  }
+  return {};
+}
+
+}  // namespace detail
+
+/// Compiler output cut to what a fix needs: the error lines with the source line and caret that
+/// follow each, without notes, include chains and repeats.
+inline std::string trim_compiler_errors(std::string_view output, std::size_t max_lines = 24) {
+  const auto lines = detail::lines_of(output);
+  std::vector<std::string> kept;
+  std::set<std::string, std::less<>> seen;
+  bool any_error = false;
+  for (std::size_t i = 0; i < lines.size() && kept.size() < max_lines; ++i) {
+    const std::string_view line = lines[i];
+    const bool is_error = line.find("error") != std::string_view::npos || line.find("undefined reference") != std::string_view::npos;
+    if (!is_error) continue;
+    // The same message at the same place (template instantiations repeat them) counts once.
+    const std::string key(line.substr(line.find("error") == std::string_view::npos ? 0 : line.find("error")));
+    if (!seen.insert(key).second) continue;
+    any_error = true;
+    kept.emplace_back(line);
+    // GCC and Clang echo the offending line and a caret under it; keep both.
+    for (std::size_t j = i + 1; j < lines.size() && j <= i + 2 && kept.size() < max_lines; ++j) {
+      const std::string_view next = lines[j];
+      if (next.find("note:") != std::string_view::npos || next.find("error") != std::string_view::npos ||
+          next.find("In file included") != std::string_view::npos || next.find("In function") != std::string_view::npos)
+        break;
+      kept.emplace_back(next);
+    }
+  }
+  if (!any_error) {  // a crash report or mismatch summary: its head is what matters
+    for (std::size_t i = 0; i < lines.size() && kept.size() < max_lines; ++i)
+      if (!detail::trim(std::string(lines[i])).empty()) kept.emplace_back(lines[i]);
+  }
+  std::string out;
+  for (const auto& l : kept) {
+    out += detail::clip(l, 300);
+    out += '\n';
+  }
+  return out;
+}
+
+namespace detail {
+
+inline std::string describe_result(const Evaluation& e) {
+  if (!e.ok()) return fmt::format("failed: {} ({})", to_string(e.failure), one_line(e.diagnostics.message, 160));
+  std::string s = fmt::format("correct, {:.2f}x the reference", e.speedup);
+  if (e.diagnostics.bottleneck != Bottleneck::unknown) s += fmt::format(", {}-bound", to_string(e.diagnostics.bottleneck));
+  if (e.diagnostics.roofline_fraction > 0) s += fmt::format(" at {:.0f}% of the roofline", 100 * e.diagnostics.roofline_fraction);
+  return s;
+}
+
+/// What `child` did differently from `base`: its knob changes, or a few of its new lines.
+inline std::string describe_change(const Candidate* base, const Candidate& child, std::size_t max_lines) {
+  std::string out;
+  if (!child.origin.empty()) out += fmt::format("made by: {}", one_line(child.origin, 160));
+  if (base) {
+    if (const std::string knobs = knowledge::knob_diff(base->knobs, child.knobs); !knobs.empty()) {
+      out += fmt::format("{}knobs: {}", out.empty() ? "" : "; ", knobs);
+      return out;
+    }
+    const auto changes = knowledge::changed_lines(base->source, child.source);
+    if (changes.added.empty() && changes.removed.empty()) return out;
+    out += fmt::format("{}changed lines (+{} -{}):", out.empty() ? "" : "; ", changes.added.size(), changes.removed.size());
+    std::size_t shown = 0;
+    for (const auto& l : changes.added) {
+      if (shown++ == max_lines) break;
+      out += fmt::format("\n    + {}", clip(l, 160));
+    }
+    for (const auto& l : changes.removed) {
+      if (shown++ >= max_lines) break;
+      out += fmt::format("\n    - {}", clip(l, 160));
+    }
+  }
+  return out;
+}
+
+inline std::string target_constraints(const Problem& p, Target target) {
+  std::string out;
+  const std::string entry = signature_of(p.template_source, "kernel");
+  if (!entry.empty()) out += fmt::format("- Keep the entry point exactly as declared: `{}`.\n", entry);
+  out += "- Keep every #include of the current implementation that declares the problem's types (e.g. \"kevo_problem.hpp\"); do not define `main` or `reference`.\n";
+  out += "- Handle every shape listed, including sizes that are not multiples of your vector width or block size; write every output element.\n";
+  out += fmt::format("- Results must match the reference within absolute {:g} and relative {:g} on fresh random inputs.\n",
+                     p.tolerance.absolute, p.tolerance.relative);
+  out += "- Be deterministic and self-contained: no files, network, environment, global state carried between calls, or libraries beyond the standard library and intrinsics.\n";
+  switch (target) {
+    case Target::cpu:
+      out += fmt::format("- Host C++20, compiled with: {}. Use only instruction sets those flags enable.\n",
+                         p.compile_flags.empty() ? std::string("the defaults") : fmt::format("{}", fmt::join(p.compile_flags, " ")));
+      break;
+    case Target::cuda:
+      out += "- CUDA C++ for NVIDIA Hopper (sm_90/sm_90a); kernels take their stream and any scratch from the host code; no device-side allocation.\n";
+      break;
+    case Target::hip:
+      out += "- HIP C++ for AMD CDNA (gfx90a/gfx942): wavefronts are 64 lanes wide, so do not assume 32-lane warps.\n";
+      break;
+  }
+  return out;
+}
+
+/// The task, adapted to what the parent's evaluation says and what the memory context holds.
+inline std::string task_for(const GenerationRequest& r) {
+  const Evaluation& e = r.parent.evaluation;
+  std::string task;
+  switch (e.failure) {
+    case FailureKind::none: {
+      const auto& d = e.diagnostics;
+      task = fmt::format("The current implementation is correct and runs at {:.2f}x the reference. Write a faster version.", e.speedup);
+      switch (d.bottleneck) {
+        case Bottleneck::memory:
+          task += fmt::format(" It is memory-bound{}: reduce the bytes moved (fuse passes, reuse data while it is in cache or "
+                              "shared memory), access memory contiguously with wide loads, and keep more requests in flight.",
+                              d.roofline_fraction > 0 ? fmt::format(" at {:.0f}% of the bandwidth roofline", 100 * d.roofline_fraction) : "");
+          break;
+        case Bottleneck::compute:
+          task += " It is compute-bound: vectorize the inner loops, use fused multiply-add, break dependency chains with several "
+                  "accumulators, and take work out of the inner loop.";
+          break;
+        case Bottleneck::latency:
+          task += " It is latency-bound: expose more independent work per iteration and shorten serial chains.";
+          break;
+        case Bottleneck::occupancy:
+          task += " It is occupancy-bound: cut registers or shared memory per block so more warps are resident, or give each "
+                  "thread more independent work.";
+          break;
+        case Bottleneck::unknown: break;
+      }
+      break;
+    }
+    case FailureKind::compile_error:
+      task = "The current implementation does not compile. Fix the compiler errors below with the smallest change that "
+             "compiles and stays correct; do not add new optimizations in this step.";
+      break;
+    case FailureKind::wrong_answer:
+    case FailureKind::unwritten_output:
+      task = "The current implementation compiles but its results are wrong. Find the correctness bug from the mismatch "
+             "summary below and fix it, keeping its optimizations where they are not at fault.";
+      break;
+    case FailureKind::crash:
+    case FailureKind::memory_limit:
+      task = "The current implementation crashes. Look for out-of-bounds accesses, misaligned aligned loads and oversized stack "
+             "arrays, and fix the cause.";
+      break;
+    case FailureKind::timeout:
+    case FailureKind::cpu_time_limit:
+      task = "The current implementation runs past the time limit. Look for loops that never end or accidentally quadratic "
+             "work, and fix them.";
+      break;
+    default:
+      task = fmt::format("The last evaluation failed ({}). Produce a correct implementation.", to_string(e.failure));
+  }
+  if (e.ok()) {
+    const bool faster_sibling = std::any_of(r.siblings.begin(), r.siblings.end(), [&](const Attempt& s) {
+      return s.evaluation.ok() && s.evaluation.speedup > e.speedup;
+    });
+    if (faster_sibling) task += " Some siblings below beat the current implementation: build on what they changed and go further.";
+    if (r.memory_mode == MemoryMode::fresh)
+      task += " Progress along this line has stalled: try a substantially different approach rather than a small tweak.";
+    if (r.mate && r.mate->candidate) task += " A second parent is shown: combine the strengths of both.";
+  }
+  return task;
+}
+
+}  // namespace detail
+
+/// Builds the prompt for one generation. Needs request.problem; every other part is optional.
+inline Prompt build_prompt(const GenerationRequest& r, const PromptOptions& options = {}) {
+  using namespace detail;
+  const Problem& p = *r.problem;
+  const std::string_view lang = language_of(r.target);
+  Prompt prompt;
+
+  const std::string_view who = r.target == Target::cpu    ? "C++ kernels for x86-64 CPUs"
+                               : r.target == Target::cuda ? "CUDA C++ kernels for NVIDIA GPUs"
+                                                          : "HIP C++ kernels for AMD GPUs";
+  prompt.system = fmt::format(
+      "You are an expert performance engineer who writes {}. Every answer must compile, match the reference "
+      "implementation within the stated tolerance on every shape, and be faster than what it replaces. "
+      "Answer with code in the format the user asks for; keep prose to at most three sentences before the code.",
+      who);
+
+  std::string& u = prompt.user;
+  u += fmt::format("# Task\n{}\n\n", task_for(r));
+
+  u += fmt::format("# Problem: {}\n{}\n", p.name, p.description);
+  u += fmt::format("Target: {}. Parameters: {}.\n", to_string(r.target), fmt::join(p.params, ", "));
+  if (!p.tensors.empty()) {
+    u += "Arguments:";
+    for (const auto& t : p.tensors)
+      u += fmt::format(" {} {} [{}] ({});", t.role == TensorRole::input ? "in" : "out", t.name, t.size,
+                       t.type == ElementType::f32 ? "float" : "int32");
+    u += '\n';
+  }
+  if (!p.check_shapes.empty()) {
+    u += "Checked on shapes:";
+    for (const auto& shape : p.check_shapes) {
+      Knobs k;
+      for (const auto& [n, v] : shape) k[n] = std::to_string(v);
+      u += fmt::format(" {{{}}}", to_string(k));
+    }
+    u += '\n';
+  }
+  if (!p.timing_shape.empty()) {
+    Knobs k;
+    for (const auto& [n, v] : p.timing_shape) k[n] = std::to_string(v);
+    u += fmt::format("Timed on: {{{}}}.", to_string(k));
+    if (!p.bytes_model.empty()) u += fmt::format(" Bytes moved (model): {}.", p.bytes_model);
+    if (!p.flops_model.empty()) u += fmt::format(" FLOPs (model): {}.", p.flops_model);
+    u += '\n';
+  }
+  if (!p.reference_source.empty())
+    u += fmt::format("\n## Reference implementation\n```{}\n{}\n```\n", lang, clip(trim(p.reference_source), options.max_source_chars));
+
+  u += fmt::format("\n## Constraints for the {} target\n{}", to_string(r.target), target_constraints(p, r.target));
+
+  if (r.parent.candidate) {
+    const Candidate& parent = *r.parent.candidate;
+    u += fmt::format("\n## Current implementation (node {})\nResult: {}.\n", r.parent.node, describe_result(r.parent.evaluation));
+    if (!parent.knobs.empty()) u += fmt::format("Its template knobs: {}.\n", to_string(parent.knobs));
+    u += fmt::format("```{}\n{}\n```\n", lang, clip(trim(parent.source), options.max_source_chars));
+  }
+
+  // The last evaluation's diagnostics.
+  const Evaluation& pe = r.parent.evaluation;
+  const Diagnostics& d = pe.diagnostics;
+  std::string diag;
+  if (!pe.ok()) {
+    diag += fmt::format("- Failure: {}{}\n", to_string(pe.failure), d.message.empty() ? "" : ": " + one_line(d.message, 300));
+    if (!d.detail.empty()) {
+      const std::string_view label = pe.failure == FailureKind::compile_error ? "Compiler errors (trimmed)" : "Details";
+      diag += fmt::format("- {}:\n```text\n{}```\n", label, trim_compiler_errors(d.detail, options.max_error_lines));
+    }
+  } else if (d.bottleneck != Bottleneck::unknown || !d.message.empty()) {
+    diag += fmt::format("- Bottleneck: {}", to_string(d.bottleneck));
+    if (d.achieved_gbytes_per_s > 0) diag += fmt::format("; {:.1f} GB/s", d.achieved_gbytes_per_s);
+    if (d.achieved_gflops > 0) diag += fmt::format("; {:.2f} GFLOP/s", d.achieved_gflops);
+    if (d.roofline_fraction > 0) diag += fmt::format("; {:.0f}% of the roofline", 100 * d.roofline_fraction);
+    diag += '\n';
+    if (!d.message.empty()) diag += fmt::format("- Profile: {}\n", one_line(d.message, 300));
+  }
+  if (r.grandparent && r.grandparent->candidate && !pe.ok() && r.parent.candidate)
+    diag += fmt::format("- The change that led here from the last working version: {}\n",
+                        describe_change(r.grandparent->candidate.get(), *r.parent.candidate, options.max_changed_lines));
+  if (!diag.empty()) u += "\n## What the last evaluation found\n" + diag;
+
+  // The memory context the node's memory operator chose.
+  const bool show_trajectory = r.memory_mode == MemoryMode::trajectory || r.memory_mode == MemoryMode::combined;
+  const bool show_siblings = r.memory_mode == MemoryMode::siblings || r.memory_mode == MemoryMode::combined;
+  if (show_trajectory && r.trajectory.size() > 1) {
+    u += "\n## How this line developed (oldest first)\n";
+    const std::size_t first = r.trajectory.size() > options.max_trajectory_steps ? r.trajectory.size() - options.max_trajectory_steps : 0;
+    for (std::size_t i = first; i < r.trajectory.size(); ++i) {
+      const Attempt& a = r.trajectory[i];
+      if (!a.candidate) continue;
+      const Candidate* before = i > 0 ? r.trajectory[i - 1].candidate.get() : nullptr;
+      u += fmt::format("{}. node {}: {}", i + 1, a.node, describe_result(a.evaluation));
+      if (const std::string change = describe_change(before, *a.candidate, options.max_changed_lines); !change.empty() && before)
+        u += fmt::format("; {}", change);
+      u += '\n';
+    }
+  }
+  if (show_siblings && !r.siblings.empty()) {
+    const double parent_speed = pe.ok() ? pe.speedup : 0;
+    std::string faster, slower, failed;
+    std::size_t n_faster = 0, n_slower = 0, n_failed = 0;
+    for (const Attempt& s : r.siblings) {
+      if (!s.candidate) continue;
+      const std::string change = describe_change(r.parent.candidate.get(), *s.candidate, options.max_changed_lines);
+      const std::string line = fmt::format("- node {}: {}{}\n", s.node, describe_result(s.evaluation), change.empty() ? "" : "; " + change);
+      if (!s.evaluation.ok()) {
+        if (n_failed++ < options.max_siblings) failed += line;
+      } else if (s.evaluation.speedup > parent_speed) {
+        if (n_faster++ < options.max_siblings) faster += line;
+      } else if (n_slower++ < options.max_siblings) {
+        slower += line;
+      }
+    }
+    u += "\n## Other children of the current implementation\n";
+    if (!faster.empty()) u += "Faster than the current implementation (what they did differently):\n" + faster;
+    if (!slower.empty()) u += "Not faster (avoid repeating these):\n" + slower;
+    if (!failed.empty()) u += "Failed (avoid these mistakes):\n" + failed;
+  }
+  if (r.mate && r.mate->candidate) {
+    u += fmt::format("\n## Second parent (node {}): {}\n```{}\n{}\n```\n", r.mate->node, describe_result(r.mate->evaluation), lang,
+                     clip(trim(r.mate->candidate->source), options.max_source_chars / 2));
+  }
+
+  if (!r.knowledge.empty()) {
+    u += "\n## Retrieved knowledge (selected for this problem, target and diagnosis)\n";
+    for (const auto& k : r.knowledge) u += fmt::format("### [{}] {}\n{}\n", k.category, k.title, trim(k.text));
+  }
+
+  u += "\n## Answer format\n";
+  if (options.offer_edits && r.parent.candidate)
+    u += fmt::format(
+        "Either give the complete new source file in one ```{0} block, or give SEARCH/REPLACE edits against the current "
+        "implementation, each in this form (SEARCH text copied exactly, enough lines to be unique):\n"
+        "<<<<<<< SEARCH\n(lines of the current implementation)\n=======\n(their replacement)\n>>>>>>> REPLACE\n",
+        lang);
+  else
+    u += fmt::format("Give the complete new source file in one ```{} block.\n", lang);
+  u += "Start with at most three sentences on what you change and why.\n";
+  return prompt;
+}
+
+/// How the code was found in the answer.
+enum class AnswerForm : std::uint8_t { rewrite, edits };
+
+struct ExtractedCode {
+  std::string source;
+  AnswerForm form = AnswerForm::rewrite;
+  std::size_t edits = 0;
+  std::string explanation;  ///< the prose before the code, one line
+};
+
+struct ExtractionOptions {
+  std::size_t max_answer_bytes = 1u << 20;
+  std::size_t max_source_bytes = 256u << 10;
+};
+
+namespace detail {
+
+struct Fence {
+  std::string language;
+  std::string body;
+  bool closed = false;
+  std::size_t begin = 0;  ///< offset of the opening fence in the answer
+};
+
+inline std::vector<Fence> fences_of(std::string_view text) {
+  std::vector<Fence> out;
+  std::size_t pos = 0;
+  while (pos < text.size()) {
+    const std::size_t open = text.find("```", pos);
+    if (open == std::string_view::npos) break;
+    if (open > 0 && text[open - 1] != '\n') {  // a fence starts a line (after optional spaces)
+      std::size_t k = open;
+      while (k > 0 && text[k - 1] == ' ') --k;
+      if (k > 0 && text[k - 1] != '\n') {
+        pos = open + 3;
+        continue;
+      }
+    }
+    const std::size_t eol = text.find('\n', open);
+    Fence f;
+    f.begin = open;
+    f.language = std::string(trim(std::string(text.substr(open + 3, eol == std::string_view::npos ? std::string_view::npos : eol - open - 3))));
+    if (eol == std::string_view::npos) {
+      out.push_back(std::move(f));
+      break;
+    }
+    std::size_t close = text.find("\n```", eol);
+    if (close == std::string_view::npos) {
+      f.body = std::string(text.substr(eol + 1));
+      out.push_back(std::move(f));
+      break;
+    }
+    f.body = std::string(text.substr(eol + 1, close + 1 - (eol + 1)));
+    f.closed = true;
+    out.push_back(std::move(f));
+    const std::size_t after = text.find('\n', close + 4);
+    pos = after == std::string_view::npos ? text.size() : after + 1;
+  }
+  return out;
+}
+
+inline bool is_code_language(std::string_view lang) {
+  static constexpr std::array<std::string_view, 10> names{"", "cpp", "c++", "cxx", "cc", "c", "cuda", "cu", "hip", "h"};
+  std::string lower;
+  for (char c : lang) lower += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return std::find(names.begin(), names.end(), lower) != names.end();
+}
+
+inline bool looks_like_refusal(std::string_view text) {
+  static constexpr std::array<std::string_view, 8> openings{"i can't", "i cannot", "i'm sorry", "i am sorry", "i won't",
+                                                            "i am unable", "i'm unable", "as an ai"};
+  std::string head;
+  for (char c : text.substr(0, 400)) head += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  for (auto o : openings)
+    if (head.find(o) != std::string::npos) return true;
+  return false;
+}
+
+/// Finds `needle` in `haystack`, exactly or else ignoring trailing whitespace on each line.
+inline std::optional<std::pair<std::size_t, std::size_t>> locate(std::string_view haystack, std::string_view needle) {
+  if (needle.empty()) return std::nullopt;
+  if (const std::size_t at = haystack.find(needle); at != std::string_view::npos) return std::pair{at, needle.size()};
+  auto strip_line_ends = [](std::string_view s, std::vector<std::size_t>* origin) {
+    std::string out;
+    std::size_t i = 0;
+    while (i < s.size()) {
+      std::size_t eol = s.find('\n', i);
+      if (eol == std::string_view::npos) eol = s.size();
+      std::size_t end = eol;
+      while (end > i && (s[end - 1] == ' ' || s[end - 1] == '\t' || s[end - 1] == '\r')) --end;
+      for (std::size_t k = i; k < end; ++k) {
+        out += s[k];
+        if (origin) origin->push_back(k);
+      }
+      if (eol < s.size()) {
+        out += '\n';
+        if (origin) origin->push_back(eol);
+      }
+      i = eol + 1;
+    }
+    if (origin) origin->push_back(s.size());
+    return out;
+  };
+  std::vector<std::size_t> origin;
+  const std::string h = strip_line_ends(haystack, &origin);
+  std::string n = strip_line_ends(needle, nullptr);
+  while (!n.empty() && n.back() == '\n') n.pop_back();
+  if (n.empty()) return std::nullopt;
+  const std::size_t at = h.find(n);
+  if (at == std::string::npos) return std::nullopt;
+  const std::size_t begin = origin[at];
+  std::size_t end = origin[at + n.size() - 1] + 1;
+  if (needle.ends_with('\n')) {  // the match takes whole lines: their trailing blanks and newline too
+    while (end < haystack.size() && (haystack[end] == ' ' || haystack[end] == '\t' || haystack[end] == '\r')) ++end;
+    if (end < haystack.size() && haystack[end] == '\n') ++end;
+  }
+  return std::pair{begin, end - begin};
+}
+
+}  // namespace detail
+
+/// The candidate source in an answer: SEARCH/REPLACE edits applied to `parent_source`, or the
+/// largest fenced code block as a whole-file rewrite. Every malformed answer is an error whose
+/// message says what was wrong.
+inline expected<ExtractedCode, Error> extract_code(std::string_view answer, std::string_view parent_source,
+                                                   const ExtractionOptions& options = {}) {
+  using namespace detail;
+  if (answer.size() > options.max_answer_bytes)
+    return make_error(fmt::format("the answer is {} bytes, over the {}-byte limit", answer.size(), options.max_answer_bytes));
+  if (trim(std::string(answer)).empty()) return make_error("the answer is empty");
+
+  ExtractedCode out;
+  constexpr std::string_view search_marker = "<<<<<<< SEARCH";
+  if (const std::size_t first_edit = answer.find(search_marker); first_edit != std::string_view::npos) {
+    if (parent_source.empty()) return make_error("the answer gives SEARCH/REPLACE edits but there is no parent source to apply them to");
+    out.explanation = one_line(trim(std::string(answer.substr(0, std::min(first_edit, answer.find("```"))))), 300);
+    std::string source(parent_source);
+    std::size_t pos = first_edit;
+    std::size_t index = 0;
+    while ((pos = answer.find(search_marker, pos)) != std::string_view::npos) {
+      ++index;
+      const std::size_t search_begin = answer.find('\n', pos);
+      const std::size_t divider = answer.find("\n=======", pos);
+      const std::size_t replace_end = answer.find("\n>>>>>>> REPLACE", pos);
+      if (search_begin == std::string_view::npos || divider == std::string_view::npos || divider < search_begin)
+        return make_error(fmt::format("edit {} is malformed: its SEARCH part has no '=======' line", index));
+      if (replace_end == std::string_view::npos || replace_end < divider)
+        return make_error(fmt::format("edit {} is malformed: it has no '>>>>>>> REPLACE' line", index));
+      const std::string_view search = answer.substr(search_begin + 1, divider + 1 - (search_begin + 1));
+      const std::size_t replace_begin = answer.find('\n', divider + 1);
+      const std::string_view replace =
+          replace_begin >= replace_end ? std::string_view() : answer.substr(replace_begin + 1, replace_end + 1 - (replace_begin + 1));
+      const auto where = locate(source, search);
+      if (!where)
+        return make_error(fmt::format("edit {} does not apply: its SEARCH text is not in the current implementation (it starts `{}`)",
+                                      index, one_line(trim(std::string(search)), 80)));
+      source.replace(where->first, where->second, replace);
+      pos = replace_end + 1;
+    }
+    if (source == parent_source) return make_error("the edits leave the current implementation unchanged");
+    out.source = std::move(source);
+    out.form = AnswerForm::edits;
+    out.edits = index;
+  } else {
+    const auto fences = fences_of(answer);
+    const Fence* best = nullptr;
+    bool unclosed = false;
+    for (const auto& f : fences) {
+      if (!is_code_language(f.language)) continue;
+      if (!f.closed) {
+        unclosed = true;
+        continue;
+      }
+      if (!best || f.body.size() > best->body.size()) best = &f;
+    }
+    if (!best) {
+      if (unclosed) return make_error("the answer's code block is never closed (the answer was probably cut off at max_tokens)");
+      if (looks_like_refusal(answer)) return make_error(fmt::format("the model declined: \"{}\"", one_line(trim(std::string(answer)), 160)));
+      return make_error(fmt::format("the answer has no fenced code block ({} characters, starting \"{}\")", answer.size(),
+                                    one_line(trim(std::string(answer)), 80)));
+    }
+    out.source = best->body;
+    out.explanation = one_line(trim(std::string(answer.substr(0, fences.front().begin))), 300);
+    if (trim(out.source).empty()) return make_error("the answer's code block is empty");
+  }
+  if (out.source.size() > options.max_source_bytes)
+    return make_error(fmt::format("the code is {} bytes, over the {}-byte limit", out.source.size(), options.max_source_bytes));
+  if (!parent_source.empty() && trim(out.source) == trim(std::string(parent_source)))
+    return make_error("the code is identical to the current implementation");
+  return out;
+}
+
+}  // namespace kevo::synth
