@@ -5,6 +5,9 @@
 //   KEVO_GPU_TRY(gpu_stream_create(&stream));   // returns kevo::Error from the enclosing function
 #pragma once
 
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <string>
 
 #include "kevo/expected.hpp"
@@ -41,6 +44,30 @@ inline int gpu_device_count() {
     return 0;
   }
   return n;
+}
+
+/// D += A * B on tensor cores: one m16n8k16 tile, fp16 inputs, fp32 accumulators (mma.sync
+/// fragment layouts: a = 4 regs of half2, b = 2 regs of half2, d = 4 floats).
+__device__ __forceinline__ void gpu_mma_m16n8k16(float (&d)[4], std::uint32_t a0, std::uint32_t a1, std::uint32_t a2,
+                                                 std::uint32_t a3, std::uint32_t b0, std::uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+/// A 16-byte load of data read once: through the non-coherent path, not kept in L1.
+__device__ __forceinline__ uint4 gpu_load_streaming(const void* address) {
+  uint4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(address));
+  return v;
+}
+
+/// Bytes picked from the pair (a, b) by selector nibbles, as PTX prmt does.
+__device__ __forceinline__ std::uint32_t gpu_byte_perm(std::uint32_t a, std::uint32_t b, std::uint32_t selector) {
+  return __byte_perm(a, b, selector);
 }
 
 }  // namespace kevo::retrieval

@@ -1,0 +1,476 @@
+// retrieval_benchmark: each stage of the fused retrieval pipeline and the whole pipeline on one GPU,
+// as throughput and as a fraction of the streaming-read roofline measured in the same run.
+//
+//   retrieval_benchmark [--n 100000000] [--quick]     (prints markdown tables; run on the device)
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "kevo/retrieval/dispatch/fused_retrieval_pipeline.cuh"
+#include "kevo/retrieval/retrieval.hpp"
+
+using namespace kevo::retrieval;
+
+namespace {
+
+#define CHECK_OK(expr)                                                            \
+  do {                                                                            \
+    auto&& check_ok_result = (expr);                                              \
+    if (!check_ok_result) {                                                       \
+      std::fprintf(stderr, "%s:%d: %s\n", __FILE__, __LINE__, check_ok_result.error().message.c_str()); \
+      std::exit(1);                                                               \
+    }                                                                             \
+  } while (0)
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+/// Sum of 16-byte loads over a buffer: the streaming-read roofline.
+__global__ void stream_read(const uint4* data, std::size_t count, unsigned* sink) {
+  unsigned acc = 0;
+  for (std::size_t i = blockIdx.x * blockDim.x + threadIdx.x; i < count; i += gridDim.x * blockDim.x) {
+    const uint4 v = gpu_load_streaming(data + i);
+    acc ^= v.x ^ v.y ^ v.z ^ v.w;
+  }
+  if (acc == 0x12345678u) *sink = acc;  // keeps the loads alive
+}
+
+/// Counter-hash normal values: the embedding of (ad, k) for the device-filled pools.
+__device__ float hashed_normal(std::uint64_t seed, std::uint64_t ad, int k) {
+  std::uint64_t z = seed ^ (ad * 0x9e3779b97f4a7c15ull) ^ (static_cast<std::uint64_t>(k) * 0xbf58476d1ce4e5b9ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  z ^= z >> 31;
+  const float u1 = (static_cast<float>(z >> 40) + 1.0f) * 0x1.0p-24f;
+  const float u2 = static_cast<float>((z >> 16) & 0xffffff) * 0x1.0p-24f;
+  return sqrtf(-2.0f * logf(u1)) * cospif(2.0f * u2);
+}
+
+/// Fills rows [0, n) with N(0, 1/d) values: fp16 directly, int8 quantized per row (warp per row).
+__global__ void fill_embeddings(void* rows, float* scales, std::uint64_t n, int dim, bool int8, std::uint64_t seed) {
+  const std::uint64_t row = (static_cast<std::uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+  const int lane = threadIdx.x % 32;
+  if (row >= n) return;
+  const float sigma = rsqrtf(static_cast<float>(dim));
+  float max_abs = 0.0f;
+  for (int k = lane; k < dim; k += 32) max_abs = fmaxf(max_abs, fabsf(hashed_normal(seed, row, k) * sigma));
+  for (int o = 16; o > 0; o /= 2) max_abs = fmaxf(max_abs, __shfl_xor_sync(0xffffffffu, max_abs, o));
+  const float scale = max_abs / 127.0f;
+  for (int k = lane; k < dim; k += 32) {
+    const float a = hashed_normal(seed, row, k) * sigma;
+    if (int8) static_cast<std::int8_t*>(rows)[row * dim + k] = static_cast<std::int8_t>(fminf(127.f, fmaxf(-127.f, rintf(a / scale))));
+    else static_cast<__half*>(rows)[row * dim + k] = __float2half_rn(a);
+  }
+  if (int8 && lane == 0) scales[row] = scale;
+}
+
+/// Targeting, bias and liveness of ads [begin, end) of the workload, generated on all cores.
+PackedAds generate_targeting(const Workload& w, std::uint64_t begin, std::uint64_t end) {
+  const unsigned threads = std::max(1u, std::thread::hardware_concurrency());
+  std::vector<PackedAds> parts(threads);
+  std::vector<std::thread> pool;
+  const std::uint64_t step = (end - begin + threads - 1) / threads;
+  for (unsigned t = 0; t < threads; ++t)
+    pool.emplace_back([&, t] {
+      const std::uint64_t b = std::min(end, begin + t * step), e = std::min(end, b + step);
+      PackedAds& p = parts[t];
+      for (std::uint64_t i = b; i < e; ++i) {
+        p.ids.push_back(static_cast<std::uint32_t>(i));
+        p.bias.push_back(w.ad_bias(i));
+        p.live.push_back(w.ad_live(i) ? 1 : 0);
+        const std::vector<Clause> clauses = w.ad_targeting(i);
+        for (std::size_t c = 0; c < clauses.size(); ++c)
+          p.clauses.push_back(clause_bits::pack(clauses[c], c + 1 == clauses.size()));
+        p.clause_begin.push_back(static_cast<std::uint32_t>(p.clauses.size()));
+      }
+    });
+  for (auto& t : pool) t.join();
+  PackedAds all;
+  for (PackedAds& p : parts) {
+    const std::uint32_t base = static_cast<std::uint32_t>(all.clauses.size());
+    all.ids.insert(all.ids.end(), p.ids.begin(), p.ids.end());
+    all.bias.insert(all.bias.end(), p.bias.begin(), p.bias.end());
+    all.live.insert(all.live.end(), p.live.begin(), p.live.end());
+    all.clauses.insert(all.clauses.end(), p.clauses.begin(), p.clauses.end());
+    for (std::size_t i = 1; i < p.clause_begin.size(); ++i) all.clause_begin.push_back(base + p.clause_begin[i]);
+  }
+  return all;
+}
+
+struct Timer {
+  cudaEvent_t a, b;
+  Timer() {
+    cudaEventCreate(&a);
+    cudaEventCreate(&b);
+  }
+  ~Timer() {
+    cudaEventDestroy(a);
+    cudaEventDestroy(b);
+  }
+};
+
+/// Streaming-read bandwidth in bytes/s over an 8 GB buffer.
+double measure_roofline() {
+  const std::size_t bytes = 8ull << 30;
+  void* buffer;
+  unsigned* sink;
+  KEVO_GPU_ASSERT(cudaMalloc(&buffer, bytes));
+  KEVO_GPU_ASSERT(cudaMalloc(&sink, 4));
+  KEVO_GPU_ASSERT(cudaMemset(buffer, 0x5a, bytes));
+  int sms = 0;
+  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0);
+  Timer t;
+  std::vector<double> times;
+  for (int i = 0; i < 12; ++i) {
+    cudaEventRecord(t.a);
+    stream_read<<<sms * 8, 512>>>(static_cast<const uint4*>(buffer), bytes / 16, sink);
+    cudaEventRecord(t.b);
+    cudaEventSynchronize(t.b);
+    float ms;
+    cudaEventElapsedTime(&ms, t.a, t.b);
+    if (i >= 2) times.push_back(ms * 1e-3);
+  }
+  KEVO_GPU_ASSERT(cudaGetLastError());
+  cudaFree(buffer);
+  cudaFree(sink);
+  return static_cast<double>(bytes) / median(times);
+}
+
+/// One pool on the device: the pipeline plus what the roofline counts need to know about it.
+struct Pool {
+  std::unique_ptr<FusedRetrievalPipeline> pipeline;
+  std::vector<std::uint64_t> clause_prefix;  // clauses of ads [0, i * 1M)
+  std::uint64_t n = 0;
+};
+
+Pool build_pool(const Workload& w, std::uint64_t n, std::uint64_t embedding_seed, std::vector<PackedAds>* cache,
+                PipelinePolicy policy = {}) {
+  Pool pool;
+  pool.n = n;
+  auto p = FusedRetrievalPipeline::create(w.schema(), w.model(), {.capacity = n, .policy = policy});
+  CHECK_OK(p);
+  pool.pipeline = std::move(*p);
+  const std::uint64_t batch = 1u << 20;
+  pool.clause_prefix.push_back(0);
+  for (std::uint64_t b = 0, i = 0; b < n; b += batch, ++i) {
+    const std::uint64_t e = std::min(n, b + batch);
+    if (cache && cache->size() <= i) cache->push_back(generate_targeting(w, b, e));
+    PackedAds local;
+    const PackedAds& ads = cache ? (*cache)[i] : (local = generate_targeting(w, b, e));
+    CHECK_OK(pool.pipeline->index().upsert(ads));
+    pool.clause_prefix.push_back(pool.clause_prefix.back() + ads.clauses.size());
+  }
+  auto& index = pool.pipeline->index();
+  const bool int8 = w.schema().embedding_type == EmbeddingType::int8;
+  fill_embeddings<<<static_cast<unsigned>((n * 32 + 255) / 256), 256>>>(index.embeddings(), index.scales(), n,
+                                                                         w.schema().dim, int8, embedding_seed);
+  KEVO_GPU_ASSERT(cudaGetLastError());
+  KEVO_GPU_ASSERT(cudaDeviceSynchronize());
+  return pool;
+}
+
+struct StageTimes {
+  double prepare = 0, matching = 0, scoring = 0, topk = 0, total = 0;
+  std::uint32_t eligible = 0;
+};
+
+/// Runs the stages of one request `repeats` times over the first `slots` slots; medians per stage.
+StageTimes time_stages(Pool& pool, const Request& request, std::uint64_t slots, int repeats, void* temp,
+                       SearchOutput out, cudaStream_t stream) {
+  FusedRetrievalPipeline& p = *pool.pipeline;
+  auto lock = p.index().search_lock();
+  auto view = p.index().before_search(stream);
+  CHECK_OK(view);
+  view->slots = static_cast<std::uint32_t>(slots);
+  cudaEvent_t e[5];
+  for (auto& x : e) cudaEventCreate(&x);
+  std::vector<double> t[5];
+  for (int r = 0; r < repeats + 2; ++r) {
+    cudaEventRecord(e[0], stream);
+    CHECK_OK(p.enqueue_prepare(request, temp, stream));
+    cudaEventRecord(e[1], stream);
+    CHECK_OK(p.enqueue_matching(*view, temp, stream));
+    cudaEventRecord(e[2], stream);
+    CHECK_OK(p.enqueue_scoring(*view, temp, request.routing, stream));
+    cudaEventRecord(e[3], stream);
+    CHECK_OK(p.enqueue_topk(*view, temp, request.k, out, stream));
+    cudaEventRecord(e[4], stream);
+    KEVO_GPU_ASSERT(cudaEventSynchronize(e[4]));
+    if (r < 2) continue;  // warm-up
+    for (int s = 0; s < 4; ++s) {
+      float ms;
+      cudaEventElapsedTime(&ms, e[s], e[s + 1]);
+      t[s].push_back(ms * 1e-3);
+    }
+    float ms;
+    cudaEventElapsedTime(&ms, e[0], e[4]);
+    t[4].push_back(ms * 1e-3);
+  }
+  CHECK_OK(p.index().after_search(stream));
+  for (auto& x : e) cudaEventDestroy(x);
+  StageTimes st{median(t[0]), median(t[1]), median(t[2]), median(t[3]), median(t[4]), 0};
+  std::uint32_t count;
+  KEVO_GPU_ASSERT(cudaMemcpy(&count, static_cast<unsigned char*>(temp) + p.temp_layout().state, 4, cudaMemcpyDeviceToHost));
+  st.eligible = count;
+  return st;
+}
+
+/// Scoring alone, run back to back (no top-K), for the "top-K adds at most 10%" comparison.
+double time_scoring_only(Pool& pool, const Request& request, std::uint64_t slots, int repeats, void* temp,
+                         cudaStream_t stream) {
+  FusedRetrievalPipeline& p = *pool.pipeline;
+  auto lock = p.index().search_lock();
+  auto view = p.index().before_search(stream);
+  CHECK_OK(view);
+  view->slots = static_cast<std::uint32_t>(slots);
+  CHECK_OK(p.enqueue_prepare(request, temp, stream));
+  CHECK_OK(p.enqueue_matching(*view, temp, stream));
+  Timer t;
+  std::vector<double> times;
+  for (int r = 0; r < repeats + 2; ++r) {
+    cudaEventRecord(t.a, stream);
+    CHECK_OK(p.enqueue_scoring(*view, temp, request.routing, stream));
+    cudaEventRecord(t.b, stream);
+    cudaEventSynchronize(t.b);
+    float ms;
+    cudaEventElapsedTime(&ms, t.a, t.b);
+    if (r >= 2) times.push_back(ms * 1e-3);
+  }
+  CHECK_OK(p.index().after_search(stream));
+  return median(times);
+}
+
+std::vector<ScoredAd> top_k(Pool& pool, const Request& request) {
+  auto r = pool.pipeline->search(request);
+  CHECK_OK(r);
+  return std::move(*r);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::uint64_t n = 100'000'000;
+  bool quick = false;
+  for (int i = 1; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "--n") && i + 1 < argc) n = std::strtoull(argv[++i], nullptr, 10);
+    else if (!std::strcmp(argv[i], "--quick")) quick = true;
+    else {
+      std::fprintf(stderr, "usage: %s [--n ADS] [--quick]\n", argv[0]);
+      return 2;
+    }
+  }
+  if (gpu_device_count() == 0) {
+    std::puts("retrieval_benchmark: no GPU here");
+    return 77;
+  }
+  cudaDeviceProp prop;
+  cudaGetDeviceProperties(&prop, 0);
+  const int repeats = quick ? 5 : 15;
+  const double roofline = measure_roofline();
+  std::printf("# retrieval benchmark on %s, %d SMs; streaming-read roofline %.3f TB/s\n\n", prop.name,
+              prop.multiProcessorCount, roofline * 1e-12);
+
+  const Workload fp16_workload({.seed = 2026});
+  WorkloadOptions int8_options{.seed = 2026, .embedding_type = EmbeddingType::int8};
+  const Workload int8_workload(int8_options);
+  std::vector<PackedAds> targeting;
+  auto t0 = std::chrono::steady_clock::now();
+  Pool fp16 = build_pool(fp16_workload, n, 99, &targeting);
+  auto t1 = std::chrono::steady_clock::now();
+  std::printf("loaded %llu fp16 ads in %.1f s\n", static_cast<unsigned long long>(n),
+              std::chrono::duration<double>(t1 - t0).count());
+  Pool int8 = build_pool(int8_workload, n, 99, &targeting);
+  std::printf("loaded %llu int8 ads in %.1f s\n\n", static_cast<unsigned long long>(n),
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count());
+
+  cudaStream_t stream;
+  cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
+  const std::size_t temp_bytes = std::max(fp16.pipeline->search_temp_bytes(), int8.pipeline->search_temp_bytes());
+  void* temp;
+  KEVO_GPU_ASSERT(cudaMalloc(&temp, temp_bytes));
+  SearchOutput out;
+  KEVO_GPU_ASSERT(cudaMalloc(&out.ids, kMaxK * 4));
+  KEVO_GPU_ASSERT(cudaMalloc(&out.scores, kMaxK * 4));
+  KEVO_GPU_ASSERT(cudaMalloc(&out.count, 4));
+
+  auto clauses_in = [](const Pool& p, std::uint64_t slots) {
+    const std::uint64_t batches = slots >> 20;
+    return static_cast<double>(p.clause_prefix[std::min<std::size_t>(batches, p.clause_prefix.size() - 1)]);
+  };
+  auto report = [&](const char* label, Pool& pool, const Request& request, std::uint64_t slots) {
+    const StageTimes st = time_stages(pool, request, slots, repeats, temp, out, stream);
+    const double row = static_cast<double>(pool.pipeline->index().row_bytes());
+    const bool is_int8 = pool.pipeline->schema().embedding_type == EmbeddingType::int8;
+    const double el = st.eligible;
+    const double match_bytes = 4.0 * slots + 4.0 * clauses_in(pool, slots) + 4.0 * el;
+    const double score_bytes = el * (row + 4 + (is_int8 ? 4 : 0) + 4 + 4);
+    const double topk_bytes = el * 4;  // each score read once
+    const double pipe_bytes = 4.0 * slots + 4.0 * clauses_in(pool, slots) + el * (row + 4 + (is_int8 ? 4 : 0));
+    std::printf("| %s | %s | %llu | %.1f%% | %d | %.1f G/s (%.0f%%) | %.1f G/s (%.0f%%) | %.3f ms (%.1f%% of scoring) | %.3f ms | %.2f G/s (%.0f%%) |\n",
+                label, to_string(pool.pipeline->schema().embedding_type), static_cast<unsigned long long>(slots),
+                100.0 * el / slots, request.k, slots / st.matching * 1e-9, 100 * match_bytes / st.matching / roofline,
+                el / st.scoring * 1e-9, 100 * score_bytes / st.scoring / roofline, st.topk * 1e3,
+                100 * st.topk / st.scoring, st.total * 1e3, slots / st.total * 1e-9,
+                100 * pipe_bytes / st.total / roofline);
+    (void)topk_bytes;
+    return st;
+  };
+  std::puts("## Stages (median of repeats; G/s = ads per second, % = fraction of the streaming roofline)\n");
+  std::puts("| request | dtype | N | eligible | K | matching | scoring | top-K | pipeline (events) | pipeline |");
+  std::puts("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |");
+  const Request typical = fp16_workload.request(1, RequestKind::typical, 1000);
+  const Request broad = fp16_workload.request(1, RequestKind::broad, 1000);
+  report("typical", fp16, typical, n);
+  report("typical", int8, typical, n);
+  report("broad", fp16, broad, n);
+  report("broad", int8, broad, n);
+  for (int k : {1, 100, 4096}) {
+    Request r = typical;
+    r.k = k;
+    report("typical", fp16, r, n);
+  }
+  for (std::uint64_t m : {1ull << 20, 10ull << 20}) {
+    if (m < n) {
+      report("typical", fp16, typical, m);
+      report("typical", int8, typical, m);
+    }
+  }
+
+  std::puts("\n## Scoring alone vs scoring + top-K (typical, K = 1000)\n");
+  for (Pool* p : {&fp16, &int8}) {
+    const double scoring = time_scoring_only(*p, typical, n, repeats, temp, stream);
+    const StageTimes st = time_stages(*p, typical, n, repeats, temp, out, stream);
+    std::printf("%s: scoring alone %.3f ms; inside the pipeline scoring %.3f ms + top-K %.3f ms = %.1f%% added\n",
+                to_string(p->pipeline->schema().embedding_type), scoring * 1e3, st.scoring * 1e3, st.topk * 1e3,
+                100 * st.topk / scoring);
+  }
+
+  std::puts("\n## Routing width (typical, fp16, K = 1000)\n");
+  for (int routing : {1, 8}) {
+    Request r = typical;
+    r.routing = routing;
+    const StageTimes st = time_stages(fp16, r, n, repeats, temp, out, stream);
+    std::printf("k_e = %d: scoring %.1f G ads/s\n", routing, st.eligible / st.scoring * 1e-9);
+  }
+
+  std::puts("\n## int8 recall@K against fp16 (same ads, same requests)\n");
+  for (int k : {100, 1000, 4096}) {
+    double recall = 0;
+    const int requests = quick ? 2 : 5;
+    for (int q = 0; q < requests; ++q) {
+      const Request r = fp16_workload.request(100 + q, RequestKind::typical, k);
+      const auto a = top_k(fp16, r), b = top_k(int8, r);
+      std::vector<std::uint32_t> ia, ib;
+      for (auto& x : a) ia.push_back(x.id);
+      for (auto& x : b) ib.push_back(x.id);
+      std::sort(ia.begin(), ia.end());
+      std::sort(ib.begin(), ib.end());
+      std::vector<std::uint32_t> both;
+      std::set_intersection(ia.begin(), ia.end(), ib.begin(), ib.end(), std::back_inserter(both));
+      recall += static_cast<double>(both.size()) / std::max<std::size_t>(1, ia.size()) / requests;
+    }
+    std::printf("recall@%d = %.4f\n", k, recall);
+  }
+
+  std::puts("\n## Pipeline, request in to top-K out on the host (search(), synchronous), and back-to-back async\n");
+  for (Pool* p : {&fp16, &int8}) {
+    std::vector<double> times;
+    for (int r = 0; r < repeats + 2; ++r) {
+      const Request req = fp16_workload.request(200 + r, RequestKind::typical, 1000);
+      const auto a = std::chrono::steady_clock::now();
+      top_k(*p, req);
+      if (r >= 2) times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - a).count());
+    }
+    const double t = median(times);
+    std::printf("%s one request at a time: %.3f ms = %.2f G pool ads/s\n",
+                to_string(p->pipeline->schema().embedding_type), t * 1e3, n / t * 1e-9);
+    for (int batch : {8, 32}) {
+      const auto a = std::chrono::steady_clock::now();
+      for (int r = 0; r < batch; ++r)
+        CHECK_OK(p->pipeline->search_async(fp16_workload.request(300 + r, RequestKind::typical, 1000), temp,
+                                           temp_bytes, out, stream));
+      KEVO_GPU_ASSERT(cudaStreamSynchronize(stream));
+      const double bt = std::chrono::duration<double>(std::chrono::steady_clock::now() - a).count();
+      std::printf("%s batch of %d (async, one stream): %.3f ms per request = %.2f G pool ads/s\n",
+                  to_string(p->pipeline->schema().embedding_type), batch, bt / batch * 1e3, n * batch / bt * 1e-9);
+    }
+  }
+
+  std::puts("\n## Ad updates (replacing live ads with new embeddings, batches of 10000)\n");
+  for (bool with_search : {false, true}) {
+    std::atomic<bool> stop{false};
+    std::atomic<int> searches{0};
+    std::thread searcher;
+    if (with_search)
+      searcher = std::thread([&] {
+        while (!stop) {
+          top_k(fp16, typical);
+          ++searches;
+        }
+      });
+    Rng rng(7);
+    const int batch = 10000, batches = quick ? 20 : 60;
+    std::vector<AdRecord> ads(batch);
+    const auto a = std::chrono::steady_clock::now();
+    for (int b = 0; b < batches; ++b) {
+      for (int i = 0; i < batch; ++i) {
+        AdRecord& ad = ads[static_cast<std::size_t>(i)];
+        const std::uint64_t id = rng.next() % n;
+        ad.id = static_cast<std::uint32_t>(id);
+        ad.embedding.resize(128);
+        for (float& x : ad.embedding) x = static_cast<float>(rng.normal() * 0.088);
+        ad.bias = fp16_workload.ad_bias(id);
+        ad.clauses = fp16_workload.ad_targeting(id);
+        ad.live = true;
+      }
+      CHECK_OK(fp16.pipeline->index().upsert(ads));
+    }
+    const double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - a).count();
+    stop = true;
+    if (searcher.joinable()) searcher.join();
+    std::printf("%s: %.2f M ads/s applied (%d searches alongside)\n",
+                with_search ? "while searching" : "alone", batch * batches / t * 1e-6, searches.load());
+  }
+
+  std::puts("\n## d sweep (typical, 20M ads, scoring only)\n");
+  for (int dim : {64, 128, 256}) {
+    for (EmbeddingType type : {EmbeddingType::fp16, EmbeddingType::int8}) {
+      const Workload w({.seed = 2026, .dim = dim, .embedding_type = type});
+      const std::uint64_t m = std::min<std::uint64_t>(n, 20u << 20);
+      Pool pool = build_pool(w, m, 99, &targeting);
+      const StageTimes st = time_stages(pool, w.request(1, RequestKind::typical, 1000), m, repeats, temp, out, stream);
+      const double bytes = st.eligible * (pool.pipeline->index().row_bytes() + 4.0 + (type == EmbeddingType::int8 ? 4 : 0) + 8);
+      std::printf("d = %d %s: scoring %.1f G ads/s (%.0f%% of roofline), top-K %.3f ms\n", dim, to_string(type),
+                  st.eligible / st.scoring * 1e-9, 100 * bytes / st.scoring / roofline, st.topk * 1e3);
+    }
+  }
+
+  std::puts("\n## Narrow extreme (pool restricting each category with p in 0.1..0.2, one rare value per category)\n");
+  {
+    const Workload w({.seed = 2027, .restrict_min = 0.1, .restrict_max = 0.2});
+    const std::uint64_t m = std::min<std::uint64_t>(n, 20u << 20);
+    Pool pool = build_pool(w, m, 98, nullptr);
+    report("narrow", pool, w.request(1, RequestKind::narrow, 1000), m);
+  }
+
+  std::puts("\n## Memory\n");
+  const std::size_t per_request_per_slot = 8;  // eligible list + keys in the temp storage
+  std::size_t free_bytes = 0, total_bytes = 0;
+  cudaMemGetInfo(&free_bytes, &total_bytes);
+  for (Pool* p : {&fp16, &int8}) {
+    const std::size_t per_ad = p->pipeline->index().bytes_per_slot() + per_request_per_slot;
+    std::printf("%s: %zu bytes per ad on the device (index %zu + search temp %zu); about %.0f M ads fit in %.0f GB\n",
+                to_string(p->pipeline->schema().embedding_type), per_ad, p->pipeline->index().bytes_per_slot(),
+                per_request_per_slot, 0.97 * total_bytes / per_ad * 1e-6, total_bytes * 1e-9);
+  }
+  return 0;
+}

@@ -1,0 +1,22 @@
+// kevo/retrieval/agent/request_vectors.cuh: the user towers and gating keys of one request, as
+// warp-per-row dot products (the weights are a few MB, read once per request).
+//
+//   float y = warp_dot(row, x, n, lane);   // every lane gets the sum
+#pragma once
+
+#include <cstdint>
+
+#include "kevo/retrieval/portability.cuh"
+
+namespace kevo::retrieval {
+
+/// Sum over i < n of row[i] * x[i], lanes striding the row so that loads coalesce.
+__device__ __forceinline__ float warp_dot(const float* row, const float* x, int n, int lane) {
+  float acc = 0.0f;
+  for (int i = lane; i < n; i += 32) acc += row[i] * x[i];
+#pragma unroll
+  for (int offset = 16; offset > 0; offset /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, offset);
+  return acc;
+}
+
+}  // namespace kevo::retrieval

@@ -1,0 +1,193 @@
+// kevo/retrieval/agent/scoring.cuh: the fused MoE-gated scoring of one warp's tile of 16 eligible
+// ads. The per-request vectors (u_e and g_e, 2E x d, fp16) times the tile's embeddings (16 x d) is a
+// small GEMM on tensor cores (mma.sync m16n8k16: n-tile 0 = the 8 experts' u, n-tile 1 = their g);
+// routing, softmax, bias and the order key then run on the accumulators in registers. Nothing
+// per-ad but the final key reaches device memory.
+//
+// The reduction dimension may be permuted freely as long as A and B agree, so each thread loads
+// one contiguous quarter of each of its two rows with 16-byte loads (lane = 4 * group + quad):
+//   thread (group, quad) holds rows group and group + 8, d-range [quad * d/4, (quad + 1) * d/4);
+//   k-step s takes halves 4s..4s+3 of that range (int8: byte word s, widened to two half2).
+//
+//   AgentScoring<128, EmbeddingType::fp16> agent{index, b_fragments_in_shared, routing, experts};
+//   agent.score_tile(lane, slot_lo, slot_hi, valid_lo, valid_hi) -> this lane's (score, valid)
+#pragma once
+
+#include <cstdint>
+
+#include "kevo/retrieval/agent/views.cuh"
+#include "kevo/retrieval/types.hpp"
+
+namespace kevo::retrieval {
+
+/// Up to 8 experts fit one n-tile of the mma; the vectors buffer is (16, d): u rows 0..7, g rows 8..15.
+inline constexpr int kMaxGpuExperts = 8;
+
+template <int Dim, EmbeddingType Type>
+struct ScoringShape {
+  static_assert(Dim == 64 || Dim == 128 || Dim == 256, "d must be 64, 128 or 256");
+  static constexpr int k_steps = Dim / 16;
+  static constexpr int bytes_per_value = Type == EmbeddingType::fp16 ? 2 : 1;
+  static constexpr int row_bytes = Dim * bytes_per_value;
+  static constexpr int slice_bytes = row_bytes / 4;  // one thread's quarter of a row
+  static constexpr int slice_loads = slice_bytes / 16;
+  static_assert(slice_loads >= 1, "a quarter row is at least one 16-byte load");
+};
+
+/// The B fragments in shared memory, pre-arranged so that lane L of k-step s reads one uint2
+/// (conflict-free): b[n_tile][s][L] = {b0b1, b2b3} for expert (L / 4), d-range quarter (L % 4).
+template <int Dim>
+struct ScoringFragments {
+  uint2 b[2][Dim / 16][32];
+};
+
+/// Fills the fragments from the (16, d) fp16 vectors; call from every thread, then barrier.
+template <int Dim>
+__device__ __forceinline__ void load_scoring_fragments(ScoringFragments<Dim>& f, const __half* vectors, int thread_rank,
+                                                       int threads) {
+  const std::uint32_t* words = reinterpret_cast<const std::uint32_t*>(vectors);  // (16, d/2)
+  for (int i = thread_rank; i < 2 * (Dim / 16) * 32; i += threads) {
+    const int lane = i % 32, s = (i / 32) % (Dim / 16), tile = i / (32 * (Dim / 16));
+    const int group = lane / 4, quad = lane % 4;
+    const int row = tile * 8 + group;
+    const int word = row * (Dim / 2) + quad * (Dim / 8) + 2 * s;
+    f.b[tile][s][lane] = make_uint2(words[word], words[word + 1]);
+  }
+}
+
+/// One lane's view of a row quarter: raw 16-byte loads.
+template <int Dim, EmbeddingType Type>
+struct RowQuarter {
+  uint4 v[ScoringShape<Dim, Type>::slice_loads];
+};
+
+template <int Dim, EmbeddingType Type>
+__device__ __forceinline__ RowQuarter<Dim, Type> load_row_quarter(const void* embeddings, std::uint32_t slot, int quad,
+                                                                  bool valid) {
+  using Shape = ScoringShape<Dim, Type>;
+  RowQuarter<Dim, Type> r;
+  const char* base = static_cast<const char*>(embeddings) + static_cast<std::uint64_t>(slot) * Shape::row_bytes +
+                     quad * Shape::slice_bytes;
+#pragma unroll
+  for (int i = 0; i < Shape::slice_loads; ++i) r.v[i] = valid ? gpu_load_streaming(base + 16 * i) : make_uint4(0, 0, 0, 0);
+  return r;
+}
+
+template <int Dim, EmbeddingType Type>
+__device__ __forceinline__ std::uint32_t quarter_word(const RowQuarter<Dim, Type>& r, int w) {
+  const uint4& v = r.v[w / 4];
+  const int c = w % 4;
+  return c == 0 ? v.x : c == 1 ? v.y : c == 2 ? v.z : v.w;
+}
+
+/// Four int8 (one 32-bit word) to two half2 words, exactly: bias each byte by 128, place it in the
+/// mantissa of 1024 (fp16 ulp 1 there), subtract 1152.
+__device__ __forceinline__ void int8x4_to_half2x2(std::uint32_t q, std::uint32_t& lo, std::uint32_t& hi) {
+  const std::uint32_t biased = q ^ 0x80808080u;
+  const std::uint32_t lo_raw = gpu_byte_perm(biased, 0x64646464u, 0x4140u);
+  const std::uint32_t hi_raw = gpu_byte_perm(biased, 0x64646464u, 0x4342u);
+  const __half2 offset = __halves2half2(__ushort_as_half(0x6480u), __ushort_as_half(0x6480u));  // 1152
+  const __half2 l = __hsub2(*reinterpret_cast<const __half2*>(&lo_raw), offset);
+  const __half2 h = __hsub2(*reinterpret_cast<const __half2*>(&hi_raw), offset);
+  lo = *reinterpret_cast<const std::uint32_t*>(&l);
+  hi = *reinterpret_cast<const std::uint32_t*>(&h);
+}
+
+template <int Dim, EmbeddingType Type>
+struct AgentScoring {
+  using Shape = ScoringShape<Dim, Type>;
+
+  IndexView index;
+  const ScoringFragments<Dim>* fragments;  // shared memory
+  int routing;                             // k_e
+  int experts;                             // E <= 8
+
+  /// Scores a tile of 16 ads: rows `group` (slot_lo) and `group + 8` (slot_hi) of this lane's group.
+  /// Lanes with quad 0 return the score of row `group`, quad 1 of row `group + 8`; quads 2 and 3
+  /// duplicate them (their results are dropped by the caller).
+  __device__ __forceinline__ float score_tile(int lane, std::uint32_t slot_lo, std::uint32_t slot_hi, bool valid_lo,
+                                              bool valid_hi) const {
+    const int quad = lane & 3;
+    const RowQuarter<Dim, Type> lo = load_row_quarter<Dim, Type>(index.embeddings, slot_lo, quad, valid_lo);
+    const RowQuarter<Dim, Type> hi = load_row_quarter<Dim, Type>(index.embeddings, slot_hi, quad, valid_hi);
+    const bool odd = quad & 1;
+    const std::uint32_t my_slot = odd ? slot_hi : slot_lo;
+    const bool my_valid = odd ? valid_hi : valid_lo;
+    const float bias = my_valid ? __ldg(index.bias + my_slot) : 0.0f;
+    float scale = 1.0f;
+    if constexpr (Type == EmbeddingType::int8) scale = my_valid ? __ldg(index.scale + my_slot) : 0.0f;
+
+    float acc_u[4] = {0, 0, 0, 0}, acc_g[4] = {0, 0, 0, 0};
+#pragma unroll
+    for (int s = 0; s < Shape::k_steps; ++s) {
+      std::uint32_t a0, a1, a2, a3;
+      if constexpr (Type == EmbeddingType::fp16) {
+        a0 = quarter_word(lo, 2 * s);
+        a2 = quarter_word(lo, 2 * s + 1);
+        a1 = quarter_word(hi, 2 * s);
+        a3 = quarter_word(hi, 2 * s + 1);
+      } else {
+        int8x4_to_half2x2(quarter_word(lo, s), a0, a2);
+        int8x4_to_half2x2(quarter_word(hi, s), a1, a3);
+      }
+      const uint2 bu = fragments->b[0][s][lane];
+      const uint2 bg = fragments->b[1][s][lane];
+      gpu_mma_m16n8k16(acc_u, a0, a1, a2, a3, bu.x, bu.y);
+      gpu_mma_m16n8k16(acc_g, a0, a1, a2, a3, bg.x, bg.y);
+    }
+
+    // acc[0..1]: row group, experts 2q, 2q+1; acc[2..3]: row group+8. Gather all 8 experts of one
+    // row into each lane: even quads keep row group, odd quads row group+8.
+    float s0 = odd ? acc_u[2] : acc_u[0], s1 = odd ? acc_u[3] : acc_u[1];
+    float l0 = odd ? acc_g[2] : acc_g[0], l1 = odd ? acc_g[3] : acc_g[1];
+    const float send_s0 = odd ? acc_u[0] : acc_u[2], send_s1 = odd ? acc_u[1] : acc_u[3];
+    const float send_l0 = odd ? acc_g[0] : acc_g[2], send_l1 = odd ? acc_g[1] : acc_g[3];
+    const float s2 = __shfl_xor_sync(0xffffffffu, send_s0, 1), s3 = __shfl_xor_sync(0xffffffffu, send_s1, 1);
+    const float l2 = __shfl_xor_sync(0xffffffffu, send_l0, 1), l3 = __shfl_xor_sync(0xffffffffu, send_l1, 1);
+    const float s4 = __shfl_xor_sync(0xffffffffu, s0, 2), s5 = __shfl_xor_sync(0xffffffffu, s1, 2);
+    const float s6 = __shfl_xor_sync(0xffffffffu, s2, 2), s7 = __shfl_xor_sync(0xffffffffu, s3, 2);
+    const float l4 = __shfl_xor_sync(0xffffffffu, l0, 2), l5 = __shfl_xor_sync(0xffffffffu, l1, 2);
+    const float l6 = __shfl_xor_sync(0xffffffffu, l2, 2), l7 = __shfl_xor_sync(0xffffffffu, l3, 2);
+    float score[8] = {s0, s1, s2, s3, s4, s5, s6, s7};
+    float logit[8] = {l0, l1, l2, l3, l4, l5, l6, l7};
+    const int expert[8] = {2 * quad,           2 * quad + 1,           2 * (quad ^ 1), 2 * (quad ^ 1) + 1,
+                           2 * (quad ^ 2),     2 * (quad ^ 2) + 1,     2 * (quad ^ 3), 2 * (quad ^ 3) + 1};
+#pragma unroll
+    for (int p = 0; p < 8; ++p) {
+      score[p] *= scale;
+      logit[p] = expert[p] < experts ? logit[p] * scale : -INFINITY;
+    }
+
+    // Top-k_e by logit (ties: lower expert index), then softmax over the chosen logits.
+    std::uint32_t chosen = 0;
+    float top_logit = 0.0f;
+    for (int r = 0; r < routing; ++r) {
+      int best = 0;
+      float best_logit = -INFINITY;
+      int best_expert = kMaxGpuExperts;
+#pragma unroll
+      for (int p = 0; p < 8; ++p) {
+        const bool better = logit[p] > best_logit || (logit[p] == best_logit && expert[p] < best_expert);
+        if (!((chosen >> p) & 1u) && better) {
+          best = p;
+          best_logit = logit[p];
+          best_expert = expert[p];
+        }
+      }
+      chosen |= 1u << best;
+      if (r == 0) top_logit = best_logit;
+    }
+    float weighted = 0.0f, total = 0.0f;
+#pragma unroll
+    for (int p = 0; p < 8; ++p) {
+      if ((chosen >> p) & 1u) {
+        const float w = __expf(logit[p] - top_logit);
+        weighted += w * score[p];
+        total += w;
+      }
+    }
+    return weighted / total + bias;
+  }
+};
+
+}  // namespace kevo::retrieval

@@ -1,0 +1,82 @@
+// kevo/retrieval/agent/views.cuh: what the kernels see of the ad index and of one request's
+// working memory, as plain views over device memory, plus the order-preserving score keys.
+//
+//   std::uint32_t key = score_key(score);           // larger score -> larger key; 0 never occurs
+//   std::uint64_t rank = ranking_key(key, ad_id);   // score descending, then lower id first
+#pragma once
+
+#include <cstdint>
+
+#include "kevo/retrieval/portability.cuh"
+
+namespace kevo::retrieval {
+
+/// Each slot's targeting word: live bit, has-clauses bit and the offset of its first clause.
+namespace targeting_bits {
+inline constexpr std::uint32_t live = 1u << 31;
+inline constexpr std::uint32_t has_clauses = 1u << 30;
+inline constexpr std::uint32_t offset_mask = (1u << 30) - 1u;
+}  // namespace targeting_bits
+
+/// The ad index in device memory; slot i of every array belongs to the same ad.
+struct IndexView {
+  const std::uint32_t* ids = nullptr;        // (slots)
+  const std::uint32_t* targeting = nullptr;  // (slots) targeting_bits
+  const std::uint32_t* clauses = nullptr;    // (clause capacity) clause_bits, each ad's run ends with `last`
+  const void* embeddings = nullptr;          // (slots, dim) __half or int8
+  const float* bias = nullptr;               // (slots)
+  const float* scale = nullptr;              // (slots) int8 only
+  std::uint32_t slots = 0;                   // high-water mark of used slots
+};
+
+/// One request's query: a bit for each (category, value) the user holds, categories laid end to end.
+struct QueryView {
+  const std::uint32_t* bitmap = nullptr;           // (total_bits / 32)
+  const std::uint32_t* category_offsets = nullptr; // (categories) first bit of each category
+};
+
+/// Radix-select levels over 64-bit ranking keys: 12 bits a level, the last one 4.
+inline constexpr int kTopKLevels = 6;
+inline constexpr int kTopKBins = 4096;
+__host__ __device__ constexpr int topk_level_shift(int level) { return level < 5 ? 52 - 12 * level : 0; }
+__host__ __device__ constexpr int topk_level_bits(int level) { return level < 5 ? 12 : 4; }
+
+/// Top-K's state for one request, in the request's temp storage (zeroed before each request).
+struct TopKState {
+  std::uint32_t eligible_count;
+  std::uint32_t done;               // the threshold is known
+  std::uint32_t k_remaining;        // how many of the K lie at or below the resolved prefix
+  std::uint32_t candidate_count;
+  std::uint32_t overflow;           // set if the candidate buffer was too small (a bug)
+  std::uint32_t pad;
+  unsigned long long prefix;        // resolved high bits of the K-th ranking key
+  unsigned long long threshold;     // candidates are the keys >= threshold
+  std::uint32_t histogram[kTopKLevels][kTopKBins];
+};
+
+/// Float to an unsigned key with the same order; finite scores never map to 0.
+__host__ __device__ inline std::uint32_t score_key(float score) {
+#if defined(__CUDA_ARCH__)
+  const std::uint32_t bits = __float_as_uint(score);
+#else
+  std::uint32_t bits;
+  __builtin_memcpy(&bits, &score, 4);
+#endif
+  return (bits & 0x80000000u) ? ~bits : (bits | 0x80000000u);
+}
+__host__ __device__ inline float score_from_key(std::uint32_t key) {
+  const std::uint32_t bits = (key & 0x80000000u) ? (key & 0x7fffffffu) : ~key;
+#if defined(__CUDA_ARCH__)
+  return __uint_as_float(bits);
+#else
+  float f;
+  __builtin_memcpy(&f, &bits, 4);
+  return f;
+#endif
+}
+/// Larger ranking key = ranks earlier: score descending, then lower id.
+__host__ __device__ inline std::uint64_t ranking_key(std::uint32_t key, std::uint32_t id) {
+  return (static_cast<std::uint64_t>(key) << 32) | static_cast<std::uint32_t>(~id);
+}
+
+}  // namespace kevo::retrieval

@@ -1,0 +1,334 @@
+// kevo/retrieval/dispatch/device_ad_index.cuh: the ad pool on the GPU with real-time updates.
+//
+// Layout (struct of arrays, slot i of each belongs to one ad): ids, one targeting word (live bit,
+// has-clauses bit, offset of the ad's clause run), the embedding row (fp16, or int8 with a scale),
+// the bias, and an append-only arena of packed clauses. Matching reads the targeting word and,
+// only for ads that restrict something, one contiguous clause run.
+//
+// No torn reads: updates and searches are ordered on the device by events. An update waits for
+// every search enqueued before it, and every search enqueued after it waits for the update, so a
+// search sees each ad wholly before or wholly after an update; the update call returns only once
+// it is applied, so every later request sees it. Host-side bookkeeping is under one mutex.
+//
+//   auto index = DeviceAdIndex::create(schema, {.capacity = 1 << 20});
+//   (*index)->upsert(ads);
+//   (*index)->expire(ids);
+#pragma once
+
+#include <algorithm>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <unordered_map>
+#include <vector>
+
+#include "kevo/retrieval/ad_pool.hpp"
+#include "kevo/retrieval/dispatch/kernels.cuh"
+#include "kevo/retrieval/half.hpp"
+#include "kevo/retrieval/portability.cuh"
+#include "kevo/retrieval/types.hpp"
+
+namespace kevo::retrieval {
+
+/// Ads as arrays, for bulk loads: clauses in CSR form (already packed with clause_bits, the last
+/// of each ad flagged). An empty `embeddings` leaves the rows on the device as they are (a caller
+/// that fills them with its own kernel through DeviceAdIndex::embeddings()).
+struct PackedAds {
+  std::vector<std::uint32_t> ids;
+  std::vector<float> bias;
+  std::vector<std::uint8_t> live;
+  std::vector<std::uint32_t> clause_begin{0};  // (n + 1)
+  std::vector<std::uint32_t> clauses;
+  std::vector<float> embeddings;  // (n, d) or empty
+
+  std::size_t size() const { return ids.size(); }
+  void push_back(const AdRecord& ad) {
+    ids.push_back(ad.id);
+    bias.push_back(ad.bias);
+    live.push_back(ad.live ? 1 : 0);
+    for (std::size_t c = 0; c < ad.clauses.size(); ++c)
+      clauses.push_back(clause_bits::pack(ad.clauses[c], c + 1 == ad.clauses.size()));
+    clause_begin.push_back(static_cast<std::uint32_t>(clauses.size()));
+    embeddings.insert(embeddings.end(), ad.embedding.begin(), ad.embedding.end());
+  }
+};
+
+class DeviceAdIndex {
+ public:
+  struct Options {
+    std::size_t capacity = 1u << 20;  // slots
+    std::size_t clause_capacity = 0;  // packed clauses in the arena; 0 means 8 per slot
+  };
+
+  static expected<std::unique_ptr<DeviceAdIndex>, Error> create(const Schema& schema, Options options) {
+    if (auto ok = validate_schema(schema); !ok) return unexpected(ok.error());
+    if (schema.dim != 64 && schema.dim != 128 && schema.dim != 256)
+      return make_error("the GPU index holds d = 64, 128 or 256");
+    if (options.capacity == 0 || options.capacity > (1ull << 31)) return make_error("capacity from 1 to 2^31 slots");
+    if (options.clause_capacity == 0) options.clause_capacity = options.capacity * 8;
+    if (options.clause_capacity > targeting_bits::offset_mask) return make_error("clause capacity above 2^30");
+    std::unique_ptr<DeviceAdIndex> index(new DeviceAdIndex(schema, options));
+    if (auto ok = index->allocate(); !ok) return unexpected(ok.error());
+    return index;
+  }
+
+  ~DeviceAdIndex() {
+    for (void* p : {static_cast<void*>(ids_), static_cast<void*>(targeting_), static_cast<void*>(clauses_),
+                    embeddings_, static_cast<void*>(bias_), static_cast<void*>(scale_),
+                    static_cast<void*>(category_offsets_), static_cast<void*>(device_staging_)})
+      if (p) cudaFree(p);
+    if (host_staging_) cudaFreeHost(host_staging_);
+    for (auto& [stream, event] : search_events_) cudaEventDestroy(event);
+    if (updated_) cudaEventDestroy(updated_);
+    if (update_stream_) cudaStreamDestroy(update_stream_);
+  }
+  DeviceAdIndex(const DeviceAdIndex&) = delete;
+  DeviceAdIndex& operator=(const DeviceAdIndex&) = delete;
+
+  const Schema& schema() const { return schema_; }
+  std::size_t capacity() const { return options_.capacity; }
+  std::size_t row_bytes() const {
+    return static_cast<std::size_t>(schema_.dim) * (schema_.embedding_type == EmbeddingType::fp16 ? 2 : 1);
+  }
+  /// Device bytes each slot holds: row, id, targeting word, bias, scale (int8) and its share of the arena.
+  std::size_t bytes_per_slot() const {
+    return row_bytes() + 12 + (schema_.embedding_type == EmbeddingType::int8 ? 4 : 0) +
+           4 * options_.clause_capacity / options_.capacity;
+  }
+  std::size_t live_count() const {
+    std::lock_guard lock(mutex_);
+    return id_to_slot_.size();
+  }
+  std::uint32_t total_query_bits() const { return total_query_bits_; }
+  const std::uint32_t* category_offsets() const { return category_offsets_; }
+  /// Caller-visible rows, (capacity, d) of __half or int8, and the int8 scales: for bulk fills.
+  void* embeddings() { return embeddings_; }
+  float* scales() { return scale_; }
+
+  /// Inserts or replaces ads (all or none: a bad ad fails the batch before anything changes).
+  expected<void, Error> upsert(std::span<const AdRecord> ads) {
+    PackedAds packed;
+    for (const AdRecord& ad : ads) {
+      if (auto ok = validate_ad(schema_, ad); !ok) return ok;
+      packed.push_back(ad);
+    }
+    return upsert(packed);
+  }
+
+  expected<void, Error> upsert(const PackedAds& ads) {
+    const std::size_t n = ads.size();
+    if (ads.bias.size() != n || ads.live.size() != n || ads.clause_begin.size() != n + 1 ||
+        (!ads.embeddings.empty() && ads.embeddings.size() != n * static_cast<std::size_t>(schema_.dim)))
+      return make_error("PackedAds: arrays of different lengths");
+    for (std::uint32_t packed : ads.clauses) {
+      const std::uint32_t c = clause_bits::category(packed);
+      if (c >= schema_.category_values.size() || clause_bits::value(packed) >= schema_.category_values[c])
+        return make_error("PackedAds: a clause is outside the schema");
+    }
+    std::lock_guard lock(mutex_);
+    // Slots: the ad's own, a freed one, or a fresh one; all checked before anything changes.
+    std::size_t fresh = 0;
+    for (std::size_t i = 0; i < n; ++i) fresh += id_to_slot_.count(ads.ids[i]) ? 0 : 1;
+    if (fresh > free_slots_.size() + (options_.capacity - slots_)) return make_error("the index is full");
+    if (arena_tail_ + ads.clauses.size() > options_.clause_capacity)
+      return make_error("the clause arena is full (replaced and expired ads' clauses are not reclaimed yet)");
+
+    const bool with_rows = !ads.embeddings.empty();
+    Staging s = staging_layout(n, ads.clauses.size(), with_rows);
+    if (auto ok = reserve_staging(s.total); !ok) return ok;
+    auto* slots = reinterpret_cast<std::uint32_t*>(host_staging_ + s.slots);
+    auto* ids = reinterpret_cast<std::uint32_t*>(host_staging_ + s.ids);
+    auto* targeting = reinterpret_cast<std::uint32_t*>(host_staging_ + s.targeting);
+    auto* bias = reinterpret_cast<float*>(host_staging_ + s.bias);
+    auto* scale = reinterpret_cast<float*>(host_staging_ + s.scale);
+    std::memcpy(host_staging_ + s.clauses, ads.clauses.data(), ads.clauses.size() * 4);
+    for (std::size_t i = 0; i < n; ++i) {
+      std::uint32_t slot;
+      if (auto it = id_to_slot_.find(ads.ids[i]); it != id_to_slot_.end()) slot = it->second;
+      else if (!free_slots_.empty()) { slot = free_slots_.back(); free_slots_.pop_back(); }
+      else slot = slots_++;
+      if (ads.live[i]) id_to_slot_[ads.ids[i]] = slot;
+      else { id_to_slot_.erase(ads.ids[i]); free_slots_.push_back(slot); }
+      slots[i] = slot;
+      ids[i] = ads.ids[i];
+      bias[i] = ads.bias[i];
+      const std::uint32_t begin = ads.clause_begin[i], end = ads.clause_begin[i + 1];
+      targeting[i] = (ads.live[i] ? targeting_bits::live : 0u) |
+                     (end > begin ? targeting_bits::has_clauses | static_cast<std::uint32_t>(arena_tail_ + begin) : 0u);
+      if (with_rows) write_row(ads.embeddings.data() + i * schema_.dim, host_staging_ + s.rows + i * row_bytes(), scale[i]);
+      else scale[i] = 0.0f;
+    }
+    KEVO_GPU_TRY(wait_for_searches());
+    KEVO_GPU_TRY(cudaMemcpyAsync(device_staging_, host_staging_, s.total, cudaMemcpyHostToDevice, update_stream_));
+    if (!ads.clauses.empty())
+      KEVO_GPU_TRY(cudaMemcpyAsync(clauses_ + arena_tail_, device_staging_ + s.clauses, ads.clauses.size() * 4,
+                                   cudaMemcpyDeviceToDevice, update_stream_));
+    arena_tail_ += ads.clauses.size();
+    auto* d = device_staging_;
+    if (n > 0)
+      kernels::scatter_ads<<<static_cast<unsigned>((n * 32 + 255) / 256), 256, 0, update_stream_>>>(
+          static_cast<std::uint32_t>(n), reinterpret_cast<std::uint32_t*>(d + s.slots),
+          reinterpret_cast<std::uint32_t*>(d + s.ids), reinterpret_cast<std::uint32_t*>(d + s.targeting),
+          reinterpret_cast<float*>(d + s.bias), with_rows ? reinterpret_cast<float*>(d + s.scale) : nullptr,
+          with_rows ? reinterpret_cast<const uint4*>(d + s.rows) : nullptr, static_cast<int>(row_bytes() / 16), ids_,
+          targeting_, bias_, scale_, static_cast<uint4*>(embeddings_));
+    KEVO_GPU_TRY(cudaGetLastError());
+    return finish_update();
+  }
+
+  /// Takes ads out of every later search; returns how many of the ids were live.
+  expected<std::size_t, Error> expire(std::span<const std::uint32_t> ids) {
+    std::lock_guard lock(mutex_);
+    Staging s = staging_layout(ids.size(), 0, false);
+    if (auto ok = reserve_staging(s.total); !ok) return unexpected(ok.error());
+    auto* slots = reinterpret_cast<std::uint32_t*>(host_staging_ + s.slots);
+    auto* targeting = reinterpret_cast<std::uint32_t*>(host_staging_ + s.targeting);
+    std::size_t n = 0;
+    for (std::uint32_t id : ids) {
+      auto it = id_to_slot_.find(id);
+      if (it == id_to_slot_.end()) continue;
+      slots[n] = it->second;
+      targeting[n] = 0;  // not live
+      free_slots_.push_back(it->second);
+      id_to_slot_.erase(it);
+      ++n;
+    }
+    if (n == 0) return std::size_t{0};
+    KEVO_GPU_TRY(wait_for_searches());
+    KEVO_GPU_TRY(cudaMemcpyAsync(device_staging_, host_staging_, s.total, cudaMemcpyHostToDevice, update_stream_));
+    auto* d = device_staging_;
+    kernels::scatter_ads<<<static_cast<unsigned>((n * 32 + 255) / 256), 256, 0, update_stream_>>>(
+        static_cast<std::uint32_t>(n), reinterpret_cast<std::uint32_t*>(d + s.slots), nullptr,
+        reinterpret_cast<std::uint32_t*>(d + s.targeting), nullptr, nullptr, nullptr, 0, ids_, targeting_, bias_,
+        scale_, static_cast<uint4*>(embeddings_));
+    KEVO_GPU_TRY(cudaGetLastError());
+    if (auto ok = finish_update(); !ok) return unexpected(ok.error());
+    return n;
+  }
+
+  /// Orders a search on `stream` after every finished update; returns the view it may read.
+  /// Call with the lock from `search_lock()` held, then `after_search(stream)` once enqueued.
+  std::unique_lock<std::mutex> search_lock() const { return std::unique_lock<std::mutex>(mutex_); }
+  expected<IndexView, Error> before_search(gpu_stream_t stream) {
+    KEVO_GPU_TRY(cudaStreamWaitEvent(stream, updated_, 0));
+    return IndexView{ids_, targeting_, clauses_, embeddings_, bias_, scale_, static_cast<std::uint32_t>(slots_)};
+  }
+  expected<void, Error> after_search(gpu_stream_t stream) {
+    auto it = std::find_if(search_events_.begin(), search_events_.end(), [&](auto& p) { return p.first == stream; });
+    if (it == search_events_.end()) {
+      gpu_event_t event;
+      KEVO_GPU_TRY(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
+      search_events_.emplace_back(stream, event);
+      it = std::prev(search_events_.end());
+    }
+    KEVO_GPU_TRY(cudaEventRecord(it->second, stream));
+    return {};
+  }
+
+ private:
+  DeviceAdIndex(Schema schema, Options options) : schema_(std::move(schema)), options_(options) {
+    id_to_slot_.reserve(options.capacity);
+  }
+
+  expected<void, Error> allocate() {
+    const std::size_t n = options_.capacity;
+    KEVO_GPU_TRY(cudaMalloc(&ids_, n * 4));
+    KEVO_GPU_TRY(cudaMalloc(&targeting_, n * 4));
+    KEVO_GPU_TRY(cudaMalloc(&clauses_, options_.clause_capacity * 4));
+    KEVO_GPU_TRY(cudaMalloc(&embeddings_, n * row_bytes()));
+    KEVO_GPU_TRY(cudaMalloc(&bias_, n * 4));
+    if (schema_.embedding_type == EmbeddingType::int8) KEVO_GPU_TRY(cudaMalloc(&scale_, n * 4));
+    KEVO_GPU_TRY(cudaMemset(targeting_, 0, n * 4));  // nothing live
+    std::vector<std::uint32_t> offsets(kMaxCategories, 0);
+    std::uint32_t bit = 0;
+    for (int c = 0; c < schema_.categories(); ++c) {
+      offsets[static_cast<std::size_t>(c)] = bit;
+      bit += schema_.category_values[static_cast<std::size_t>(c)];
+    }
+    total_query_bits_ = bit;
+    KEVO_GPU_TRY(cudaMalloc(&category_offsets_, kMaxCategories * 4));
+    KEVO_GPU_TRY(cudaMemcpy(category_offsets_, offsets.data(), kMaxCategories * 4, cudaMemcpyHostToDevice));
+    KEVO_GPU_TRY(cudaStreamCreateWithFlags(&update_stream_, cudaStreamNonBlocking));
+    KEVO_GPU_TRY(cudaEventCreateWithFlags(&updated_, cudaEventDisableTiming));
+    KEVO_GPU_TRY(cudaEventRecord(updated_, update_stream_));
+    return {};
+  }
+
+  struct Staging {
+    std::size_t slots, ids, targeting, bias, scale, clauses, rows, total;
+  };
+  Staging staging_layout(std::size_t n, std::size_t clauses, bool with_rows) const {
+    auto round = [](std::size_t b) { return (b + 255) & ~std::size_t{255}; };
+    Staging s{};
+    std::size_t at = 0;
+    s.slots = at; at += round(n * 4);
+    s.ids = at; at += round(n * 4);
+    s.targeting = at; at += round(n * 4);
+    s.bias = at; at += round(n * 4);
+    s.scale = at; at += round(n * 4);
+    s.clauses = at; at += round(clauses * 4);
+    s.rows = at; at += with_rows ? round(n * row_bytes()) : 0;
+    s.total = at;
+    return s;
+  }
+  expected<void, Error> reserve_staging(std::size_t bytes) {
+    if (bytes <= staging_bytes_) return {};
+    if (host_staging_) KEVO_GPU_TRY(cudaFreeHost(host_staging_));
+    if (device_staging_) KEVO_GPU_TRY(cudaFree(device_staging_));
+    host_staging_ = nullptr;
+    device_staging_ = nullptr;
+    staging_bytes_ = 0;
+    const std::size_t grown = std::max<std::size_t>(bytes, 1u << 20);
+    KEVO_GPU_TRY(cudaMallocHost(&host_staging_, grown));
+    KEVO_GPU_TRY(cudaMalloc(&device_staging_, grown));
+    staging_bytes_ = grown;
+    return {};
+  }
+  void write_row(const float* embedding, unsigned char* out, float& scale) const {
+    const int d = schema_.dim;
+    if (schema_.embedding_type == EmbeddingType::fp16) {
+      auto* h = reinterpret_cast<std::uint16_t*>(out);
+      for (int k = 0; k < d; ++k) h[k] = float_to_half(embedding[k]);
+      scale = 0.0f;
+    } else {
+      const QuantizedEmbedding q = quantize_int8(std::vector<float>(embedding, embedding + d));
+      std::memcpy(out, q.values.data(), static_cast<std::size_t>(d));
+      scale = q.scale;
+    }
+  }
+  gpu_error_t wait_for_searches() {
+    for (auto& [stream, event] : search_events_)
+      if (gpu_error_t e = cudaStreamWaitEvent(update_stream_, event, 0); e != gpu_success) return e;
+    return gpu_success;
+  }
+  expected<void, Error> finish_update() {
+    KEVO_GPU_TRY(cudaEventRecord(updated_, update_stream_));
+    KEVO_GPU_TRY(cudaEventSynchronize(updated_));  // staging is free again, and later searches see it
+    return {};
+  }
+
+  Schema schema_;
+  Options options_;
+  mutable std::mutex mutex_;
+  std::uint32_t* ids_ = nullptr;
+  std::uint32_t* targeting_ = nullptr;
+  std::uint32_t* clauses_ = nullptr;
+  void* embeddings_ = nullptr;
+  float* bias_ = nullptr;
+  float* scale_ = nullptr;
+  std::uint32_t* category_offsets_ = nullptr;
+  std::uint32_t total_query_bits_ = 0;
+  std::size_t slots_ = 0;
+  std::size_t arena_tail_ = 0;
+  std::unordered_map<std::uint32_t, std::uint32_t> id_to_slot_;
+  std::vector<std::uint32_t> free_slots_;
+  unsigned char* host_staging_ = nullptr;
+  unsigned char* device_staging_ = nullptr;
+  std::size_t staging_bytes_ = 0;
+  gpu_stream_t update_stream_ = nullptr;
+  gpu_event_t updated_ = nullptr;
+  std::vector<std::pair<gpu_stream_t, gpu_event_t>> search_events_;
+};
+
+}  // namespace kevo::retrieval

@@ -1,0 +1,376 @@
+// kevo/retrieval/dispatch/fused_retrieval_pipeline.cuh: request in, top-K out, on one GPU.
+//
+// Per request, on the caller's stream and in caller-supplied temp storage (two-phase: ask
+// search_temp_bytes(), then pass that much): upload the features and query bits, run the user
+// towers and gating keys, clear and set the query bitmap, match, score (fused, fp16 or int8, with
+// the level-0 top-K histogram), radix-select the K-th key, compact the survivors, sort them, and
+// write (id, score) pairs to the caller's device buffers.
+//
+//   auto pipeline = FusedRetrievalPipeline::create(schema, model, {.capacity = n});
+//   (*pipeline)->index().upsert(ads);
+//   auto top = (*pipeline)->search(request);              // synchronous convenience
+//   (*pipeline)->search_async(request, d_temp, bytes, out, stream);  // the serving path
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "kevo/retrieval/dispatch/device_ad_index.cuh"
+#include "kevo/retrieval/dispatch/kernels.cuh"
+#include "kevo/retrieval/safetensors.hpp"
+#include "kevo/retrieval/tuning/policies.hpp"
+#include "kevo/retrieval/types.hpp"
+
+namespace kevo::retrieval {
+
+/// Where search_async writes its answer: device buffers of K ids and scores, and the count
+/// (min(K, eligible); ~0u would mean an internal overflow, reported as an error by search()).
+struct SearchOutput {
+  std::uint32_t* ids = nullptr;
+  float* scores = nullptr;
+  std::uint32_t* count = nullptr;
+};
+
+/// The layout of one request's temp storage (byte offsets, 256-aligned).
+struct SearchTempLayout {
+  std::size_t state, input, hidden, expert, vectors, bitmap, eligible, keys, chunk_max, candidates, sorted, sort_temp;
+  std::size_t sort_temp_bytes, total;
+  std::uint32_t candidate_capacity, chunk_size, input_words;
+};
+
+class FusedRetrievalPipeline {
+ public:
+  struct Options {
+    std::size_t capacity = 1u << 20;
+    std::size_t clause_capacity = 0;
+    PipelinePolicy policy{};
+  };
+
+  static expected<std::unique_ptr<FusedRetrievalPipeline>, Error> create(const Schema& schema, Model model,
+                                                                         Options options) {
+    if (auto ok = validate_model(model); !ok) return unexpected(ok.error());
+    if (model.dim != schema.dim) return make_error("the model's d differs from the pool's");
+    if (model.experts > kMaxGpuExperts) return make_error("the GPU pipeline takes at most 8 experts");
+    if (!is_legal(options.policy)) return make_error("illegal policy: " + to_string(options.policy));
+    auto index = DeviceAdIndex::create(schema, {options.capacity, options.clause_capacity});
+    if (!index) return unexpected(index.error());
+    std::unique_ptr<FusedRetrievalPipeline> p(new FusedRetrievalPipeline(std::move(*index), std::move(model), options));
+    if (auto ok = p->allocate(); !ok) return unexpected(ok.error());
+    return p;
+  }
+
+  static expected<std::unique_ptr<FusedRetrievalPipeline>, Error> create(const Schema& schema,
+                                                                         const std::string& safetensors_path,
+                                                                         Options options) {
+    auto model = load_model(safetensors_path);
+    if (!model) return unexpected(model.error());
+    return create(schema, std::move(*model), options);
+  }
+
+  ~FusedRetrievalPipeline() {
+    for (void* p : {static_cast<void*>(w1_), static_cast<void*>(c1_), static_cast<void*>(w2_),
+                    static_cast<void*>(c2_), static_cast<void*>(projection_), static_cast<void*>(own_temp_),
+                    static_cast<void*>(own_out_ids_),
+                    static_cast<void*>(own_out_scores_), static_cast<void*>(own_out_count_)})
+      if (p) cudaFree(p);
+    for (Upload& u : uploads_) {
+      if (u.host) cudaFreeHost(u.host);
+      if (u.done) cudaEventDestroy(u.done);
+    }
+    if (own_stream_) cudaStreamDestroy(own_stream_);
+  }
+  FusedRetrievalPipeline(const FusedRetrievalPipeline&) = delete;
+  FusedRetrievalPipeline& operator=(const FusedRetrievalPipeline&) = delete;
+
+  DeviceAdIndex& index() { return *index_; }
+  const Schema& schema() const { return index_->schema(); }
+  const Model& model() const { return model_; }
+  const PipelinePolicy& policy() const { return options_.policy; }
+  int multiprocessors() const { return multiprocessors_; }
+
+  SearchTempLayout temp_layout() const {
+    auto round = [](std::size_t b) { return (b + 255) & ~std::size_t{255}; };
+    SearchTempLayout l{};
+    const std::size_t n = index_->capacity();
+    const int d = model_.dim;
+    l.chunk_size = 16u * static_cast<std::uint32_t>(options_.policy.scoring.tiles_per_chunk);
+    l.candidate_capacity = static_cast<std::uint32_t>(kMaxK + options_.policy.topk.boundary_cap);
+    l.input_words = static_cast<std::uint32_t>(model_.features + 1 + index_->total_query_bits());
+    std::size_t at = 0;
+    auto take = [&](std::size_t& field, std::size_t bytes) { field = at; at += round(bytes); };
+    take(l.state, sizeof(TopKState));
+    take(l.input, l.input_words * 4ull);
+    take(l.hidden, static_cast<std::size_t>(model_.experts) * model_.hidden * 4);
+    take(l.expert, static_cast<std::size_t>(model_.experts) * d * 4);
+    take(l.vectors, 2ull * kMaxGpuExperts * d * 2);
+    take(l.bitmap, (index_->total_query_bits() + 31) / 32 * 4ull);
+    take(l.eligible, n * 4);
+    take(l.keys, n * 4);
+    take(l.chunk_max, (n / l.chunk_size + 1) * 4);
+    take(l.candidates, l.candidate_capacity * 8ull);
+    take(l.sorted, l.candidate_capacity * 8ull);
+    l.sort_temp_bytes = 0;
+    gpu_cub::DeviceRadixSort::SortKeysDescending(nullptr, l.sort_temp_bytes, static_cast<unsigned long long*>(nullptr),
+                                                 static_cast<unsigned long long*>(nullptr),
+                                                 static_cast<int>(l.candidate_capacity));
+    take(l.sort_temp, l.sort_temp_bytes);
+    l.total = at;
+    return l;
+  }
+  /// Phase one of two: the temp storage bytes that search_async needs.
+  std::size_t search_temp_bytes() const { return temp_layout().total; }
+
+  /// Enqueues one search on `stream`; the answer lands in `out` when the stream reaches it.
+  expected<void, Error> search_async(const Request& request, void* d_temp, std::size_t temp_bytes, SearchOutput out,
+                                     gpu_stream_t stream) {
+    if (auto ok = validate_request(schema(), model_, request); !ok) return ok;
+    const SearchTempLayout l = temp_layout();
+    if (d_temp == nullptr || temp_bytes < l.total) return make_error("search_async: temp storage too small");
+    auto lock = index_->search_lock();
+    auto view = index_->before_search(stream);
+    if (!view) return unexpected(view.error());
+    if (auto ok = enqueue_prepare(request, d_temp, stream); !ok) return ok;
+    if (auto ok = enqueue_matching(*view, d_temp, stream); !ok) return ok;
+    if (auto ok = enqueue_scoring(*view, d_temp, request.routing, stream); !ok) return ok;
+    if (auto ok = enqueue_topk(*view, d_temp, request.k, out, stream); !ok) return ok;
+    return index_->after_search(stream);
+  }
+
+  /// Searches one request and waits for the answer (the pipeline's own stream and temp storage).
+  expected<std::vector<ScoredAd>, Error> search(const Request& request) {
+    std::lock_guard lock(own_mutex_);
+    if (auto ok = search_async(request, own_temp_, own_temp_bytes_,
+                               {own_out_ids_, own_out_scores_, own_out_count_}, own_stream_);
+        !ok)
+      return unexpected(ok.error());
+    std::uint32_t count = 0;
+    KEVO_GPU_TRY(cudaMemcpyAsync(&count, own_out_count_, 4, cudaMemcpyDeviceToHost, own_stream_));
+    KEVO_GPU_TRY(cudaStreamSynchronize(own_stream_));
+    if (count == ~0u) return make_error("top-K candidate buffer overflowed (a bug)");
+    std::vector<std::uint32_t> ids(count);
+    std::vector<float> scores(count);
+    if (count) {
+      KEVO_GPU_TRY(cudaMemcpy(ids.data(), own_out_ids_, count * 4ull, cudaMemcpyDeviceToHost));
+      KEVO_GPU_TRY(cudaMemcpy(scores.data(), own_out_scores_, count * 4ull, cudaMemcpyDeviceToHost));
+    }
+    std::vector<ScoredAd> result(count);
+    for (std::uint32_t i = 0; i < count; ++i) result[i] = {ids[i], scores[i]};
+    return result;
+  }
+
+  /// Searches several requests one after another on the pipeline's stream.
+  expected<std::vector<std::vector<ScoredAd>>, Error> search_batch(std::span<const Request> requests) {
+    std::vector<std::vector<ScoredAd>> all;
+    for (const Request& r : requests) {
+      auto one = search(r);
+      if (!one) return unexpected(one.error());
+      all.push_back(std::move(*one));
+    }
+    return all;
+  }
+
+  // ---- the stages, for tests and benchmarks (search_async runs them in this order) ----
+
+  /// Resets top-K state, uploads features and query bits, runs towers and gating keys, sets the bitmap.
+  expected<void, Error> enqueue_prepare(const Request& request, void* d_temp, gpu_stream_t stream) {
+    const SearchTempLayout l = temp_layout();
+    auto* t = static_cast<unsigned char*>(d_temp);
+    Upload& up = uploads_[next_upload_++ % uploads_.size()];
+    KEVO_GPU_TRY(cudaEventSynchronize(up.done));  // its previous copy has left
+    auto* words = reinterpret_cast<std::uint32_t*>(up.host);
+    std::memcpy(words, request.features.data(), request.features.size() * 4);
+    std::uint32_t bits = 0;
+    std::uint32_t* bit_list = words + model_.features + 1;
+    std::vector<std::uint32_t> offsets(schema().category_values.size(), 0);
+    for (std::size_t c = 1; c < offsets.size(); ++c) offsets[c] = offsets[c - 1] + schema().category_values[c - 1];
+    for (const CategoryQuery& q : request.query)
+      for (std::uint32_t v : q.values)
+        if (bits < index_->total_query_bits()) bit_list[bits++] = offsets[q.category] + v;
+    words[model_.features] = bits;
+    KEVO_GPU_TRY(cudaMemsetAsync(t + l.state, 0, sizeof(TopKState), stream));
+    KEVO_GPU_TRY(cudaMemsetAsync(t + l.bitmap, 0, (index_->total_query_bits() + 31) / 32 * 4ull, stream));
+    KEVO_GPU_TRY(cudaMemcpyAsync(t + l.input, up.host, (model_.features + 1 + bits) * 4ull, cudaMemcpyHostToDevice, stream));
+    KEVO_GPU_TRY(cudaEventRecord(up.done, stream));
+    const auto* x = reinterpret_cast<const float*>(t + l.input);
+    auto* hidden = reinterpret_cast<float*>(t + l.hidden);
+    auto* u = reinterpret_cast<float*>(t + l.expert);
+    auto* vectors = reinterpret_cast<__half*>(t + l.vectors);
+    const int e = model_.experts, h = model_.hidden, d = model_.dim;
+    auto warps_grid = [](int rows) { return static_cast<unsigned>((rows * 32 + 255) / 256); };
+    kernels::tower_hidden<<<warps_grid(e * h), 256, 0, stream>>>(w1_, c1_, x, model_.features, e * h, hidden);
+    kernels::tower_expert<<<warps_grid(e * d), 256, 0, stream>>>(w2_, c2_, hidden, h, d, e * d, u);
+    kernels::tower_gate<<<warps_grid(kMaxGpuExperts * d), 256, 0, stream>>>(projection_, u, d, e, vectors);
+    kernels::query_set_bits<<<4, 256, 0, stream>>>(reinterpret_cast<const std::uint32_t*>(t + l.input) + model_.features + 1,
+                                                   reinterpret_cast<const std::uint32_t*>(t + l.input) + model_.features,
+                                                   reinterpret_cast<std::uint32_t*>(t + l.bitmap));
+    KEVO_GPU_TRY(cudaGetLastError());
+    return {};
+  }
+
+  /// Index matching: the eligible slots, and their count in the top-K state.
+  expected<void, Error> enqueue_matching(const IndexView& view, void* d_temp, gpu_stream_t stream) {
+    const SearchTempLayout l = temp_layout();
+    auto* t = static_cast<unsigned char*>(d_temp);
+    const QueryView query{reinterpret_cast<const std::uint32_t*>(t + l.bitmap), index_->category_offsets()};
+    const MatchingPolicy& p = options_.policy.matching;
+    const std::uint64_t tile = static_cast<std::uint64_t>(p.block_threads) * p.ads_per_thread;
+    const auto grid = static_cast<unsigned>(
+        std::max<std::uint64_t>(1, std::min<std::uint64_t>((view.slots + tile - 1) / tile, multiprocessors_ * 16ull)));
+    auto* list = reinterpret_cast<std::uint32_t*>(t + l.eligible);
+    auto* state = reinterpret_cast<TopKState*>(t + l.state);
+    const int c = schema().categories();
+    bool launched = false;
+    for_each_matching_variant([&](auto block_threads, auto ads_per_thread) {
+      if (block_threads() == p.block_threads && ads_per_thread() == p.ads_per_thread) {
+        kernels::matching<decltype(block_threads)::value, decltype(ads_per_thread)::value>
+            <<<grid, p.block_threads, 0, stream>>>(view, query, c, list, state);
+        launched = true;
+      }
+    });
+    if (!launched) return make_error("no prebuilt matching variant for " + to_string(p));
+    KEVO_GPU_TRY(cudaGetLastError());
+    return {};
+  }
+
+  /// Fused scoring of every eligible ad, with the level-0 top-K histogram.
+  expected<void, Error> enqueue_scoring(const IndexView& view, void* d_temp, int routing, gpu_stream_t stream) {
+    const SearchTempLayout l = temp_layout();
+    auto* t = static_cast<unsigned char*>(d_temp);
+    const ScoringPolicy& p = options_.policy.scoring;
+    const auto grid = static_cast<unsigned>(multiprocessors_ * p.blocks_per_sm);
+    const auto* vectors = reinterpret_cast<const __half*>(t + l.vectors);
+    const auto* list = reinterpret_cast<const std::uint32_t*>(t + l.eligible);
+    auto* state = reinterpret_cast<TopKState*>(t + l.state);
+    auto* keys = reinterpret_cast<std::uint32_t*>(t + l.keys);
+    auto* chunk_max = reinterpret_cast<std::uint32_t*>(t + l.chunk_max);
+    bool launched = false;
+    auto launch = [&]<int Threads, int Dim, EmbeddingType Type>() {
+      kernels::scoring<Threads, Dim, Type><<<grid, Threads, 0, stream>>>(view, vectors, list, state, keys, chunk_max,
+                                                                       routing, model_.experts, p.tiles_per_chunk);
+      launched = true;
+    };
+    const bool fp16 = schema().embedding_type == EmbeddingType::fp16;
+    const int d = model_.dim;
+    auto by_type = [&]<int Threads, int Dim>() {
+      if (fp16) launch.template operator()<Threads, Dim, EmbeddingType::fp16>();
+      else launch.template operator()<Threads, Dim, EmbeddingType::int8>();
+    };
+    auto by_dim = [&]<int Threads>() {
+      if (d == 64) by_type.template operator()<Threads, 64>();
+      else if (d == 128) by_type.template operator()<Threads, 128>();
+      else if (d == 256) by_type.template operator()<Threads, 256>();
+    };
+    if (p.block_threads == 128) by_dim.template operator()<128>();
+    else if (p.block_threads == 256) by_dim.template operator()<256>();
+    if (!launched) return make_error("no prebuilt scoring variant for " + to_string(p));
+    KEVO_GPU_TRY(cudaGetLastError());
+    return {};
+  }
+
+  /// Top-K from the scored keys: select, refine while crowded, compact, sort, decode.
+  expected<void, Error> enqueue_topk(const IndexView& view, void* d_temp, int k, SearchOutput out, gpu_stream_t stream) {
+    const SearchTempLayout l = temp_layout();
+    auto* t = static_cast<unsigned char*>(d_temp);
+    const TopKPolicy& p = options_.policy.topk;
+    constexpr int threads = 256;
+    auto* state = reinterpret_cast<TopKState*>(t + l.state);
+    const auto* list = reinterpret_cast<const std::uint32_t*>(t + l.eligible);
+    const auto* keys = reinterpret_cast<const std::uint32_t*>(t + l.keys);
+    const auto* chunk_max = reinterpret_cast<const std::uint32_t*>(t + l.chunk_max);
+    auto* candidates = reinterpret_cast<unsigned long long*>(t + l.candidates);
+    auto* sorted = reinterpret_cast<unsigned long long*>(t + l.sorted);
+    const auto kk = static_cast<std::uint32_t>(k);
+    const auto cap = static_cast<std::uint32_t>(p.boundary_cap);
+    const auto grid = static_cast<unsigned>(multiprocessors_ * 4);
+    kernels::topk_select<threads><<<1, threads, 0, stream>>>(state, 0, kk, cap);
+    for (int level = 1; level < kTopKLevels; ++level) {
+      kernels::topk_refine<threads><<<grid, threads, 0, stream>>>(view, list, keys, chunk_max, state, level, l.chunk_size);
+      kernels::topk_select<threads><<<1, threads, 0, stream>>>(state, level, kk, cap);
+    }
+    KEVO_GPU_TRY(cudaMemsetAsync(candidates, 0, l.candidate_capacity * 8ull, stream));
+    kernels::topk_compact<threads><<<grid, threads, 0, stream>>>(view, list, keys, chunk_max, state, l.chunk_size,
+                                                                 candidates, l.candidate_capacity);
+    std::size_t sort_bytes = l.sort_temp_bytes;
+    KEVO_GPU_TRY(gpu_cub::DeviceRadixSort::SortKeysDescending(t + l.sort_temp, sort_bytes, candidates, sorted,
+                                                               static_cast<int>(l.candidate_capacity), 0, 64, stream));
+    kernels::topk_finalize<<<(kk + 255) / 256, 256, 0, stream>>>(sorted, state, kk, out.ids, out.scores, out.count);
+    KEVO_GPU_TRY(cudaGetLastError());
+    return {};
+  }
+
+ private:
+  template <int V>
+  using constant = std::integral_constant<int, V>;
+  /// The prebuilt matching variants: every (block_threads, ads_per_thread) in the policy's domain.
+  template <class F>
+  static void for_each_matching_variant(F&& f) {
+    auto per_threads = [&](auto threads) {
+      f(threads, constant<1>{});
+      f(threads, constant<2>{});
+      f(threads, constant<4>{});
+      f(threads, constant<8>{});
+    };
+    per_threads(constant<128>{});
+    per_threads(constant<256>{});
+    per_threads(constant<512>{});
+  }
+
+  FusedRetrievalPipeline(std::unique_ptr<DeviceAdIndex> index, Model model, Options options)
+      : index_(std::move(index)), model_(std::move(model)), options_(options) {}
+
+  expected<void, Error> allocate() {
+    int device = 0;
+    KEVO_GPU_TRY(cudaGetDevice(&device));
+    KEVO_GPU_TRY(cudaDeviceGetAttribute(&multiprocessors_, cudaDevAttrMultiProcessorCount, device));
+    auto upload = [](float*& d, const std::vector<float>& h) -> expected<void, Error> {
+      KEVO_GPU_TRY(cudaMalloc(&d, h.size() * 4));
+      KEVO_GPU_TRY(cudaMemcpy(d, h.data(), h.size() * 4, cudaMemcpyHostToDevice));
+      return {};
+    };
+    for (auto [d, h] : {std::pair{&w1_, &model_.w1}, std::pair{&c1_, &model_.c1}, std::pair{&w2_, &model_.w2},
+                        std::pair{&c2_, &model_.c2}, std::pair{&projection_, &model_.gate_projection}})
+      if (auto ok = upload(*d, *h); !ok) return ok;
+    const std::size_t upload_bytes = temp_layout().input_words * 4ull;
+    for (Upload& u : uploads_) {
+      KEVO_GPU_TRY(cudaMallocHost(&u.host, upload_bytes));
+      KEVO_GPU_TRY(cudaEventCreateWithFlags(&u.done, cudaEventDisableTiming));
+      KEVO_GPU_TRY(cudaEventRecord(u.done, 0));
+    }
+    own_temp_bytes_ = search_temp_bytes();
+    KEVO_GPU_TRY(cudaMalloc(&own_temp_, own_temp_bytes_));
+    KEVO_GPU_TRY(cudaMalloc(&own_out_ids_, kMaxK * 4));
+    KEVO_GPU_TRY(cudaMalloc(&own_out_scores_, kMaxK * 4));
+    KEVO_GPU_TRY(cudaMalloc(&own_out_count_, 4));
+    KEVO_GPU_TRY(cudaStreamCreateWithFlags(&own_stream_, cudaStreamNonBlocking));
+    KEVO_GPU_TRY(cudaDeviceSynchronize());
+    return {};
+  }
+
+  struct Upload {
+    void* host = nullptr;
+    gpu_event_t done = nullptr;
+  };
+
+  std::unique_ptr<DeviceAdIndex> index_;
+  Model model_;
+  Options options_;
+  int multiprocessors_ = 0;
+  float *w1_ = nullptr, *c1_ = nullptr, *w2_ = nullptr, *c2_ = nullptr, *projection_ = nullptr;
+  std::vector<Upload> uploads_ = std::vector<Upload>(4);
+  std::size_t next_upload_ = 0;
+  std::mutex own_mutex_;
+  void* own_temp_ = nullptr;
+  std::size_t own_temp_bytes_ = 0;
+  std::uint32_t* own_out_ids_ = nullptr;
+  float* own_out_scores_ = nullptr;
+  std::uint32_t* own_out_count_ = nullptr;
+  gpu_stream_t own_stream_ = nullptr;
+};
+
+}  // namespace kevo::retrieval

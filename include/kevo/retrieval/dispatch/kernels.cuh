@@ -1,0 +1,238 @@
+// kevo/retrieval/dispatch/kernels.cuh: the pipeline's kernels, thin wrappers that map threads to
+// the agents' linear ids. Launch them through the pipeline (fused_retrieval_pipeline.cuh).
+#pragma once
+
+#include <cstdint>
+
+#include "kevo/retrieval/agent/matching.cuh"
+#include "kevo/retrieval/agent/request_vectors.cuh"
+#include "kevo/retrieval/agent/scoring.cuh"
+#include "kevo/retrieval/agent/topk.cuh"
+#include "kevo/retrieval/agent/views.cuh"
+
+namespace kevo::retrieval::kernels {
+
+// ---- request: user towers, gating keys, query bitmap ------------------------------------------
+
+/// hidden(E, H) = relu(W1 x + c1); one warp per row.
+__global__ void tower_hidden(const float* w1, const float* c1, const float* x, int features, int rows, float* hidden) {
+  const int row = static_cast<int>((blockIdx.x * blockDim.x + threadIdx.x) / 32);
+  if (row >= rows) return;
+  const float dot = warp_dot(w1 + static_cast<std::size_t>(row) * features, x, features, threadIdx.x % 32);
+  if (threadIdx.x % 32 == 0) hidden[row] = fmaxf(dot + c1[row], 0.0f);
+}
+
+/// u(E, d) = W2_e hidden_e + c2_e.
+__global__ void tower_expert(const float* w2, const float* c2, const float* hidden, int hidden_dim, int dim, int rows,
+                             float* u) {
+  const int row = static_cast<int>((blockIdx.x * blockDim.x + threadIdx.x) / 32);
+  if (row >= rows) return;
+  const int e = row / dim;
+  const float dot = warp_dot(w2 + static_cast<std::size_t>(row) * hidden_dim,
+                             hidden + static_cast<std::size_t>(e) * hidden_dim, hidden_dim, threadIdx.x % 32);
+  if (threadIdx.x % 32 == 0) u[row] = dot + c2[row];
+}
+
+/// vectors(16, d) fp16: rows 0..7 = u_e, rows 8..15 = g_e = P u_e / sqrt(d); experts >= E are zero.
+__global__ void tower_gate(const float* projection, const float* u, int dim, int experts, __half* vectors) {
+  const int row = static_cast<int>((blockIdx.x * blockDim.x + threadIdx.x) / 32);
+  if (row >= kMaxGpuExperts * dim) return;
+  const int e = row / dim, j = row % dim;
+  const int lane = threadIdx.x % 32;
+  if (e >= experts) {
+    if (lane == 0) vectors[row] = vectors[kMaxGpuExperts * dim + row] = __float2half_rn(0.0f);
+    return;
+  }
+  const float dot = warp_dot(projection + static_cast<std::size_t>(j) * dim, u + static_cast<std::size_t>(e) * dim,
+                             dim, lane);
+  if (lane == 0) {
+    vectors[kMaxGpuExperts * dim + row] = __float2half_rn(dot / sqrtf(static_cast<float>(dim)));
+    vectors[row] = __float2half_rn(u[row]);
+  }
+}
+
+/// Sets the request's (category, value) bits; the bitmap was cleared before.
+__global__ void query_set_bits(const std::uint32_t* bits, const std::uint32_t* count, std::uint32_t* bitmap) {
+  for (std::uint32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < *count; i += gridDim.x * blockDim.x)
+    atomicOr(bitmap + (bits[i] >> 5), 1u << (bits[i] & 31u));
+}
+
+// ---- index matching ----------------------------------------------------------------------------
+
+/// Appends every eligible slot to `eligible_list` and counts them in state->eligible_count.
+template <int BlockThreads, int AdsPerThread>
+__global__ void __launch_bounds__(BlockThreads)
+    matching(IndexView index, QueryView query, int categories, std::uint32_t* eligible_list, TopKState* state) {
+  using Agent = AgentMatching<BlockThreads, AdsPerThread>;
+  using Scan = gpu_cub::BlockScan<std::uint32_t, BlockThreads>;
+  __shared__ std::uint32_t offsets[32];
+  __shared__ typename Scan::TempStorage scan_storage;
+  __shared__ std::uint32_t block_base;
+  const int rank = static_cast<int>(threadIdx.x);
+  if (rank < 32) offsets[rank] = rank < categories ? query.category_offsets[rank] : 0u;
+  __syncthreads();
+  const Agent agent{index, query.bitmap, offsets};
+  for (std::uint64_t base = static_cast<std::uint64_t>(blockIdx.x) * Agent::tile_slots; base < index.slots;
+       base += static_cast<std::uint64_t>(gridDim.x) * Agent::tile_slots) {
+    const std::uint32_t flags = agent.test_tile(rank, base);
+    std::uint32_t offset = 0, total = 0;
+    Scan(scan_storage).ExclusiveSum(static_cast<std::uint32_t>(__popc(flags)), offset, total);
+    if (rank == 0) block_base = atomicAdd(&state->eligible_count, total);
+    __syncthreads();
+    std::uint32_t out = block_base + offset;
+#pragma unroll
+    for (int j = 0; j < AdsPerThread; ++j)
+      if ((flags >> j) & 1u) eligible_list[out++] = static_cast<std::uint32_t>(base + j * BlockThreads + rank);
+    __syncthreads();  // block_base and the scan storage are reused by the next tile
+  }
+}
+
+// ---- fused scoring -----------------------------------------------------------------------------
+
+/// Scores every eligible ad: keys[pos] = score_key(score of eligible_list[pos]); fills the level-0
+/// top-K histogram and each chunk's largest key. Each warp takes whole chunks of 16-ad tiles.
+template <int BlockThreads, int Dim, EmbeddingType Type>
+__global__ void __launch_bounds__(BlockThreads)
+    scoring(IndexView index, const __half* vectors, const std::uint32_t* eligible_list, TopKState* state,
+            std::uint32_t* keys, std::uint32_t* chunk_max, int routing, int experts, int tiles_per_chunk) {
+  __shared__ ScoringFragments<Dim> fragments;
+  __shared__ std::uint32_t histogram[kTopKBins];
+  const int rank = static_cast<int>(threadIdx.x);
+  for (int i = rank; i < kTopKBins; i += BlockThreads) histogram[i] = 0;
+  load_scoring_fragments<Dim>(fragments, vectors, rank, BlockThreads);
+  __syncthreads();
+
+  const AgentScoring<Dim, Type> agent{index, &fragments, routing, experts};
+  const std::uint32_t count = state->eligible_count;
+  const std::uint32_t chunk_size = 16u * static_cast<std::uint32_t>(tiles_per_chunk);
+  const std::uint32_t chunks = (count + chunk_size - 1) / chunk_size;
+  constexpr int warps = BlockThreads / 32;
+  const int lane = rank % 32, group = lane / 4, quad = lane % 4;
+  for (std::uint32_t chunk = blockIdx.x * warps + rank / 32; chunk < chunks; chunk += gridDim.x * warps) {
+    const std::uint32_t begin = chunk * chunk_size, end = min(count, begin + chunk_size);
+    std::uint32_t largest = 0;
+    for (std::uint32_t tile = begin; tile < end; tile += 16) {
+      const std::uint32_t pos_lo = tile + group, pos_hi = tile + group + 8;
+      const bool valid_lo = pos_lo < end, valid_hi = pos_hi < end;
+      const std::uint32_t slot_lo = valid_lo ? __ldg(eligible_list + pos_lo) : 0u;
+      const std::uint32_t slot_hi = valid_hi ? __ldg(eligible_list + pos_hi) : 0u;
+      const float score = agent.score_tile(lane, slot_lo, slot_hi, valid_lo, valid_hi);
+      const std::uint32_t pos = (quad & 1) ? pos_hi : pos_lo;
+      if (quad < 2 && pos < end) {
+        const std::uint32_t key = score_key(score);
+        keys[pos] = key;
+        atomicAdd(&histogram[key >> 20], 1u);
+        largest = max(largest, key);
+      }
+    }
+    largest = __reduce_max_sync(0xffffffffu, largest);
+    if (lane == 0) chunk_max[chunk] = largest;
+  }
+  __syncthreads();
+  for (int i = rank; i < kTopKBins; i += BlockThreads)
+    if (histogram[i]) atomicAdd(&state->histogram[0][i], histogram[i]);
+}
+
+// ---- top-K -------------------------------------------------------------------------------------
+
+/// Resolves one level of the radix select (one block).
+template <int BlockThreads>
+__global__ void __launch_bounds__(BlockThreads) topk_select(TopKState* state, int level, std::uint32_t k, std::uint32_t cap) {
+  using Agent = AgentTopKSelect<BlockThreads>;
+  __shared__ typename Agent::TempStorage storage;
+  if (state->done) return;
+  Agent::select(static_cast<int>(threadIdx.x), state, level, k, cap, storage);
+}
+
+/// Histograms the next digit of the ads that share the resolved prefix (skipped once done).
+template <int BlockThreads>
+__global__ void __launch_bounds__(BlockThreads)
+    topk_refine(IndexView index, const std::uint32_t* eligible_list, const std::uint32_t* keys,
+                const std::uint32_t* chunk_max, TopKState* state, int level, std::uint32_t chunk_size) {
+  __shared__ std::uint32_t histogram[kTopKBins];
+  if (state->done) return;
+  const int rank = static_cast<int>(threadIdx.x);
+  for (int i = rank; i < kTopKBins; i += BlockThreads) histogram[i] = 0;
+  __syncthreads();
+  const unsigned long long prefix = state->prefix;
+  const int prefix_shift = topk_level_shift(level - 1), shift = topk_level_shift(level);
+  const std::uint64_t digit_mask = (1ull << topk_level_bits(level)) - 1ull;
+  const std::uint32_t count = state->eligible_count;
+  const std::uint32_t chunks = (count + chunk_size - 1) / chunk_size;
+  for (std::uint32_t chunk = blockIdx.x; chunk < chunks; chunk += gridDim.x) {
+    if ((chunk_ranking_bound(chunk_max[chunk]) >> prefix_shift) < prefix) continue;
+    const std::uint32_t end = min(count, (chunk + 1) * chunk_size);
+    for (std::uint32_t pos = chunk * chunk_size + rank; pos < end; pos += BlockThreads) {
+      const std::uint32_t key = keys[pos];
+      if ((chunk_ranking_bound(key) >> prefix_shift) < prefix) continue;
+      const std::uint64_t ranking =
+          shift < 32 ? ranking_key(key, index.ids[eligible_list[pos]]) : static_cast<std::uint64_t>(key) << 32;
+      if ((ranking >> prefix_shift) == prefix) atomicAdd(&histogram[(ranking >> shift) & digit_mask], 1u);
+    }
+  }
+  __syncthreads();
+  for (int i = rank; i < kTopKBins; i += BlockThreads)
+    if (histogram[i]) atomicAdd(&state->histogram[level][i], histogram[i]);
+}
+
+/// Appends the ranking key of every ad at or above the threshold to `candidates`.
+template <int BlockThreads>
+__global__ void __launch_bounds__(BlockThreads)
+    topk_compact(IndexView index, const std::uint32_t* eligible_list, const std::uint32_t* keys,
+                 const std::uint32_t* chunk_max, TopKState* state, std::uint32_t chunk_size,
+                 unsigned long long* candidates, std::uint32_t capacity) {
+  const unsigned long long threshold = state->threshold;
+  const std::uint32_t count = state->eligible_count;
+  const std::uint32_t chunks = (count + chunk_size - 1) / chunk_size;
+  const int rank = static_cast<int>(threadIdx.x);
+  for (std::uint32_t chunk = blockIdx.x; chunk < chunks; chunk += gridDim.x) {
+    if (chunk_ranking_bound(chunk_max[chunk]) < threshold) continue;
+    const std::uint32_t end = min(count, (chunk + 1) * chunk_size);
+    for (std::uint32_t pos = chunk * chunk_size + rank; pos < end; pos += BlockThreads) {
+      const std::uint32_t key = keys[pos];
+      if (chunk_ranking_bound(key) < threshold) continue;
+      const std::uint64_t ranking = ranking_key(key, index.ids[eligible_list[pos]]);
+      if (ranking < threshold) continue;
+      const std::uint32_t at = atomicAdd(&state->candidate_count, 1u);
+      if (at < capacity) candidates[at] = ranking;
+      else state->overflow = 1;
+    }
+  }
+}
+
+/// Decodes the first min(K, eligible) sorted keys into (id, score); count is ~0u if top-K overflowed.
+__global__ void topk_finalize(const unsigned long long* sorted, const TopKState* state, std::uint32_t k,
+                              std::uint32_t* out_ids, float* out_scores, std::uint32_t* out_count) {
+  const std::uint32_t n = min(k, state->eligible_count);
+  for (std::uint32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+    const unsigned long long ranking = sorted[i];
+    out_ids[i] = ~static_cast<std::uint32_t>(ranking);
+    out_scores[i] = score_from_key(static_cast<std::uint32_t>(ranking >> 32));
+  }
+  if (blockIdx.x == 0 && threadIdx.x == 0) *out_count = state->overflow ? ~0u : n;
+}
+
+// ---- index updates -----------------------------------------------------------------------------
+
+/// Writes a batch of ads into their slots: one warp per ad copies the embedding row (if given).
+__global__ void scatter_ads(std::uint32_t count, const std::uint32_t* slots, const std::uint32_t* ids,
+                            const std::uint32_t* targeting, const float* bias, const float* scale,
+                            const uint4* rows, int row_vectors, std::uint32_t* index_ids,
+                            std::uint32_t* index_targeting, float* index_bias, float* index_scale,
+                            uint4* index_embeddings) {
+  const std::uint32_t ad = (blockIdx.x * blockDim.x + threadIdx.x) / 32;
+  const int lane = static_cast<int>(threadIdx.x % 32);
+  if (ad >= count) return;
+  const std::uint32_t slot = slots[ad];
+  if (rows)
+    for (int i = lane; i < row_vectors; i += 32)
+      index_embeddings[static_cast<std::uint64_t>(slot) * row_vectors + i] = rows[static_cast<std::uint64_t>(ad) * row_vectors + i];
+  if (lane == 0) {
+    if (ids) index_ids[slot] = ids[ad];
+    if (bias) index_bias[slot] = bias[ad];
+    if (scale && index_scale) index_scale[slot] = scale[ad];
+    index_targeting[slot] = targeting[ad];
+  }
+}
+
+}  // namespace kevo::retrieval::kernels

@@ -1,0 +1,296 @@
+// The GPU retrieval pipeline against the CPU reference: matching, towers, fused scoring (fp16 and
+// int8), top-K, the whole pipeline, and updates during search. Every output buffer is poisoned
+// first and every element is checked. Exits 77 (ctest: skipped) where no GPU exists.
+#define CATCH_CONFIG_RUNNER
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdio>
+#include <set>
+#include <thread>
+
+#include "kevo/retrieval/dispatch/fused_retrieval_pipeline.cuh"
+#include "kevo/retrieval/retrieval.hpp"
+
+using namespace kevo::retrieval;
+
+namespace {
+
+WorkloadOptions small_options(std::uint64_t seed, EmbeddingType type, int dim = 128) {
+  return {.seed = seed, .dim = dim, .features = 64, .hidden = 64, .embedding_type = type};
+}
+
+/// A pool loaded both on the host (for the reference) and on the device.
+struct Loaded {
+  Workload workload;
+  HostAdPool host;
+  std::unique_ptr<FusedRetrievalPipeline> pipeline;
+  Loaded(WorkloadOptions options, int n, PipelinePolicy policy = {})
+      : workload(options), host(workload.schema()) {
+    auto p = FusedRetrievalPipeline::create(workload.schema(), workload.model(),
+                                            {.capacity = static_cast<std::size_t>(n) + 1024, .policy = policy});
+    REQUIRE(p);
+    pipeline = std::move(*p);
+    std::vector<AdRecord> batch;
+    for (int i = 0; i < n; ++i) {
+      batch.push_back(workload.ad(static_cast<std::uint64_t>(i)));
+      REQUIRE(host.upsert(batch.back()));
+      if (batch.size() == 20000 || i == n - 1) {
+        auto ok = pipeline->index().upsert(batch);
+        INFO((ok ? "" : ok.error().message));
+        REQUIRE(ok);
+        batch.clear();
+      }
+    }
+  }
+};
+
+template <class T>
+std::vector<T> download(const void* device, std::size_t count) {
+  std::vector<T> host(count);
+  if (count) KEVO_GPU_ASSERT(cudaMemcpy(host.data(), device, count * sizeof(T), cudaMemcpyDeviceToHost));
+  return host;
+}
+
+struct Stages {
+  void* temp = nullptr;
+  SearchTempLayout layout{};
+  cudaStream_t stream = nullptr;
+  explicit Stages(FusedRetrievalPipeline& p) : layout(p.temp_layout()) {
+    KEVO_GPU_ASSERT(cudaMalloc(&temp, layout.total));
+    KEVO_GPU_ASSERT(cudaMemset(temp, 0xab, layout.total));  // poison everything
+    KEVO_GPU_ASSERT(cudaStreamCreate(&stream));
+  }
+  ~Stages() {
+    cudaFree(temp);
+    cudaStreamDestroy(stream);
+  }
+  unsigned char* at(std::size_t offset) const { return static_cast<unsigned char*>(temp) + offset; }
+  TopKState state() const { return download<TopKState>(at(layout.state), 1)[0]; }
+};
+
+/// The device's fp16 u and g as reference vectors, so that scoring is checked on identical inputs.
+RequestVectors device_vectors(const Stages& s, const Model& model) {
+  const auto halves = download<std::uint16_t>(s.at(s.layout.vectors), 2ull * kMaxGpuExperts * model.dim);
+  RequestVectors v{model.experts, model.dim, {}, {}};
+  for (int e = 0; e < model.experts; ++e)
+    for (int k = 0; k < model.dim; ++k) {
+      v.expert.push_back(half_to_float(halves[static_cast<std::size_t>(e) * model.dim + k]));
+      v.gate.push_back(half_to_float(halves[static_cast<std::size_t>(kMaxGpuExperts + e) * model.dim + k]));
+    }
+  return v;
+}
+
+}  // namespace
+
+TEST_CASE("matching and towers agree with the reference", "[cuda][matching]") {
+  const int n = GENERATE(1000, 70001, 300000);
+  const std::uint64_t seed = GENERATE(1, 2);
+  Loaded pool(small_options(seed, EmbeddingType::fp16), n);
+  for (RequestKind kind : {RequestKind::typical, RequestKind::broad, RequestKind::narrow}) {
+    const Request request = pool.workload.request(seed, kind);
+    Stages s(*pool.pipeline);
+    auto lock = pool.pipeline->index().search_lock();
+    auto view = pool.pipeline->index().before_search(s.stream);
+    REQUIRE(view);
+    REQUIRE(pool.pipeline->enqueue_prepare(request, s.temp, s.stream));
+    REQUIRE(pool.pipeline->enqueue_matching(*view, s.temp, s.stream));
+    KEVO_GPU_ASSERT(cudaStreamSynchronize(s.stream));
+    const TopKState state = s.state();
+    const auto list = download<std::uint32_t>(s.at(s.layout.eligible), state.eligible_count);
+    const QuerySets q(pool.host.schema().categories(), request.query);
+    std::vector<std::uint32_t> expected;
+    for (std::size_t slot = 0; slot < pool.host.slots(); ++slot)
+      if (is_eligible(pool.host, slot, q)) expected.push_back(static_cast<std::uint32_t>(slot));
+    std::vector<std::uint32_t> got(list.begin(), list.end());
+    std::sort(got.begin(), got.end());
+    INFO("n " << n << " seed " << seed << " kind " << int(kind) << " eligible " << expected.size());
+    REQUIRE(got == expected);  // every written entry a distinct eligible slot, none missing
+    REQUIRE(!expected.empty());
+
+    // Towers: each fp16 value within one fp16 rounding step of the reference's.
+    const RequestVectors ref = compute_request_vectors(pool.workload.model(), request.features);
+    const RequestVectors dev = device_vectors(s, pool.workload.model());
+    for (std::size_t i = 0; i < ref.expert.size(); ++i) {
+      REQUIRE(std::fabs(dev.expert[i] - ref.expert[i]) <= 1e-3f * (1 + std::fabs(ref.expert[i])));
+      REQUIRE(std::fabs(dev.gate[i] - ref.gate[i]) <= 1e-3f * (1 + std::fabs(ref.gate[i])));
+    }
+  }
+}
+
+TEST_CASE("fused scoring agrees with the reference for every eligible ad", "[cuda][scoring]") {
+  const EmbeddingType type = GENERATE(EmbeddingType::fp16, EmbeddingType::int8);
+  const int dim = GENERATE(64, 128, 256);
+  const int routing = GENERATE(1, 2, 8);
+  const int threads = GENERATE(128, 256);
+  PipelinePolicy policy;
+  policy.scoring.block_threads = threads;
+  policy.scoring.tiles_per_chunk = threads == 128 ? 4 : 16;
+  Loaded pool(small_options(static_cast<std::uint64_t>(dim + routing), type, dim), 40000, policy);
+  const Request request = pool.workload.request(3, RequestKind::broad, 100, routing);
+  Stages s(*pool.pipeline);
+  KEVO_GPU_ASSERT(cudaMemset(s.at(s.layout.keys), 0, pool.pipeline->index().capacity() * 4));  // key 0 never occurs
+  auto lock = pool.pipeline->index().search_lock();
+  auto view = pool.pipeline->index().before_search(s.stream);
+  REQUIRE(view);
+  REQUIRE(pool.pipeline->enqueue_prepare(request, s.temp, s.stream));
+  REQUIRE(pool.pipeline->enqueue_matching(*view, s.temp, s.stream));
+  REQUIRE(pool.pipeline->enqueue_scoring(*view, s.temp, routing, s.stream));
+  KEVO_GPU_ASSERT(cudaStreamSynchronize(s.stream));
+  const TopKState state = s.state();
+  const auto list = download<std::uint32_t>(s.at(s.layout.eligible), state.eligible_count);
+  const auto keys = download<std::uint32_t>(s.at(s.layout.keys), state.eligible_count);
+  const RequestVectors v = device_vectors(s, pool.workload.model());
+  INFO("type " << to_string(type) << " d " << dim << " routing " << routing << " threads " << threads);
+  REQUIRE(state.eligible_count > 30000u);
+  std::vector<std::uint32_t> histogram(kTopKBins, 0);
+  for (std::size_t pos = 0; pos < list.size(); ++pos) {
+    REQUIRE(keys[pos] != 0u);
+    const float score = score_from_key(keys[pos]);
+    const ReferenceScore ref = reference_score(pool.host, list[pos], v, routing);
+    const bool close = std::fabs(score - ref.score) <= score_tolerance(ref.score) ||
+                       (ref.ambiguous && std::fabs(score - ref.alternative) <= score_tolerance(ref.alternative));
+    INFO("slot " << list[pos] << " score " << score << " reference " << ref.score);
+    REQUIRE(close);
+    ++histogram[keys[pos] >> 20];
+  }
+  for (int b = 0; b < kTopKBins; ++b) REQUIRE(state.histogram[0][b] == histogram[static_cast<std::size_t>(b)]);
+  const std::uint32_t chunk = s.layout.chunk_size;
+  const auto chunk_max = download<std::uint32_t>(s.at(s.layout.chunk_max), (list.size() + chunk - 1) / chunk);
+  for (std::size_t c = 0; c < chunk_max.size(); ++c) {
+    const auto begin = keys.begin() + static_cast<std::ptrdiff_t>(c * chunk);
+    const auto end = keys.begin() + static_cast<std::ptrdiff_t>(std::min<std::size_t>(keys.size(), (c + 1) * chunk));
+    REQUIRE(chunk_max[c] == *std::max_element(begin, end));
+  }
+}
+
+TEST_CASE("the whole pipeline agrees with the reference", "[cuda][pipeline]") {
+  const EmbeddingType type = GENERATE(EmbeddingType::fp16, EmbeddingType::int8);
+  const int n = GENERATE(5000, 250000);
+  const std::uint64_t seed = GENERATE(7, 8);
+  Loaded pool(small_options(seed, type), n);
+  for (RequestKind kind : {RequestKind::typical, RequestKind::broad, RequestKind::narrow}) {
+    for (int k : {1, 100, 1000, 4096}) {
+      for (int routing : {1, 2, 8}) {
+        const Request request = pool.workload.request(seed * 31 + static_cast<std::uint64_t>(k), kind, k, routing);
+        auto top = pool.pipeline->search(request);
+        REQUIRE(top);
+        const RequestVectors v = compute_request_vectors(pool.workload.model(), request.features);
+        auto ok = compare_with_reference(pool.host, v, request, *top);
+        INFO("type " << to_string(type) << " n " << n << " seed " << seed << " kind " << int(kind) << " k " << k
+                     << " routing " << routing << ": " << (ok ? "ok" : ok.error().message));
+        REQUIRE(ok);
+      }
+    }
+  }
+}
+
+TEST_CASE("ties are broken by lower id, through every radix-select level", "[cuda][topk]") {
+  // 30000 ads with one embedding and bias: every score ties, so the K-th key is resolved in the id bits.
+  Workload w(small_options(3, EmbeddingType::fp16));
+  auto p = FusedRetrievalPipeline::create(w.schema(), w.model(), {.capacity = 40000});
+  REQUIRE(p);
+  AdRecord same = w.ad(0);
+  same.clauses.clear();
+  same.live = true;
+  std::vector<AdRecord> ads;
+  for (std::uint32_t i = 0; i < 30000; ++i) {
+    same.id = 1000000u - 7u * i;  // ids not in slot order
+    ads.push_back(same);
+  }
+  REQUIRE((*p)->index().upsert(ads));
+  for (int k : {1, 777, 4096}) {
+    auto top = (*p)->search(w.request(1, RequestKind::typical, k));
+    REQUIRE(top);
+    REQUIRE(top->size() == static_cast<std::size_t>(k));
+    for (int i = 0; i < k; ++i) {
+      REQUIRE((*top)[static_cast<std::size_t>(i)].id == 1000000u - 7u * 29999u + 7u * static_cast<std::uint32_t>(i));
+      REQUIRE((*top)[static_cast<std::size_t>(i)].score == (*top)[0].score);
+    }
+  }
+}
+
+TEST_CASE("bad requests come back as errors", "[cuda][pipeline]") {
+  Loaded pool(small_options(5, EmbeddingType::fp16), 100);
+  Request r = pool.workload.request(0);
+  r.k = 5000;
+  auto top = pool.pipeline->search(r);
+  REQUIRE(!top);
+  CHECK_THAT(top.error().message, Catch::Contains("K out of range"));
+  r = pool.workload.request(0);
+  r.query.push_back({99, {0}});
+  CHECK(!pool.pipeline->search(r));
+  r = pool.workload.request(0);
+  r.features.resize(3);
+  CHECK(!pool.pipeline->search(r));
+}
+
+TEST_CASE("updates during search are never torn and are seen once applied", "[cuda][updates]") {
+  const EmbeddingType type = GENERATE(EmbeddingType::fp16, EmbeddingType::int8);
+  Loaded pool(small_options(11, type), 20000);
+  constexpr int hot = 300, versions = 40;
+  const Workload& w = pool.workload;
+  // Version v of hot ad j: its own random embedding, bias 20 + v, ANY targeting: always in the top-K.
+  auto hot_ad = [&](int j, int v) {
+    AdRecord ad = w.ad(static_cast<std::uint64_t>(100000 + j * versions + v));
+    ad.id = 5000000u + static_cast<std::uint32_t>(j);
+    ad.bias = 20.0f + static_cast<float>(v);
+    ad.clauses.clear();
+    ad.live = true;
+    return ad;
+  };
+  const Request request = w.request(2, RequestKind::typical, hot);
+  const RequestVectors vectors = compute_request_vectors(w.model(), request.features);
+  std::vector<std::vector<double>> expected(hot, std::vector<double>(versions));
+  for (int v = 0; v < versions; ++v) {
+    HostAdPool version_pool(w.schema());
+    for (int j = 0; j < hot; ++j) REQUIRE(version_pool.upsert(hot_ad(j, v)));
+    for (int j = 0; j < hot; ++j) expected[j][v] = reference_score(version_pool, static_cast<std::size_t>(j), vectors, 2).score;
+  }
+  std::atomic<int> committed{-1};
+  std::atomic<bool> stop{false};
+  std::thread writer([&] {
+    for (int v = 0; v < versions; ++v) {
+      std::vector<AdRecord> batch;
+      for (int j = 0; j < hot; ++j) batch.push_back(hot_ad(j, v));
+      if (!pool.pipeline->index().upsert(batch)) break;
+      committed = v;
+    }
+    stop = true;
+  });
+  int searches = 0, torn = 0, stale = 0, missing = 0;
+  while (!stop || searches < 5) {
+    const int before = committed.load();
+    auto top = pool.pipeline->search(request);
+    REQUIRE(top);
+    ++searches;
+    if (before < 0) continue;
+    if (top->size() != static_cast<std::size_t>(hot)) ++missing;
+    for (const ScoredAd& r : *top) {
+      if (r.id < 5000000u || r.id >= 5000000u + hot) { ++missing; continue; }
+      const int j = static_cast<int>(r.id - 5000000u);
+      int version = -1;
+      for (int v = 0; v < versions; ++v)
+        if (std::fabs(r.score - expected[j][v]) <= score_tolerance(expected[j][v])) version = v;
+      if (version < 0) ++torn;
+      else if (version < before) ++stale;
+    }
+  }
+  writer.join();
+  INFO("searches " << searches);
+  CHECK(committed.load() == versions - 1);
+  CHECK(searches >= 5);
+  CHECK(torn == 0);
+  CHECK(stale == 0);
+  CHECK(missing == 0);
+}
+
+int main(int argc, char** argv) {
+  if (gpu_device_count() == 0) {
+    std::puts("retrieval_pipeline.test: no GPU here, skipping");
+    return 77;
+  }
+  return Catch::Session().run(argc, argv);
+}
