@@ -183,11 +183,14 @@ class LlmClient {
     std::size_t in_flight = 0;
     std::deque<std::shared_ptr<Waiter>> waiters;
 
-    void log(std::string line) const {
-      if (!options.log) return;
+    /// Removes the key from text that came back from the server (some echo it in error bodies).
+    std::string redact(std::string text) const {
       if (!api_key.empty())
-        for (std::size_t at; (at = line.find(api_key)) != std::string::npos;) line.replace(at, api_key.size(), "[redacted]");
-      options.log(line);
+        for (std::size_t at; (at = text.find(api_key)) != std::string::npos;) text.replace(at, api_key.size(), "[redacted]");
+      return text;
+    }
+    void log(const std::string& line) const {
+      if (options.log) options.log(redact(line));
     }
   };
 
@@ -206,6 +209,7 @@ class LlmClient {
 
   static Result fail(State& s, LlmErrorKind kind, std::string message, int status, int attempts) {
     s.meter.record_failure();
+    message = s.redact(std::move(message));  // error texts get logged and stored by callers
     s.log(fmt::format("LLM request failed ({}): {}", to_string(kind), message));
     return Result(make_llm_error(kind, std::move(message), status, attempts));
   }

@@ -1,0 +1,547 @@
+// The LLM client and synthesizer against a real HTTP server on 127.0.0.1: a Beast server on an
+// ephemeral port, in a thread of this process, replays recorded exchanges (tests/data/llm/) and
+// injects faults. Each fault must end in its documented, bounded outcome.
+#pragma GCC diagnostic ignored "-Wmissing-field-initializers"  // designated initializers name only what matters
+#include <kevo/net/llm_client.hpp>
+#include <kevo/synth/llm_synthesizer.hpp>
+
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
+#include <catch2/catch.hpp>
+
+#include <atomic>
+#include <chrono>
+#include <cstdlib>
+#include <deque>
+#include <fstream>
+#include <mutex>
+#include <sstream>
+#include <thread>
+
+using namespace kevo;
+using namespace std::chrono_literals;
+namespace asio = boost::asio;
+namespace beast = boost::beast;
+namespace http = beast::http;
+using asio::ip::tcp;
+using net::LlmErrorKind;
+using net::WireFormat;
+
+namespace {
+
+std::string recorded(std::string_view name) {
+  std::ifstream in(std::string(KEVO_TEST_DATA_DIR) + "/llm/" + std::string(name), std::ios::binary);
+  REQUIRE(in);
+  std::ostringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+/// One scripted reply: a status and body, or a fault.
+struct Reply {
+  enum class Fault { none, reset, slow_body };
+  unsigned status = 200;
+  std::string body;
+  std::vector<std::pair<std::string, std::string>> headers;
+  Fault fault = Fault::none;
+  std::chrono::milliseconds delay{0};  ///< before the response (none) or between headers and body (slow_body)
+};
+
+struct Received {
+  std::string target;
+  std::map<std::string, std::string> headers;  // lowercase names
+  std::string body;
+};
+
+/// A blocking HTTP/1.1 server: one thread accepts, one thread per connection answers.
+class LoopbackServer {
+ public:
+  LoopbackServer() : acceptor_(io_, tcp::endpoint(asio::ip::make_address("127.0.0.1"), 0)) {
+    port_ = acceptor_.local_endpoint().port();
+    accept_thread_ = std::thread([this] { accept_loop(); });
+  }
+  ~LoopbackServer() {
+    stopping_ = true;
+    beast::error_code ignored;
+    tcp::socket poke(io_);  // wakes the blocking accept
+    poke.connect(tcp::endpoint(asio::ip::make_address("127.0.0.1"), port_), ignored);
+    accept_thread_.join();
+    std::lock_guard lock(mutex_);
+    for (auto& t : connections_) t.join();
+  }
+
+  void script(std::vector<Reply> replies) {
+    std::lock_guard lock(mutex_);
+    for (auto& r : replies) replies_.push_back(std::move(r));
+  }
+  /// Every later request gets this reply, once the script runs out.
+  void always(Reply r) {
+    std::lock_guard lock(mutex_);
+    fallback_ = std::move(r);
+  }
+  std::vector<Received> received() {
+    std::lock_guard lock(mutex_);
+    return received_;
+  }
+  int max_concurrent() const { return max_concurrent_; }
+  std::string url() const { return fmt::format("http://127.0.0.1:{}", port_); }
+
+ private:
+  void accept_loop() {
+    while (true) {
+      tcp::socket socket(io_);
+      beast::error_code ec;
+      acceptor_.accept(socket, ec);
+      if (stopping_) return;
+      if (ec) continue;
+      std::lock_guard lock(mutex_);
+      connections_.emplace_back([this, s = std::move(socket)]() mutable { serve(std::move(s)); });
+    }
+  }
+
+  void serve(tcp::socket socket) {
+    beast::flat_buffer buffer;
+    http::request<http::string_body> req;
+    beast::error_code ec;
+    http::read(socket, buffer, req, ec);
+    if (ec) return;
+    const int now = ++concurrent_;
+    for (int seen = max_concurrent_; now > seen && !max_concurrent_.compare_exchange_weak(seen, now);) {
+    }
+    Reply reply;
+    {
+      std::lock_guard lock(mutex_);
+      Received r{std::string(req.target()), {}, req.body()};
+      for (const auto& field : req) {
+        std::string name(field.name_string());
+        for (char& c : name) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+        r.headers[name] = std::string(field.value());
+      }
+      received_.push_back(std::move(r));
+      if (!replies_.empty()) {
+        reply = std::move(replies_.front());
+        replies_.pop_front();
+      } else if (fallback_) {
+        reply = *fallback_;
+      } else {
+        reply = Reply{.status = 500, .body = R"({"error":{"message":"the test script ran out of replies"}})"};
+      }
+    }
+    // A server that echoes the caller's key (as some error bodies do) must not leak it further.
+    const std::string key = req.count(http::field::authorization)
+                                ? std::string(req[http::field::authorization]).substr(7)
+                                : std::string(req["x-api-key"]);
+    for (std::size_t at; (at = reply.body.find("${API_KEY}")) != std::string::npos;) reply.body.replace(at, 10, key);
+
+    if (reply.fault == Reply::Fault::reset) {
+      socket.set_option(asio::socket_base::linger(true, 0), ec);  // close with RST
+      socket.close(ec);
+      --concurrent_;
+      return;
+    }
+    if (reply.fault == Reply::Fault::none) std::this_thread::sleep_for(reply.delay);
+    http::response<http::string_body> res{static_cast<http::status>(reply.status), 11};
+    res.set(http::field::content_type, "application/json");
+    for (const auto& [name, value] : reply.headers) res.set(name, value);
+    res.body() = reply.body;
+    res.prepare_payload();
+    if (reply.fault == Reply::Fault::slow_body) {
+      http::response_serializer<http::string_body> sr{res};
+      http::write_header(socket, sr, ec);
+      std::this_thread::sleep_for(reply.delay);
+      http::write(socket, sr, ec);
+    } else {
+      http::write(socket, res, ec);
+    }
+    --concurrent_;
+    socket.shutdown(tcp::socket::shutdown_send, ec);
+    // Drain until the client closes, so our close does not turn into a reset.
+    char sink[256];
+    while (!ec) socket.read_some(asio::buffer(sink), ec);
+  }
+
+  asio::io_context io_;
+  tcp::acceptor acceptor_;
+  unsigned short port_ = 0;
+  std::atomic<bool> stopping_{false};
+  std::thread accept_thread_;
+  std::mutex mutex_;
+  std::vector<std::thread> connections_;
+  std::deque<Reply> replies_;
+  std::optional<Reply> fallback_;
+  std::vector<Received> received_;
+  std::atomic<int> concurrent_{0}, max_concurrent_{0};
+};
+
+constexpr const char* key_variable = "KEVO_TEST_LLM_KEY";
+constexpr const char* secret_key = "sk-kevo-test-0123456789abcdef";
+
+/// Options for quick tests: short timeouts and backoffs, a log that we inspect.
+net::LlmClientOptions quick_options(const LoopbackServer& server, WireFormat format, std::vector<std::string>* log) {
+  ::setenv(key_variable, secret_key, 1);
+  net::LlmClientOptions o;
+  o.base_url = format == WireFormat::openai ? server.url() + "/v1" : server.url();  // both URL conventions
+  o.wire_format = format;
+  o.model = "kevo-test-model";
+  o.api_key_env = key_variable;
+  o.timeouts = {.connect = 2000ms, .write = 2000ms, .read = 2000ms, .request = 10'000ms};
+  o.retry = {.max_attempts = 4, .initial_backoff = 20ms, .max_backoff = 100ms, .max_retry_after = 2000ms};
+  o.jitter_seed = 7;
+  if (log) o.log = [log](std::string_view line) { log->emplace_back(line); };
+  return o;
+}
+
+std::string rewrite_file(WireFormat f) { return f == WireFormat::openai ? "openai/rewrite.json" : "anthropic/rewrite.json"; }
+
+net::ChatRequest hello() { return {.system = "You write kernels.", .messages = {{"user", "Make it faster."}}, .max_tokens = 777}; }
+
+bool contains(std::string_view text, std::string_view part) { return text.find(part) != std::string_view::npos; }
+
+double seconds_since(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
+
+}  // namespace
+
+TEST_CASE("a recorded answer round-trips in each wire format") {
+  const auto format = GENERATE(WireFormat::openai, WireFormat::anthropic);
+  LoopbackServer server;
+  server.script({{.body = recorded(rewrite_file(format))}});
+  auto client = net::BlockingLlmClient::create(quick_options(server, format, nullptr));
+  REQUIRE(client);
+  auto r = client->complete(hello());
+  REQUIRE(r);
+  CHECK(contains(r->text, "```cpp"));
+  CHECK(contains(r->text, "void kernel(const Shape& shape"));
+  CHECK(r->model == "kevo-test-model");
+  CHECK(r->attempts == 1);
+  CHECK_FALSE(r->truncated());
+
+  const auto got = server.received();
+  REQUIRE(got.size() == 1);
+  const auto& req = got[0];
+  CHECK(req.headers.at("content-type") == "application/json");
+  if (format == WireFormat::openai) {
+    CHECK(req.target == "/v1/chat/completions");
+    CHECK(req.headers.at("authorization") == std::string("Bearer ") + secret_key);
+    CHECK(contains(req.body, R"("messages":[{"role":"system","content":"You write kernels."},{"role":"user")"));
+    CHECK(r->usage.input_tokens == 1834);
+    CHECK(r->usage.output_tokens == 612);
+    CHECK(r->finish_reason == "stop");
+  } else {
+    CHECK(req.target == "/v1/messages");
+    CHECK(req.headers.at("x-api-key") == secret_key);
+    CHECK(req.headers.at("anthropic-version") == "2023-06-01");
+    CHECK_FALSE(req.headers.contains("authorization"));
+    CHECK(contains(req.body, R"("system":"You write kernels.")"));
+    CHECK(contains(req.body, R"("messages":[{"role":"user","content":"Make it faster."}])"));
+    CHECK(r->usage.input_tokens == 1901);
+    CHECK(r->finish_reason == "end_turn");
+  }
+  CHECK(contains(req.body, R"("max_tokens":777)"));
+  CHECK(contains(req.body, R"("model":"kevo-test-model")"));
+  const auto usage = client->usage();
+  CHECK(usage.requests == 1);
+  CHECK(usage.total_tokens() == r->usage.input_tokens + r->usage.output_tokens);
+}
+
+TEST_CASE("429 with Retry-After is retried after the server's delay, then succeeds") {
+  const auto format = GENERATE(WireFormat::openai, WireFormat::anthropic);
+  LoopbackServer server;
+  const std::string error_body = recorded(format == WireFormat::openai ? "openai/error_429.json" : "anthropic/error_429.json");
+  server.script({{.status = 429, .body = error_body, .headers = {{"retry-after", "1"}}}, {.body = recorded(rewrite_file(format))}});
+  std::vector<std::string> log;
+  auto client = net::BlockingLlmClient::create(quick_options(server, format, &log));
+  REQUIRE(client);
+  const auto start = std::chrono::steady_clock::now();
+  auto r = client->complete(hello());
+  const double took = seconds_since(start);
+  REQUIRE(r);
+  CHECK(r->attempts == 2);
+  CHECK(took >= 0.95);  // the server's 1 s, not the 20 ms backoff
+  CHECK(took < 3.0);
+  CHECK(server.received().size() == 2);
+  CHECK(client->usage().retries == 1);
+  REQUIRE(log.size() == 1);
+  CHECK(contains(log[0], "HTTP 429"));
+  CHECK(contains(log[0], "retrying in 1000 ms"));
+}
+
+TEST_CASE("5xx (500, and Anthropic's 529 overloaded) is retried with backoff, then succeeds") {
+  const auto format = GENERATE(WireFormat::openai, WireFormat::anthropic);
+  LoopbackServer server;
+  const unsigned status = format == WireFormat::openai ? 500 : 529;
+  const std::string error_body = recorded(format == WireFormat::openai ? "openai/error_500.json" : "anthropic/error_529.json");
+  server.script({{.status = status, .body = error_body}, {.status = status, .body = error_body}, {.body = recorded(rewrite_file(format))}});
+  std::vector<std::string> log;
+  auto client = net::BlockingLlmClient::create(quick_options(server, format, &log));
+  REQUIRE(client);
+  auto r = client->complete(hello());
+  REQUIRE(r);
+  CHECK(r->attempts == 3);
+  CHECK(client->usage().retries == 2);
+  CHECK(log.size() == 2);
+  CHECK(contains(log[0], format == WireFormat::openai ? "server_error" : "overloaded_error"));
+}
+
+TEST_CASE("a persistent 500 ends after the allowed attempts with a clear error") {
+  LoopbackServer server;
+  server.always({.status = 500, .body = recorded("openai/error_500.json")});
+  auto options = quick_options(server, WireFormat::openai, nullptr);
+  options.retry.max_attempts = 3;
+  auto client = net::BlockingLlmClient::create(options);
+  REQUIRE(client);
+  auto r = client->complete(hello());
+  REQUIRE_FALSE(r);
+  CHECK(r.error().kind == LlmErrorKind::retries_exhausted);
+  CHECK(r.error().attempts == 3);
+  CHECK(contains(r.error().message, "gave up after 3 attempts"));
+  CHECK(contains(r.error().message, "HTTP 500"));
+  CHECK(server.received().size() == 3);
+  CHECK(client->usage().failed_requests == 1);
+}
+
+TEST_CASE("the request timeout bounds retries, whatever Retry-After asks") {
+  LoopbackServer server;
+  server.always({.status = 503, .body = "{}", .headers = {{"retry-after", "0.3"}}});
+  auto options = quick_options(server, WireFormat::openai, nullptr);
+  options.retry.max_attempts = 50;
+  options.timeouts.request = 1000ms;
+  auto client = net::BlockingLlmClient::create(options);
+  REQUIRE(client);
+  const auto start = std::chrono::steady_clock::now();
+  auto r = client->complete(hello());
+  CHECK(seconds_since(start) < 1.5);
+  REQUIRE_FALSE(r);
+  CHECK(r.error().kind == LlmErrorKind::retries_exhausted);
+  CHECK(contains(r.error().message, "would pass the request timeout"));
+  CHECK(server.received().size() <= 4);
+}
+
+TEST_CASE("a connection reset is retried, then succeeds") {
+  const auto format = GENERATE(WireFormat::openai, WireFormat::anthropic);
+  LoopbackServer server;
+  server.script({{.fault = Reply::Fault::reset}, {.body = recorded(rewrite_file(format))}});
+  std::vector<std::string> log;
+  auto client = net::BlockingLlmClient::create(quick_options(server, format, &log));
+  REQUIRE(client);
+  auto r = client->complete(hello());
+  REQUIRE(r);
+  CHECK(r->attempts == 2);
+  REQUIRE(log.size() == 1);
+  CHECK(contains(log[0], "read to 127.0.0.1"));
+}
+
+TEST_CASE("a body slower than the read timeout ends in a timeout error") {
+  const auto format = GENERATE(WireFormat::openai, WireFormat::anthropic);
+  LoopbackServer server;
+  server.script({{.body = recorded(rewrite_file(format)), .fault = Reply::Fault::slow_body, .delay = 900ms}});
+  auto options = quick_options(server, format, nullptr);
+  options.timeouts.read = 300ms;
+  auto client = net::BlockingLlmClient::create(options);
+  REQUIRE(client);
+  const auto start = std::chrono::steady_clock::now();
+  auto r = client->complete(hello());
+  const double took = seconds_since(start);
+  REQUIRE_FALSE(r);
+  CHECK(r.error().kind == LlmErrorKind::timeout);
+  CHECK(contains(r.error().message, "during read"));
+  CHECK(took >= 0.25);
+  CHECK(took < 1.2);
+  CHECK(server.received().size() == 1);  // not retried: the server was working, a retry would pay again
+}
+
+TEST_CASE("malformed JSON, empty choices and error statuses are clear errors, not retried") {
+  LoopbackServer server;
+  std::vector<std::string> log;
+  auto client = net::BlockingLlmClient::create(quick_options(server, WireFormat::openai, &log));
+  REQUIRE(client);
+
+  server.script({{.body = recorded("openai/malformed.json")}});
+  auto malformed = client->complete(hello());
+  REQUIRE_FALSE(malformed);
+  CHECK(malformed.error().kind == LlmErrorKind::malformed_response);
+
+  server.script({{.body = recorded("openai/empty_choices.json")}});
+  auto empty = client->complete(hello());
+  REQUIRE_FALSE(empty);
+  CHECK(empty.error().kind == LlmErrorKind::empty_response);
+  CHECK(contains(empty.error().message, "no answer text"));
+
+  server.script({{.body = R"({"id":"x","object":"chat.completion"})"}});
+  auto no_choices = client->complete(hello());
+  REQUIRE_FALSE(no_choices);
+  CHECK(contains(no_choices.error().message, "no 'choices'"));
+
+  server.script({{.status = 401, .body = recorded("openai/error_401.json")}});
+  auto unauthorized = client->complete(hello());
+  REQUIRE_FALSE(unauthorized);
+  CHECK(unauthorized.error().kind == LlmErrorKind::http_status);
+  CHECK(unauthorized.error().http_status == 401);
+  CHECK(contains(unauthorized.error().message, "invalid_request_error: Incorrect API key provided"));
+
+  CHECK(server.received().size() == 4);  // one attempt each
+  CHECK(client->usage().failed_requests == 4);
+  CHECK(client->usage().retries == 0);
+}
+
+TEST_CASE("the API key never appears in logs or errors, even when the server echoes it") {
+  const auto format = GENERATE(WireFormat::openai, WireFormat::anthropic);
+  LoopbackServer server;
+  const std::string echo = recorded("openai/error_401.json");
+  server.script({{.status = 500, .body = echo}, {.status = 500, .body = echo}, {.status = 401, .body = echo}});
+  std::vector<std::string> log;
+  auto client = net::BlockingLlmClient::create(quick_options(server, format, &log));
+  REQUIRE(client);
+  auto r = client->complete(hello());
+  REQUIRE_FALSE(r);
+  REQUIRE(log.size() == 3);  // two retries and the failure
+  for (const auto& line : log) {
+    CHECK_FALSE(contains(line, secret_key));
+    CHECK(contains(line, "[redacted]"));
+  }
+  // The server did receive it, as a header: it is used, just never written anywhere.
+  CHECK(contains(server.received().at(0).headers.at(format == WireFormat::openai ? "authorization" : "x-api-key"), secret_key));
+  for (const auto& req : server.received()) CHECK_FALSE(contains(req.body, secret_key));
+  // Error texts are logged and stored by callers (the search records failed generations), so they
+  // are redacted too.
+  CHECK(contains(r.error().message, "Incorrect API key provided: [redacted]"));
+  CHECK_FALSE(contains(r.error().message, secret_key));
+}
+
+TEST_CASE("a huge answer is refused at the body limit") {
+  LoopbackServer server;
+  std::string huge = R"({"choices":[{"message":{"content":")" + std::string(3u << 20, 'x') + R"("},"finish_reason":"stop"}]})";
+  server.script({{.body = huge}});
+  auto options = quick_options(server, WireFormat::openai, nullptr);
+  options.max_response_bytes = 1u << 20;
+  auto client = net::BlockingLlmClient::create(options);
+  REQUIRE(client);
+  auto r = client->complete(hello());
+  REQUIRE_FALSE(r);
+  CHECK(r.error().kind == LlmErrorKind::response_too_large);
+  CHECK(contains(r.error().message, "1048576-byte limit"));
+}
+
+TEST_CASE("no more than max_in_flight requests reach the server at once") {
+  LoopbackServer server;
+  server.always({.body = recorded("openai/rewrite.json"), .delay = 150ms});
+  auto options = quick_options(server, WireFormat::openai, nullptr);
+  options.max_in_flight = 2;
+  asio::io_context io;
+  auto client = net::LlmClient::create(io.get_executor(), options);
+  REQUIRE(client);
+  int succeeded = 0, finished = 0;
+  for (int i = 0; i < 6; ++i)
+    client->async_complete(hello(), [&](net::LlmClient::Result r) {
+      ++finished;
+      succeeded += r.has_value();
+    });
+  const auto start = std::chrono::steady_clock::now();
+  io.run();  // on several threads it would be the same: the client serializes on its strand
+  CHECK(finished == 6);
+  CHECK(succeeded == 6);
+  CHECK(server.max_concurrent() == 2);
+  CHECK(seconds_since(start) >= 0.4);  // three waves of 150 ms
+  CHECK(client->usage().requests == 6);
+}
+
+TEST_CASE("a spent token budget stops requests before they are sent") {
+  LoopbackServer server;
+  server.always({.body = recorded("openai/rewrite.json")});
+  auto options = quick_options(server, WireFormat::openai, nullptr);
+  options.budget.max_total_tokens = 3000;  // one recorded answer uses 2446
+  options.pricing = {.input_per_million = 3.0, .output_per_million = 15.0};
+  auto client = net::BlockingLlmClient::create(options);
+  REQUIRE(client);
+  REQUIRE(client->complete(hello()));
+  CHECK_FALSE(client->budget_exhausted());
+  REQUIRE(client->complete(hello()));  // starts under budget, ends over it
+  CHECK(client->budget_exhausted());
+  auto third = client->complete(hello());
+  REQUIRE_FALSE(third);
+  CHECK(third.error().kind == LlmErrorKind::budget_exhausted);
+  CHECK(contains(third.error().message, "4892 of 3000 tokens"));
+  CHECK(server.received().size() == 2);
+  CHECK(client->usage().cost_usd == Approx(2 * (1834 * 3.0 + 612 * 15.0) / 1e6));
+}
+
+TEST_CASE("configuration errors are reported before any request") {
+  ::unsetenv("KEVO_TEST_UNSET_KEY");
+  auto missing = net::BlockingLlmClient::create({.base_url = "http://127.0.0.1:9/v1", .model = "m", .api_key_env = "KEVO_TEST_UNSET_KEY"});
+  REQUIRE_FALSE(missing);
+  CHECK(missing.error().kind == LlmErrorKind::configuration);
+  CHECK(contains(missing.error().message, "KEVO_TEST_UNSET_KEY"));
+  auto bad_url = net::BlockingLlmClient::create({.base_url = "ftp://example.com", .model = "m"});
+  REQUIRE_FALSE(bad_url);
+  CHECK(contains(bad_url.error().message, "http:// or https://"));
+  auto creds = net::parse_endpoint("https://user:pw@example.com/v1");
+  CHECK_FALSE(creds);
+  auto ep = net::parse_endpoint("https://api.anthropic.com");
+  REQUIRE(ep);
+  CHECK(ep->tls);
+  CHECK(ep->port == "443");
+  CHECK(ep->request_path(WireFormat::anthropic) == "/v1/messages");
+  CHECK(net::parse_endpoint("http://[::1]:8000/v1/")->request_path(WireFormat::openai) == "/v1/chat/completions");
+}
+
+TEST_CASE("an https URL never falls back to plain text") {
+  // A plain-HTTP server cannot complete a TLS handshake: the client must fail there.
+  LoopbackServer server;
+  server.always({.body = recorded("openai/rewrite.json")});
+  auto options = quick_options(server, WireFormat::openai, nullptr);
+  options.base_url = "https" + server.url().substr(4) + "/v1";
+  options.retry.max_attempts = 1;
+  auto client = net::BlockingLlmClient::create(options);
+  REQUIRE(client);
+  auto r = client->complete(hello());
+  REQUIRE_FALSE(r);
+  CHECK(contains(r.error().message, "TLS handshake"));
+}
+
+static_assert(synth::ChatCompleter<net::BlockingLlmClient>);
+
+TEST_CASE("the LLM synthesizer over HTTP: candidates from recorded answers, failures with reasons") {
+  const auto format = GENERATE(WireFormat::openai, WireFormat::anthropic);
+  auto problem = load_problem(std::string(KEVO_SOURCE_DIR) + "/problems/cpu_scoring");
+  REQUIRE(problem);
+  LoopbackServer server;
+  std::string no_code = format == WireFormat::openai ? recorded("openai/no_code.json") : recorded("anthropic/refusal.json");
+  server.script({{.body = recorded(rewrite_file(format))},
+                 {.body = no_code},
+                 {.status = 500, .body = "{}"},
+                 {.fault = Reply::Fault::reset},
+                 {.body = recorded(rewrite_file(format))}});
+  auto client = net::BlockingLlmClient::create(quick_options(server, format, nullptr));
+  REQUIRE(client);
+  std::vector<std::string> prompts;
+  synth::LlmSynthesizer synth(std::move(*client), {.on_exchange = [&](const synth::Prompt& p, std::string_view) {
+                                                     prompts.push_back(p.system + "\n" + p.user);
+                                                   }});
+  GenerationRequest request;
+  request.problem = &*problem;
+  request.parent = Attempt{0, std::make_shared<const Candidate>(Candidate{problem->render(problem->default_knobs()), problem->default_knobs(), "template defaults"}),
+                           Evaluation{.speedup = 1.0}};
+  request.parent.evaluation.diagnostics.bottleneck = Bottleneck::compute;
+  request.knowledge = {{.title = "Optimizing compute-bound kernels: Break dependency chains", .category = "optimization", .text = "Keep several accumulators."}};
+
+  auto first = synth.generate(request);
+  REQUIRE(first);
+  CHECK(contains(first->source, "float s[4] = {0, 0, 0, 0}"));
+  CHECK(contains(first->origin, "llm rewrite: The parent is compute-bound"));
+
+  auto second = synth.generate(request);
+  REQUIRE_FALSE(second);
+  CHECK(contains(second.error().message, format == WireFormat::openai ? "no fenced code block" : "declined"));
+
+  auto third = synth.generate(request);  // a 500 and a reset are retried inside one generation
+  REQUIRE(third);
+  CHECK(server.received().size() == 5);
+
+  REQUIRE(prompts.size() == 3);
+  CHECK(contains(prompts[0], "Break dependency chains"));
+  CHECK(contains(prompts[0], "compute-bound"));
+  for (const auto& p : prompts) CHECK_FALSE(contains(p, secret_key));
+  CHECK(synth.completer().usage().requests == 3);
+}
