@@ -6,18 +6,25 @@
 #include <kevo/synth/llm_synthesizer.hpp>
 
 #include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/ssl.hpp>
+#include <boost/beast/ssl.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 #include <catch2/catch.hpp>
+#include <openssl/evp.h>
+#include <openssl/pem.h>
+#include <openssl/x509v3.h>
 
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <deque>
+#include <filesystem>
 #include <fstream>
 #include <mutex>
 #include <sstream>
 #include <thread>
+#include <unistd.h>
 
 using namespace kevo;
 using namespace std::chrono_literals;
@@ -498,6 +505,141 @@ TEST_CASE("an https URL never falls back to plain text") {
   auto r = client->complete(hello());
   REQUIRE_FALSE(r);
   CHECK(contains(r.error().message, "TLS handshake"));
+}
+
+
+namespace {
+
+/// A self-signed certificate for 127.0.0.1 (as a subjectAltName), made fresh for each test run.
+struct SelfSignedCertificate {
+  std::string certificate_pem, key_pem;
+
+  SelfSignedCertificate() {
+    EVP_PKEY* key = EVP_EC_gen("prime256v1");
+    REQUIRE(key);
+    X509* cert = X509_new();
+    X509_set_version(cert, 2);
+    ASN1_INTEGER_set(X509_get_serialNumber(cert), 1);
+    X509_gmtime_adj(X509_getm_notBefore(cert), -60);
+    X509_gmtime_adj(X509_getm_notAfter(cert), 3600);
+    X509_set_pubkey(cert, key);
+    X509_NAME* name = X509_get_subject_name(cert);
+    X509_NAME_add_entry_by_txt(name, "CN", MBSTRING_ASC, reinterpret_cast<const unsigned char*>("kevo loopback"), -1, -1, 0);
+    X509_set_issuer_name(cert, name);
+    X509V3_CTX ctx;
+    X509V3_set_ctx_nodb(&ctx);
+    X509V3_set_ctx(&ctx, cert, cert, nullptr, nullptr, 0);
+    for (auto [nid, value] : {std::pair{NID_subject_alt_name, "IP:127.0.0.1"}, std::pair{NID_basic_constraints, "critical,CA:TRUE"}}) {
+      X509_EXTENSION* ext = X509V3_EXT_conf_nid(nullptr, &ctx, nid, value);
+      REQUIRE(ext);
+      X509_add_ext(cert, ext, -1);
+      X509_EXTENSION_free(ext);
+    }
+    REQUIRE(X509_sign(cert, key, EVP_sha256()) > 0);
+    certificate_pem = to_pem([&](BIO* b) { return PEM_write_bio_X509(b, cert); });
+    key_pem = to_pem([&](BIO* b) { return PEM_write_bio_PrivateKey(b, key, nullptr, nullptr, 0, nullptr, nullptr); });
+    X509_free(cert);
+    EVP_PKEY_free(key);
+  }
+
+  template <class Write>
+  static std::string to_pem(Write write) {
+    BIO* bio = BIO_new(BIO_s_mem());
+    REQUIRE(write(bio) == 1);
+    char* data = nullptr;
+    const long size = BIO_get_mem_data(bio, &data);
+    std::string pem(data, static_cast<std::size_t>(size));
+    BIO_free(bio);
+    return pem;
+  }
+};
+
+/// Answers one HTTPS request per connection with `body`, presenting `cert`.
+class LoopbackTlsServer {
+ public:
+  LoopbackTlsServer(const SelfSignedCertificate& cert, std::string body)
+      : tls_(asio::ssl::context::tls_server), acceptor_(io_, tcp::endpoint(asio::ip::make_address("127.0.0.1"), 0)), body_(std::move(body)) {
+    tls_.use_certificate_chain(asio::buffer(cert.certificate_pem));
+    tls_.use_private_key(asio::buffer(cert.key_pem), asio::ssl::context::pem);
+    thread_ = std::thread([this] {
+      while (true) {
+        tcp::socket socket(io_);
+        beast::error_code ec;
+        acceptor_.accept(socket, ec);
+        if (stopping_) return;
+        if (ec) continue;
+        beast::ssl_stream<tcp::socket> stream(std::move(socket), tls_);
+        stream.handshake(asio::ssl::stream_base::server, ec);
+        if (ec) {
+          ++failed_handshakes_;
+          continue;
+        }
+        beast::flat_buffer buffer;
+        http::request<http::string_body> req;
+        http::read(stream, buffer, req, ec);
+        if (ec) continue;
+        ++served_;
+        http::response<http::string_body> res{http::status::ok, 11};
+        res.set(http::field::content_type, "application/json");
+        res.body() = body_;
+        res.prepare_payload();
+        http::write(stream, res, ec);
+        stream.shutdown(ec);
+      }
+    });
+  }
+  ~LoopbackTlsServer() {
+    stopping_ = true;
+    beast::error_code ignored;
+    tcp::socket poke(io_);
+    poke.connect(acceptor_.local_endpoint(), ignored);
+    thread_.join();
+  }
+  std::string url() const { return fmt::format("https://127.0.0.1:{}/v1", acceptor_.local_endpoint().port()); }
+  int served() const { return served_; }
+
+ private:
+  asio::io_context io_;
+  asio::ssl::context tls_;
+  tcp::acceptor acceptor_;
+  std::string body_;
+  std::atomic<bool> stopping_{false};
+  std::atomic<int> served_{0}, failed_handshakes_{0};
+  std::thread thread_;
+};
+
+}  // namespace
+
+TEST_CASE("HTTPS verifies the server's certificate against the trusted roots") {
+  SelfSignedCertificate cert;
+  LoopbackTlsServer server(cert, recorded("openai/rewrite.json"));
+  LoopbackServer unused;
+  auto options = quick_options(unused, WireFormat::openai, nullptr);
+  options.base_url = server.url();
+  options.retry.max_attempts = 1;
+
+  SECTION("an unknown issuer is rejected") {
+    auto client = net::BlockingLlmClient::create(options);
+    REQUIRE(client);
+    auto r = client->complete(hello());
+    REQUIRE_FALSE(r);
+    CHECK(r.error().kind == LlmErrorKind::transport);
+    CHECK(contains(r.error().message, "TLS handshake"));
+    CHECK(contains(r.error().message, "certificate verify failed"));
+    CHECK(server.served() == 0);
+  }
+  SECTION("the same certificate, trusted through ca_file, is accepted and the answer decoded") {
+    const std::string ca = fmt::format("{}/kevo-test-ca-{}.pem", std::filesystem::temp_directory_path().string(), ::getpid());
+    std::ofstream(ca) << cert.certificate_pem;
+    options.ca_file = ca;
+    auto client = net::BlockingLlmClient::create(options);
+    REQUIRE(client);
+    auto r = client->complete(hello());
+    std::filesystem::remove(ca);
+    REQUIRE(r);
+    CHECK(contains(r->text, "void kernel("));
+    CHECK(server.served() == 1);
+  }
 }
 
 static_assert(synth::ChatCompleter<net::BlockingLlmClient>);

@@ -387,8 +387,11 @@ class LlmClient {
     }
 
     beast::ssl_stream<beast::tcp_stream> tls(std::move(stream), *s.tls);
-    // SNI, so virtual hosts present the right certificate, and the certificate must name the host.
-    if (!SSL_set_tlsext_host_name(tls.native_handle(), s.endpoint.host.c_str())) {
+    // SNI, so virtual hosts present the right certificate (not sent for IP literals, which SNI
+    // does not allow), and the certificate must name the host.
+    beast::error_code not_an_address;
+    asio::ip::make_address(s.endpoint.host, not_an_address);
+    if (not_an_address && !SSL_set_tlsext_host_name(tls.native_handle(), s.endpoint.host.c_str())) {
       x.error = beast::error_code(static_cast<int>(::ERR_get_error()), asio::error::get_ssl_category());
       x.stage = "TLS setup";
       co_return x;
