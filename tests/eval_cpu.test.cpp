@@ -53,8 +53,10 @@ TEST_CASE("each shipped problem prepares, and its default candidate is correct a
   INFO(to_string(e.failure) << ": " << e.diagnostics.message << "\n" << e.diagnostics.detail);
   REQUIRE(e.ok());
   CHECK(e.reference_seconds == evaluator.reference_seconds());
-  CHECK(e.speedup > 0.5);  // the defaults are the plain loop: about as fast as the reference
-  CHECK(e.speedup < 2.0);
+  // The defaults are the plain loop: about as fast as the reference (wide bounds: CI machines are
+  // shared and noisy; compare() is what makes a timing trustworthy).
+  CHECK(e.speedup > 0.33);
+  CHECK(e.speedup < 3.0);
   CHECK(e.diagnostics.bottleneck != kevo::Bottleneck::unknown);
   CHECK_FALSE(e.diagnostics.message.empty());
 }
@@ -64,8 +66,11 @@ TEST_CASE("the reference run as a candidate has speedup ~1") {
   const kevo::Evaluation e = evaluator.evaluate(evaluator.reference_candidate(), 3);
   INFO(e.diagnostics.message);
   REQUIRE(e.ok());
-  CHECK(e.speedup > 0.6);
-  CHECK(e.speedup < 1.6);
+  CHECK(e.speedup > 0.33);
+  CHECK(e.speedup < 3.0);
+  auto race = evaluator.compare_with_reference(evaluator.reference_candidate(), 3);
+  REQUIRE(race);
+  CHECK(race->incumbent_seconds / race->challenger_seconds == Approx(1.0).epsilon(0.5));
 }
 
 TEST_CASE("the build cache hits on the second evaluation of the same source") {

@@ -116,7 +116,15 @@ TEST_CASE("a candidate that burns CPU past its CPU-time limit is a cpu_time_limi
 }
 
 TEST_CASE("a candidate that allocates without bound hits the memory limit") {
-  const kevo::Evaluation e = evaluate_body("for (;;) { char* p = new char[1 << 24]; std::memset(p, 1, 1 << 24); }");
+  auto problem = kevo::load_problem(axpy_dir);
+  REQUIRE(problem);
+  auto options = small_limits();
+  options.memory_limit_bytes = std::size_t{256} << 20;
+  options.run_timeout = std::chrono::seconds(20);  // touching the pages is slow on a loaded machine
+  kevo::eval::CpuEvaluator evaluator(*problem, options);
+  const kevo::Evaluation e =
+      evaluator.evaluate(axpy_candidate("for (;;) { char* p = new char[1 << 24]; std::memset(p, 1, 1 << 24); }"), 3);
+  INFO(e.diagnostics.message);
   CHECK(e.failure == FailureKind::memory_limit);
   CHECK(contains(e.diagnostics.message, "memory"));
   expect_good_candidate_still_succeeds();

@@ -67,6 +67,7 @@ struct CpuEvaluatorOptions {
   int compare_rounds = 3;                         ///< interleaved runs per side in compare()
   double min_repetition_seconds = 0.002;          ///< a short kernel is called repeatedly per sample
   bool isolate = true;                            ///< PID and network namespaces where allowed
+  bool machine_wide_gate = true;                  ///< also keep other kevo processes' compiles off timed runs
 };
 
 /// What CpuEvaluator has done so far; the cache's effect is visible here.
@@ -79,7 +80,7 @@ struct CpuEvaluatorStats {
 class CpuEvaluator {
  public:
   explicit CpuEvaluator(Problem problem, CpuEvaluatorOptions options = {})
-      : problem_(std::move(problem)), options_(std::move(options)) {}
+      : problem_(std::move(problem)), options_(std::move(options)), gate_(timing_lock_file(options_)) {}
 
   CpuEvaluator(const CpuEvaluator&) = delete;
   CpuEvaluator& operator=(const CpuEvaluator&) = delete;
@@ -179,6 +180,13 @@ class CpuEvaluator {
     std::filesystem::path executable;
     std::string timed;  // "kernel" or "reference"
   };
+
+  static std::filesystem::path timing_lock_file(const CpuEvaluatorOptions& options) {
+    if (!options.machine_wide_gate) return {};
+    std::error_code ec;
+    std::filesystem::create_directories(options.cache_dir, ec);
+    return options.cache_dir / "timing.lock";
+  }
 
   static Evaluation failed(FailureKind kind, std::string message) {
     Evaluation e;
