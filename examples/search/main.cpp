@@ -44,6 +44,7 @@ struct Options {
   fs::path json;
   fs::path report;
   bool resume = false;
+  bool budget_given = false;  // a resumed run keeps its stored budget unless --budget says otherwise
   bool quiet = false;
 };
 
@@ -110,7 +111,7 @@ kevo::expected<Options, kevo::Error> parse_arguments(int argc, char** argv) {
       else if (arg == "--json") o.json = *v;
       else o.report = *v;
     } else if (arg == "--jobs") error = number(o.jobs);
-    else if (arg == "--budget") error = number(o.budget);
+    else if (arg == "--budget") error = number(o.budget), o.budget_given = true;
     else if (arg == "--time") error = number(o.wall_seconds);
     else if (arg == "--target") error = number(o.target);
     else if (arg == "--patience") error = number(o.patience);
@@ -143,6 +144,7 @@ void restore_settings(std::string_view json, Options& o) {
   if (!e["memory"].get_string().get(s)) o.memory = s;
   uint64_t n;
   if (!e["seed"].get_uint64().get(n)) o.seed = n;
+  if (!o.budget_given && !e["budget"].get_uint64().get(n)) o.budget = n;
 }
 
 std::string failures_text(const kevo::FailureCounts& failures) {
