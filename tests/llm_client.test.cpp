@@ -642,7 +642,7 @@ TEST_CASE("HTTPS verifies the server's certificate against the trusted roots") {
   }
 }
 
-static_assert(synth::ChatCompleter<net::BlockingLlmClient>);
+
 
 TEST_CASE("the LLM synthesizer over HTTP: candidates from recorded answers, failures with reasons") {
   const auto format = GENERATE(WireFormat::openai, WireFormat::anthropic);

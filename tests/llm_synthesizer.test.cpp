@@ -1,6 +1,8 @@
 // The LLM synthesizer without a network: the adaptive prompt and the extraction of candidates from
 // answers, well-formed and malformed. The HTTP path is covered by llm_client.test.cpp.
 #pragma GCC diagnostic ignored "-Wmissing-field-initializers"  // designated initializers name only what matters
+#include <kevo/knowledge/knowledge_base.hpp>
+#include <kevo/knowledge/llm_skill_writer.hpp>
 #include <kevo/synth/llm_synthesizer.hpp>
 
 #include <catch2/catch.hpp>
@@ -205,4 +207,35 @@ TEST_CASE("the synthesizer turns answers into candidates and failures into reada
   CHECK(contains(third.error().message, "budget_exhausted"));
   CHECK(synth.budget_exhausted());
   CHECK(logged.size() == 3);
+}
+
+TEST_CASE("with an LLM configured, the LLM writes the skill summary; without a usable answer the distilled one stays") {
+  auto kb = knowledge::KnowledgeBase::open({});
+  REQUIRE(kb);
+  ScriptedCompleter completer;
+  completer.answers.push_back(answer(
+      "Blocking four ads per pass over each expert vector made the memory-bound scoring loop reuse every loaded expert "
+      "row four times, cutting traffic and giving 1.8x."));
+  completer.answers.push_back(answer("```cpp\nint x;\n```"));  // code is not a summary
+  knowledge::LlmSkillWriter writer(*kb, completer);
+  Skill skill{.problem = "cpu_scoring",
+              .summary = "On cpu_scoring (cpu), changing ads_per_block 1->4 took a memory-bound parent from 1.0x to 1.8x.",
+              .before = {{"ads_per_block", "1"}},
+              .after = {{"ads_per_block", "4"}},
+              .bottleneck = Bottleneck::memory,
+              .improvement = 1.8};
+  writer.learn(skill);
+  CHECK(contains(completer.requests.at(0).messages.at(0).content, "ads_per_block 1->4"));
+  Skill other = skill;
+  other.problem = "softmax";
+  writer.learn(other);
+  CHECK(kb->size("skill") == 2);
+
+  auto hits = writer.retrieve({.bottleneck = Bottleneck::memory, .problem_words = "cpu_scoring"});
+  REQUIRE(!hits.empty());
+  CHECK(hits[0].category == "skill");
+  CHECK(contains(hits[0].text, "reuse every loaded expert row four times"));
+  auto softmax = writer.retrieve({.bottleneck = Bottleneck::memory, .problem_words = "softmax"});
+  REQUIRE(!softmax.empty());
+  CHECK(contains(softmax[0].text, "changing ads_per_block 1->4"));  // the distilled text, kept
 }

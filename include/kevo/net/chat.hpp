@@ -11,6 +11,7 @@
 #include <fmt/format.h>
 #include <simdjson.h>
 
+#include <concepts>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -107,6 +108,12 @@ inline unexpected<LlmError> make_llm_error(LlmErrorKind kind, std::string messag
   e.attempts = attempts;
   return unexpected<LlmError>(std::move(e));
 }
+
+/// Anything that answers a chat request synchronously: net::BlockingLlmClient, or a test double.
+template <class C>
+concept ChatCompleter = requires(C& c, const ChatRequest& r) {
+  { c.complete(r) } -> std::same_as<expected<ChatResponse, LlmError>>;
+};
 
 namespace detail {
 

@@ -469,11 +469,12 @@ class LlmClient {
 };
 
 /// LlmClient behind a blocking call, on an io_context and thread of its own. Thread-safe: several
-/// threads may call complete() at once (up to max_in_flight run concurrently).
+/// threads may call complete() at once (up to max_in_flight run concurrently). Copies share one
+/// client: its thread, its in-flight cap, its usage meter and budget.
 class BlockingLlmClient {
  public:
   static expected<BlockingLlmClient, LlmError> create(LlmClientOptions options) {
-    auto runner = std::make_unique<Runner>();
+    auto runner = std::make_shared<Runner>();
     auto client = LlmClient::create(runner->io.get_executor(), std::move(options));
     if (!client) return unexpected(client.error());
     return BlockingLlmClient(std::move(runner), std::move(*client));
@@ -503,10 +504,12 @@ class BlockingLlmClient {
     }
   };
 
-  BlockingLlmClient(std::unique_ptr<Runner> runner, LlmClient client) : runner_(std::move(runner)), client_(std::move(client)) {}
+  BlockingLlmClient(std::shared_ptr<Runner> runner, LlmClient client) : runner_(std::move(runner)), client_(std::move(client)) {}
 
-  std::unique_ptr<Runner> runner_;  // declared first: destroyed after the client
+  std::shared_ptr<Runner> runner_;  // declared first: destroyed after the client
   std::optional<LlmClient> client_;
 };
+
+static_assert(ChatCompleter<BlockingLlmClient>);
 
 }  // namespace kevo::net

@@ -22,12 +22,8 @@
 
 namespace kevo::synth {
 
-/// What the synthesizer needs of an LLM client: a blocking chat completion. Models:
-/// net::BlockingLlmClient; tests may pass anything with the same call.
-template <class C>
-concept ChatCompleter = requires(C& c, const net::ChatRequest& r) {
-  { c.complete(r) } -> std::same_as<expected<net::ChatResponse, net::LlmError>>;
-};
+/// What the synthesizer needs of an LLM client: a blocking chat completion (net::BlockingLlmClient).
+using net::ChatCompleter;
 
 struct LlmSynthesizerOptions {
   std::size_t max_tokens = 8192;                 ///< per answer
