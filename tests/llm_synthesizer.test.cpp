@@ -239,3 +239,30 @@ TEST_CASE("with an LLM configured, the LLM writes the skill summary; without a u
   REQUIRE(!softmax.empty());
   CHECK(contains(softmax[0].text, "changing ads_per_block 1->4"));  // the distilled text, kept
 }
+
+TEST_CASE("code the search has already seen is sent back to the model once, in the same conversation") {
+  const Problem& p = scoring_problem();
+  GenerationRequest r;
+  r.problem = &p;
+  r.parent = attempt(0, p.render(p.default_knobs()), ok(1.0, Bottleneck::compute), p.default_knobs());
+  ScriptedCompleter completer;
+  const std::string a = "A.\n```cpp\nvoid kernel() { /* a */ }\n```\n", b = "B.\n```cpp\nvoid kernel() { /* b */ }\n```\n";
+  for (const auto& text : {a, a, b, a, a}) completer.answers.push_back(answer(text));
+  synth::LlmSynthesizer synth(std::move(completer));
+  synth.remember(*r.parent.candidate);
+
+  auto first = synth.generate(r);
+  REQUIRE(first);
+  CHECK(contains(first->source, "/* a */"));
+  auto second = synth.generate(r);  // a again: asked once more, answers b
+  REQUIRE(second);
+  CHECK(contains(second->source, "/* b */"));
+  const auto& retry = synth.completer().requests.at(2);
+  REQUIRE(retry.messages.size() == 3);
+  CHECK(retry.messages[1].role == "assistant");
+  CHECK(contains(retry.messages[2].content, "already evaluated"));
+  auto third = synth.generate(r);  // a twice: one retry only, then the repeat goes to the loop
+  REQUIRE(third);
+  CHECK(contains(third->source, "/* a */"));
+  CHECK(synth.completer().requests.size() == 5);
+}

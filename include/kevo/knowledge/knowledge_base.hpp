@@ -278,7 +278,7 @@ class KnowledgeBase {
     if (skill.bottleneck != Bottleneck::unknown) tags += fmt::format(" {}-bound", to_string(skill.bottleneck));
     for (const auto& [name, value] : skill.after) tags += " " + name;
     std::string body = skill.summary;
-    if (!skill.before.empty() || !skill.after.empty())
+    if (!skill.before.empty() && !skill.after.empty())
       body += fmt::format("\nKnobs before: {}\nKnobs after: {}", to_string(skill.before), to_string(skill.after));
     body += fmt::format("\nImprovement over the parent: {:.2f}x", skill.improvement);
     const std::string title = fmt::format("Skill learned on {} ({})", skill.problem, to_string(skill.target));

@@ -84,7 +84,8 @@ inline std::optional<Skill> distill_skill(const Problem& problem, const Candidat
   skill.improvement = before > 0 ? child_eval.speedup / before : child_eval.speedup;
 
   std::string change;
-  if (const std::string diff = knob_diff(parent.knobs, child.knobs); !diff.empty()) {
+  const bool both_templated = !parent.knobs.empty() && !child.knobs.empty();
+  if (const std::string diff = both_templated ? knob_diff(parent.knobs, child.knobs) : ""; !diff.empty()) {
     std::vector<std::string> sides;
     for (const auto& [name, value] : child.knobs)
       if (const KnobSpec* spec = problem.knob(name); spec && (!parent.knobs.contains(name) || parent.knobs.at(name) != value))

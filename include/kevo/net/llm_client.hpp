@@ -473,6 +473,8 @@ class LlmClient {
 /// client: its thread, its in-flight cap, its usage meter and budget.
 class BlockingLlmClient {
  public:
+  static constexpr bool thread_safe = true;
+
   static expected<BlockingLlmClient, LlmError> create(LlmClientOptions options) {
     auto runner = std::make_shared<Runner>();
     auto client = LlmClient::create(runner->io.get_executor(), std::move(options));

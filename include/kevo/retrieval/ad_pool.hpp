@@ -74,6 +74,8 @@ class HostAdPool {
     std::size_t slot;
     if (auto it = id_to_slot_.find(ad.id); it != id_to_slot_.end()) {
       slot = it->second;
+    } else if (!ad.live) {
+      return {};  // a new ad that is not live takes no slot
     } else if (!free_slots_.empty()) {
       slot = free_slots_.back();
       free_slots_.pop_back();

@@ -15,10 +15,14 @@
 
 #include <fmt/format.h>
 
+#include <atomic>
 #include <concepts>
 #include <functional>
+#include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
+#include <unordered_set>
 
 namespace kevo::synth {
 
@@ -30,14 +34,24 @@ struct LlmSynthesizerOptions {
   std::optional<double> temperature = 0.7;
   PromptOptions prompt;
   ExtractionOptions extraction;
+  int max_repeat_retries = 1;                    ///< re-ask, in the same conversation, when the code was tried before
   /// Called with every prompt and the answer's text (empty when the request failed), e.g. for
   /// --log-prompts. The API key is never part of either.
   std::function<void(const Prompt&, std::string_view answer)> on_exchange;
 };
 
+namespace detail {
+template <class C>
+concept thread_safe_completer = requires { requires C::thread_safe; };
+}  // namespace detail
+
 template <ChatCompleter Completer>
 class LlmSynthesizer {
  public:
+  /// With a thread-safe client the loop may run several generations at once (LLM answers take
+  /// seconds, so this is where `--jobs` pays off); on_exchange must then be thread-safe too.
+  static constexpr bool concurrent_generation = detail::thread_safe_completer<Completer>;
+
   explicit LlmSynthesizer(Completer completer, LlmSynthesizerOptions options = {})
       : completer_(std::move(completer)), options_(std::move(options)) {}
 
@@ -50,26 +64,40 @@ class LlmSynthesizer {
     chat.max_tokens = options_.max_tokens;
     chat.temperature = options_.temperature;
 
-    auto answer = completer_.complete(chat);
-    if (options_.on_exchange) options_.on_exchange(prompt, answer ? std::string_view(answer->text) : std::string_view());
-    if (!answer) {
-      if (answer.error().kind == net::LlmErrorKind::budget_exhausted) budget_exhausted_ = true;
-      return make_error(fmt::format("LLM request failed ({}): {}", to_string(answer.error().kind), answer.error().message));
-    }
     const std::string parent_source = request.parent.candidate ? request.parent.candidate->source : std::string();
-    auto code = extract_code(answer->text, parent_source, options_.extraction);
-    if (!code) {
-      std::string reason = code.error().message;
-      if (answer->truncated()) reason += " (the answer stopped at max_tokens)";
-      return make_error("LLM answer unusable: " + reason);
+    for (int round = 0;; ++round) {
+      auto answer = completer_.complete(chat);
+      if (options_.on_exchange) options_.on_exchange(prompt, answer ? std::string_view(answer->text) : std::string_view());
+      if (!answer) {
+        if (answer.error().kind == net::LlmErrorKind::budget_exhausted) shared_->budget_exhausted = true;
+        return make_error(fmt::format("LLM request failed ({}): {}", to_string(answer.error().kind), answer.error().message));
+      }
+      auto code = extract_code(answer->text, parent_source, options_.extraction);
+      if (!code) {
+        std::string reason = code.error().message;
+        if (answer->truncated()) reason += " (the answer stopped at max_tokens)";
+        return make_error("LLM answer unusable: " + reason);
+      }
+      const bool repeat = !shared_->first_sighting(content_hash(code->source));
+      if (repeat && round < options_.max_repeat_retries) {
+        // The search would discard it unevaluated; telling the model so in the same conversation
+        // costs one short turn and usually yields a different idea.
+        chat.messages.push_back({"assistant", answer->text});
+        chat.messages.push_back({"user", "That code is identical to an implementation the search has already evaluated. "
+                                         "Propose a different change, in the same answer format."});
+        continue;
+      }
+      Candidate c;
+      c.source = std::move(code->source);
+      // The model's own one-line account of the change: it lands in the tree and in learned skills.
+      c.origin = code->form == AnswerForm::edits ? fmt::format("llm edits ({})", code->edits) : std::string("llm rewrite");
+      if (!code->explanation.empty()) c.origin += ": " + detail::one_line(code->explanation, 200);
+      return c;
     }
-    Candidate c;
-    c.source = std::move(code->source);
-    // The model's own one-line account of the change: it lands in the tree and in learned skills.
-    c.origin = code->form == AnswerForm::edits ? fmt::format("llm edits ({})", code->edits) : std::string("llm rewrite");
-    if (!code->explanation.empty()) c.origin += ": " + detail::one_line(code->explanation, 200);
-    return c;
   }
+
+  /// Called by the loop for every candidate in the tree (resumed ones too), so repeats are caught.
+  void remember(const Candidate& c) { shared_->first_sighting(c.hash()); }
 
   /// True once a request failed for lack of budget, or the client reports its budget spent; the
   /// search loop checks this and stops cleanly.
@@ -77,7 +105,7 @@ class LlmSynthesizer {
     if constexpr (requires { completer_.budget_exhausted(); }) {
       if (completer_.budget_exhausted()) return true;
     }
-    return budget_exhausted_;
+    return shared_->budget_exhausted;
   }
 
   Completer& completer() { return completer_; }
@@ -87,7 +115,18 @@ class LlmSynthesizer {
  private:
   Completer completer_;
   LlmSynthesizerOptions options_;
-  bool budget_exhausted_ = false;
+  // Touched from the loop's thread and from concurrent generations; on the heap so the
+  // synthesizer stays movable.
+  struct Shared {
+    std::mutex mutex;
+    std::unordered_set<std::uint64_t> seen;
+    std::atomic<bool> budget_exhausted{false};
+    bool first_sighting(std::uint64_t hash) {
+      std::lock_guard lock(mutex);
+      return seen.insert(hash).second;
+    }
+  };
+  std::unique_ptr<Shared> shared_ = std::make_unique<Shared>();
 };
 
 namespace detail {

@@ -153,7 +153,9 @@ inline std::string describe_change(const Candidate* base, const Candidate& child
   std::string out;
   if (!child.origin.empty()) out += fmt::format("made by: {}", one_line(child.origin, 160));
   if (base) {
-    if (const std::string knobs = knowledge::knob_diff(base->knobs, child.knobs); !knobs.empty()) {
+    // Knob diffs only mean something between two template renderings; free-form code has none.
+    const bool both_templated = !base->knobs.empty() && !child.knobs.empty();
+    if (const std::string knobs = both_templated ? knowledge::knob_diff(base->knobs, child.knobs) : ""; !knobs.empty()) {
       out += fmt::format("{}knobs: {}", out.empty() ? "" : "; ", knobs);
       return out;
     }

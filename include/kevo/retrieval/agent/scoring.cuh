@@ -5,9 +5,10 @@
 // per-ad but the final key reaches device memory.
 //
 // The reduction dimension may be permuted freely as long as A and B agree, so each thread loads
-// one contiguous quarter of each of its two rows with 16-byte loads (lane = 4 * group + quad):
-//   thread (group, quad) holds rows group and group + 8, d-range [quad * d/4, (quad + 1) * d/4);
-//   k-step s takes halves 4s..4s+3 of that range (int8: byte word s, widened to two half2).
+// 16-byte chunks of its two rows (lane = 4 * group + quad): thread (group, quad) holds rows group
+// and group + 8, chunks quad, quad + 4, quad + 8, ... of each, so that one load instruction covers
+// 64 contiguous bytes of every row. k-step s takes values 4 (s % per) .. +3 of chunk s / per, where
+// per = k-steps per chunk (fp16: 2, int8: 4; int8 words are widened to two half2).
 //
 //   AgentScoring<128, EmbeddingType::fp16> agent{index, b_fragments_in_shared, routing, experts};
 //   agent.score_tile(lane, slot_lo, slot_hi, valid_lo, valid_hi) -> this lane's (score, valid)
@@ -32,6 +33,12 @@ struct ScoringShape {
   static constexpr int slice_bytes = row_bytes / 4;  // one thread's quarter of a row
   static constexpr int slice_loads = slice_bytes / 16;
   static_assert(slice_loads >= 1, "a quarter row is at least one 16-byte load");
+  static constexpr int values_per_chunk = 16 / bytes_per_value;
+  static constexpr int steps_per_chunk = values_per_chunk / 4;
+  /// The first d index that lane quarter `quad` feeds into k-step s (4 consecutive values from there).
+  __host__ __device__ static constexpr int value_offset(int quad, int s) {
+    return (quad + 4 * (s / steps_per_chunk)) * values_per_chunk + 4 * (s % steps_per_chunk);
+  }
 };
 
 /// The B fragments in shared memory, pre-arranged so that lane L of k-step s reads one uint2
@@ -41,19 +48,11 @@ struct ScoringFragments {
   uint2 b[2][Dim / 16][32];
 };
 
-/// Fills the fragments from the (16, d) fp16 vectors; call from every thread, then barrier.
-template <int Dim>
+/// Fills the fragments from the (16, d) fp16 vectors in the order the A loads use; call from every
+/// thread, then barrier.
+template <int Dim, EmbeddingType Type>
 __device__ __forceinline__ void load_scoring_fragments(ScoringFragments<Dim>& f, const __half* vectors, int thread_rank,
-                                                       int threads) {
-  const std::uint32_t* words = reinterpret_cast<const std::uint32_t*>(vectors);  // (16, d/2)
-  for (int i = thread_rank; i < 2 * (Dim / 16) * 32; i += threads) {
-    const int lane = i % 32, s = (i / 32) % (Dim / 16), tile = i / (32 * (Dim / 16));
-    const int group = lane / 4, quad = lane % 4;
-    const int row = tile * 8 + group;
-    const int word = row * (Dim / 2) + quad * (Dim / 8) + 2 * s;
-    f.b[tile][s][lane] = make_uint2(words[word], words[word + 1]);
-  }
-}
+                                                       int threads);
 
 /// One lane's view of a row quarter: raw 16-byte loads.
 template <int Dim, EmbeddingType Type>
@@ -66,11 +65,24 @@ __device__ __forceinline__ RowQuarter<Dim, Type> load_row_quarter(const void* em
                                                                   bool valid) {
   using Shape = ScoringShape<Dim, Type>;
   RowQuarter<Dim, Type> r;
-  const char* base = static_cast<const char*>(embeddings) + static_cast<std::uint64_t>(slot) * Shape::row_bytes +
-                     quad * Shape::slice_bytes;
+  const char* base = static_cast<const char*>(embeddings) + static_cast<std::uint64_t>(slot) * Shape::row_bytes + 16 * quad;
 #pragma unroll
-  for (int i = 0; i < Shape::slice_loads; ++i) r.v[i] = valid ? gpu_load_streaming(base + 16 * i) : make_uint4(0, 0, 0, 0);
+  for (int i = 0; i < Shape::slice_loads; ++i) r.v[i] = valid ? gpu_load_streaming(base + 64 * i) : make_uint4(0, 0, 0, 0);
   return r;
+}
+
+template <int Dim, EmbeddingType Type>
+__device__ __forceinline__ void load_scoring_fragments(ScoringFragments<Dim>& f, const __half* vectors, int thread_rank,
+                                                       int threads) {
+  using Shape = ScoringShape<Dim, Type>;
+  const std::uint32_t* words = reinterpret_cast<const std::uint32_t*>(vectors);  // (16, d/2)
+  for (int i = thread_rank; i < 2 * (Dim / 16) * 32; i += threads) {
+    const int lane = i % 32, s = (i / 32) % (Dim / 16), tile = i / (32 * (Dim / 16));
+    const int group = lane / 4, quad = lane % 4;
+    const int row = tile * 8 + group;
+    const int word = row * (Dim / 2) + Shape::value_offset(quad, s) / 2;
+    f.b[tile][s][lane] = make_uint2(words[word], words[word + 1]);
+  }
 }
 
 template <int Dim, EmbeddingType Type>

@@ -127,9 +127,15 @@ class DeviceAdIndex {
         return make_error("PackedAds: a clause is outside the schema");
     }
     std::lock_guard lock(mutex_);
-    // Slots: the ad's own, a freed one, or a fresh one; all checked before anything changes.
+    // One write per slot per batch (the scatter kernel writes slots in parallel): the last entry of
+    // an id wins, a new id that is not live takes no slot, and slots freed here are reused only by
+    // later batches.
+    std::unordered_map<std::uint32_t, std::size_t> last_entry;
+    last_entry.reserve(n);
+    for (std::size_t i = 0; i < n; ++i) last_entry[ads.ids[i]] = i;
     std::size_t fresh = 0;
-    for (std::size_t i = 0; i < n; ++i) fresh += id_to_slot_.count(ads.ids[i]) ? 0 : 1;
+    for (std::size_t i = 0; i < n; ++i)
+      fresh += (last_entry[ads.ids[i]] == i && ads.live[i] && !id_to_slot_.count(ads.ids[i])) ? 1 : 0;
     if (fresh > free_slots_.size() + (options_.capacity - slots_)) return make_error("the index is full");
     if (arena_tail_ + ads.clauses.size() > options_.clause_capacity)
       return make_error("the clause arena is full (replaced and expired ads' clauses are not reclaimed yet)");
@@ -143,22 +149,38 @@ class DeviceAdIndex {
     auto* bias = reinterpret_cast<float*>(host_staging_ + s.bias);
     auto* scale = reinterpret_cast<float*>(host_staging_ + s.scale);
     std::memcpy(host_staging_ + s.clauses, ads.clauses.data(), ads.clauses.size() * 4);
+    std::vector<std::uint32_t> freed;
+    std::size_t written = 0;  // entries staged, in order
     for (std::size_t i = 0; i < n; ++i) {
+      if (last_entry[ads.ids[i]] != i) continue;
       std::uint32_t slot;
-      if (auto it = id_to_slot_.find(ads.ids[i]); it != id_to_slot_.end()) slot = it->second;
-      else if (!free_slots_.empty()) { slot = free_slots_.back(); free_slots_.pop_back(); }
-      else slot = slots_++;
-      if (ads.live[i]) id_to_slot_[ads.ids[i]] = slot;
-      else { id_to_slot_.erase(ads.ids[i]); free_slots_.push_back(slot); }
-      slots[i] = slot;
-      ids[i] = ads.ids[i];
-      bias[i] = ads.bias[i];
+      if (auto it = id_to_slot_.find(ads.ids[i]); it != id_to_slot_.end()) {
+        slot = it->second;
+        if (!ads.live[i]) {
+          id_to_slot_.erase(it);
+          freed.push_back(slot);
+        }
+      } else if (!ads.live[i]) {
+        continue;
+      } else if (!free_slots_.empty()) {
+        slot = free_slots_.back();
+        free_slots_.pop_back();
+        id_to_slot_[ads.ids[i]] = slot;
+      } else {
+        slot = static_cast<std::uint32_t>(slots_++);
+        id_to_slot_[ads.ids[i]] = slot;
+      }
+      const std::size_t w = written++;
+      slots[w] = slot;
+      ids[w] = ads.ids[i];
+      bias[w] = ads.bias[i];
       const std::uint32_t begin = ads.clause_begin[i], end = ads.clause_begin[i + 1];
-      targeting[i] = (ads.live[i] ? targeting_bits::live : 0u) |
+      targeting[w] = (ads.live[i] ? targeting_bits::live : 0u) |
                      (end > begin ? targeting_bits::has_clauses | static_cast<std::uint32_t>(arena_tail_ + begin) : 0u);
-      if (with_rows) write_row(ads.embeddings.data() + i * schema_.dim, host_staging_ + s.rows + i * row_bytes(), scale[i]);
-      else scale[i] = 0.0f;
+      if (with_rows) write_row(ads.embeddings.data() + i * schema_.dim, host_staging_ + s.rows + w * row_bytes(), scale[w]);
+      else scale[w] = 0.0f;
     }
+    free_slots_.insert(free_slots_.end(), freed.begin(), freed.end());
     KEVO_GPU_TRY(wait_for_searches());
     KEVO_GPU_TRY(cudaMemcpyAsync(device_staging_, host_staging_, s.total, cudaMemcpyHostToDevice, update_stream_));
     if (!ads.clauses.empty())
@@ -166,9 +188,9 @@ class DeviceAdIndex {
                                    cudaMemcpyDeviceToDevice, update_stream_));
     arena_tail_ += ads.clauses.size();
     auto* d = device_staging_;
-    if (n > 0)
-      kernels::scatter_ads<<<static_cast<unsigned>((n * 32 + 255) / 256), 256, 0, update_stream_>>>(
-          static_cast<std::uint32_t>(n), reinterpret_cast<std::uint32_t*>(d + s.slots),
+    if (written > 0)
+      kernels::scatter_ads<<<static_cast<unsigned>((written * 32 + 255) / 256), 256, 0, update_stream_>>>(
+          static_cast<std::uint32_t>(written), reinterpret_cast<std::uint32_t*>(d + s.slots),
           reinterpret_cast<std::uint32_t*>(d + s.ids), reinterpret_cast<std::uint32_t*>(d + s.targeting),
           reinterpret_cast<float*>(d + s.bias), with_rows ? reinterpret_cast<float*>(d + s.scale) : nullptr,
           with_rows ? reinterpret_cast<const uint4*>(d + s.rows) : nullptr, static_cast<int>(row_bytes() / 16), ids_,

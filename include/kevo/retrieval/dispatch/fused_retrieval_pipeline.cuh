@@ -89,6 +89,21 @@ class FusedRetrievalPipeline {
   FusedRetrievalPipeline& operator=(const FusedRetrievalPipeline&) = delete;
 
   DeviceAdIndex& index() { return *index_; }
+
+  /// Swaps the kernels' knobs; results do not change. Temp storage sizes may: ask again.
+  expected<void, Error> set_policy(const PipelinePolicy& policy) {
+    if (!is_legal(policy)) return make_error("illegal policy: " + to_string(policy));
+    std::lock_guard lock(own_mutex_);
+    options_.policy = policy;
+    if (search_temp_bytes() > own_temp_bytes_) {
+      KEVO_GPU_TRY(cudaStreamSynchronize(own_stream_));
+      KEVO_GPU_TRY(cudaFree(own_temp_));
+      own_temp_ = nullptr;
+      own_temp_bytes_ = search_temp_bytes();
+      KEVO_GPU_TRY(cudaMalloc(&own_temp_, own_temp_bytes_));
+    }
+    return {};
+  }
   const Schema& schema() const { return index_->schema(); }
   const Model& model() const { return model_; }
   const PipelinePolicy& policy() const { return options_.policy; }
@@ -289,13 +304,16 @@ class FusedRetrievalPipeline {
     const auto cap = static_cast<std::uint32_t>(p.boundary_cap);
     const auto grid = static_cast<unsigned>(multiprocessors_ * 4);
     kernels::topk_select<threads><<<1, threads, 0, stream>>>(state, 0, kk, cap);
+    KEVO_GPU_TRY(cudaGetLastError());
     for (int level = 1; level < kTopKLevels; ++level) {
       kernels::topk_refine<threads><<<grid, threads, 0, stream>>>(view, list, keys, chunk_max, state, level, l.chunk_size);
       kernels::topk_select<threads><<<1, threads, 0, stream>>>(state, level, kk, cap);
     }
+    KEVO_GPU_TRY(cudaGetLastError());
     KEVO_GPU_TRY(cudaMemsetAsync(candidates, 0, l.candidate_capacity * 8ull, stream));
     kernels::topk_compact<threads><<<grid, threads, 0, stream>>>(view, list, keys, chunk_max, state, l.chunk_size,
                                                                  candidates, l.candidate_capacity);
+    KEVO_GPU_TRY(cudaGetLastError());
     std::size_t sort_bytes = l.sort_temp_bytes;
     KEVO_GPU_TRY(gpu_cub::DeviceRadixSort::SortKeysDescending(t + l.sort_temp, sort_bytes, candidates, sorted,
                                                                static_cast<int>(l.candidate_capacity), 0, 64, stream));

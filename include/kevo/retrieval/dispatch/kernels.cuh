@@ -99,7 +99,7 @@ __global__ void __launch_bounds__(BlockThreads)
   __shared__ std::uint32_t histogram[kTopKBins];
   const int rank = static_cast<int>(threadIdx.x);
   for (int i = rank; i < kTopKBins; i += BlockThreads) histogram[i] = 0;
-  load_scoring_fragments<Dim>(fragments, vectors, rank, BlockThreads);
+  load_scoring_fragments<Dim, Type>(fragments, vectors, rank, BlockThreads);
   __syncthreads();
 
   const AgentScoring<Dim, Type> agent{index, &fragments, routing, experts};
