@@ -69,7 +69,7 @@ TEST_CASE("greedy expands the fastest node until it is full", "[policy][greedy]"
 }
 
 TEST_CASE("MCTS widens a node as its visits grow", "[policy][mcts]") {
-  search::Mcts policy({.exploration = 0.7, .widening_constant = 1.0, .widening_exponent = 0.5});
+  search::Mcts policy({.exploration = 0.7, .widening_constant = 1.0, .widening_exponent = 0.5, .follow_improvements = false});
   SearchTree tree;
   Rng rng(3);
   evaluate_root(tree, policy);
@@ -149,4 +149,17 @@ TEST_CASE("random draws every correct node and no failed one", "[policy][random]
   for (int i = 0; i < 300; ++i) drawn.insert(policy.select(tree, rng).parent);
   REQUIRE(drawn == correct);
   REQUIRE(drawn.count(failed) == 0);
+}
+
+TEST_CASE("MCTS descends toward an improvement rather than widening around it", "[policy][mcts]") {
+  search::Mcts policy({.exploration = 0.25, .widening_constant = 4.0, .widening_exponent = 0.5, .follow_improvements = true});
+  SearchTree tree;
+  Rng rng(4);
+  evaluate_root(tree, policy);
+  add(tree, policy, tree.root(), 0.8);
+  // Room for more children at the root, and nothing beats the root yet: widen it.
+  REQUIRE(policy.select(tree, rng).parent == tree.root());
+  const NodeId better = add(tree, policy, tree.root(), 3.0);
+  // The root still has room, but its subtree found 3x: the next expansion goes under `better`.
+  REQUIRE(policy.select(tree, rng).parent == better);
 }

@@ -1,6 +1,6 @@
 // kevo-bench-policies: the shipped search policies compared at equal evaluation budgets.
 //
-//   kevo-bench-policies [--budget 40] [--seeds 5] [--problems problems/cpu_scoring,problems/softmax]
+//   kevo-bench-policies [--budget 40] [--seeds 5] [--problems problems/cpu_scoring,problems/softmax] [--cache FILE]
 //
 // Part 1 runs every policy over several seeds on each shipped CPU problem with the real,
 // sandboxed evaluator and reports the median best speedup against evaluations spent. Every
@@ -14,6 +14,7 @@
 #include "support/synthetic_evaluator.hpp"
 
 #include <fmt/format.h>
+#include <sqlite3.h>
 
 #include <algorithm>
 #include <chrono>
@@ -26,10 +27,31 @@ namespace {
 using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
-/// Measures each distinct candidate once; later requests for it get the same measurement.
+/// Measures each distinct candidate once; later requests for it get the same measurement. With a
+/// cache file, measurements also carry over between runs of the benchmark (same machine only).
 class SharedMeasurements {
  public:
-  explicit SharedMeasurements(kevo::eval::CpuEvaluator& inner) : inner_(&inner) {}
+  SharedMeasurements(kevo::eval::CpuEvaluator& inner, const std::string& cache_path, const std::string& problem)
+      : inner_(&inner), problem_(problem) {
+    if (cache_path.empty()) return;
+    if (sqlite3_open(cache_path.c_str(), &cache_db_) != SQLITE_OK) return;
+    sqlite3_exec(cache_db_, "CREATE TABLE IF NOT EXISTS measured(problem TEXT, hash TEXT, failure TEXT, speedup REAL,"
+                            " seconds REAL, PRIMARY KEY(problem, hash))", nullptr, nullptr, nullptr);
+    sqlite3_stmt* st = nullptr;
+    sqlite3_prepare_v2(cache_db_, "SELECT hash, failure, speedup, seconds FROM measured WHERE problem = ?1", -1, &st, nullptr);
+    sqlite3_bind_text(st, 1, problem_.c_str(), -1, SQLITE_TRANSIENT);
+    while (sqlite3_step(st) == SQLITE_ROW) {
+      kevo::Evaluation e;
+      e.failure = kevo::failure_kind_from_string(reinterpret_cast<const char*>(sqlite3_column_text(st, 1)));
+      e.speedup = sqlite3_column_double(st, 2);
+      e.seconds = sqlite3_column_double(st, 3);
+      cache_[std::stoull(reinterpret_cast<const char*>(sqlite3_column_text(st, 0)), nullptr, 16)] = e;
+    }
+    sqlite3_finalize(st);
+  }
+  ~SharedMeasurements() {
+    if (cache_db_) sqlite3_close(cache_db_);
+  }
 
   kevo::Evaluation evaluate(const kevo::Candidate& c, std::uint64_t seed) {
     {
@@ -39,15 +61,31 @@ class SharedMeasurements {
     kevo::Evaluation e = inner_->evaluate(c, seed);
     std::lock_guard lock(mutex_);
     ++measured_;
+    if (cache_db_) {
+      sqlite3_stmt* st = nullptr;
+      sqlite3_prepare_v2(cache_db_, "INSERT OR REPLACE INTO measured VALUES (?1, ?2, ?3, ?4, ?5)", -1, &st, nullptr);
+      const std::string hash = fmt::format("{:016x}", c.hash());
+      const std::string failure(kevo::to_string(e.failure));
+      sqlite3_bind_text(st, 1, problem_.c_str(), -1, SQLITE_TRANSIENT);
+      sqlite3_bind_text(st, 2, hash.c_str(), -1, SQLITE_TRANSIENT);
+      sqlite3_bind_text(st, 3, failure.c_str(), -1, SQLITE_TRANSIENT);
+      sqlite3_bind_double(st, 4, e.speedup);
+      sqlite3_bind_double(st, 5, e.seconds);
+      sqlite3_step(st);
+      sqlite3_finalize(st);
+    }
     return cache_.emplace(c.hash(), e).first->second;
   }
   kevo::expected<kevo::Comparison, kevo::Error> compare(const kevo::Candidate& a, const kevo::Candidate& b, std::uint64_t seed) {
     return kevo::Comparison{evaluate(a, seed).seconds, evaluate(b, seed).seconds};
   }
   std::size_t measured() const { return measured_; }
+  std::size_t known() const { return cache_.size(); }
 
  private:
   kevo::eval::CpuEvaluator* inner_;
+  std::string problem_;
+  sqlite3* cache_db_ = nullptr;
   std::mutex mutex_;
   std::unordered_map<std::uint64_t, kevo::Evaluation> cache_;
   std::size_t measured_ = 0;
@@ -87,8 +125,8 @@ std::vector<double> best_curve(kevo::Problem& problem, SharedMeasurements& measu
   return curve;
 }
 
-void compare_policies(const std::vector<std::string>& problem_dirs, std::size_t budget, std::size_t seeds) {
-  const std::vector<std::string> policies = {"mcts", "evolutionary", "greedy", "random"};
+void compare_policies(const std::vector<std::string>& problem_dirs, std::size_t budget, std::size_t seeds,
+                      const std::vector<std::string>& policies, const std::string& cache) {
   std::vector<std::size_t> checkpoints;
   for (std::size_t c = 10; c < budget; c *= 2) checkpoints.push_back(c);
   checkpoints.push_back(budget);
@@ -104,7 +142,7 @@ void compare_policies(const std::vector<std::string>& problem_dirs, std::size_t 
     if (!problem) { fmt::print(stderr, "{}\n", problem.error().message); continue; }
     kevo::eval::CpuEvaluator evaluator(*problem);
     if (auto ok = evaluator.prepare(); !ok) { fmt::print(stderr, "{}\n", ok.error().message); continue; }
-    SharedMeasurements measurements(evaluator);
+    SharedMeasurements measurements(evaluator, cache, problem->name);
     for (const auto& policy : policies) {
       const auto start = Clock::now();
       std::vector<std::vector<double>> curves;
@@ -122,7 +160,8 @@ void compare_policies(const std::vector<std::string>& problem_dirs, std::size_t 
                  *std::max_element(finals.begin(), finals.end()), seconds_since(start));
       std::fflush(stdout);
     }
-    fmt::print("| {} | (distinct candidates measured: {}) | | | | | |\n", problem->name, measurements.measured());
+    fmt::print("| {} | (distinct candidates: {}, measured in this run: {}) | | | | | |\n", problem->name, measurements.known(),
+               measurements.measured());
   }
 }
 
@@ -174,14 +213,18 @@ int main(int argc, char** argv) {
   std::size_t budget = 40, seeds = 5;
   std::string problems = "problems/cpu_scoring,problems/softmax,problems/gemm";
   bool loop_only = false;
+  std::string cache;
+  std::string policies = "mcts,evolutionary,greedy,random";
   for (int i = 1; i < argc; ++i) {
     const std::string_view arg = argv[i];
     if (arg == "--budget" && i + 1 < argc) budget = std::stoul(argv[++i]);
     else if (arg == "--seeds" && i + 1 < argc) seeds = std::stoul(argv[++i]);
     else if (arg == "--problems" && i + 1 < argc) problems = argv[++i];
     else if (arg == "--loop-only") loop_only = true;
+    else if (arg == "--cache" && i + 1 < argc) cache = argv[++i];
+    else if (arg == "--policies" && i + 1 < argc) policies = argv[++i];
     else {
-      fmt::print(stderr, "usage: kevo-bench-policies [--budget N] [--seeds N] [--problems DIR,DIR] [--loop-only]\n");
+      fmt::print(stderr, "usage: kevo-bench-policies [--budget N] [--seeds N] [--problems DIR,DIR] [--policies A,B] [--cache FILE] [--loop-only]\n");
       return 2;
     }
   }
@@ -192,5 +235,5 @@ int main(int argc, char** argv) {
   decision_cost("greedy", kevo::search::Greedy{});
   decision_cost("random", kevo::search::Random{});
   fmt::print("\n");
-  if (!loop_only) compare_policies(split(problems), budget, seeds);
+  if (!loop_only) compare_policies(split(problems), budget, seeds, split(policies), cache);
 }

@@ -2,7 +2,7 @@
 // elite population; parents come from tournaments, a mate for crossover now and then, and the
 // islands swap their best every so often so good ideas spread without collapsing diversity.
 //
-//   kevo::search::Evolutionary policy({.islands = 4, .population = 8, .crossover_rate = 0.3});
+//   kevo::search::Evolutionary policy({.islands = 4, .population = 8, .crossover_rate = 0.3});  // long runs
 #pragma once
 
 #include <kevo/search_policy.hpp>
@@ -15,9 +15,11 @@ namespace kevo::search {
 class Evolutionary {
  public:
   struct Arguments {
-    std::uint32_t islands = 4;
-    std::uint32_t population = 8;         ///< elite kept per island
-    std::uint32_t tournament = 2;
+    // The defaults suit budgets of tens of evaluations (benchmarks/RESULTS.md); long searches
+    // gain from more islands and larger populations.
+    std::uint32_t islands = 2;
+    std::uint32_t population = 4;         ///< elite kept per island
+    std::uint32_t tournament = 3;
     double crossover_rate = 0.3;          ///< chance that a selection also names a mate
     std::uint32_t migration_interval = 16;  ///< results between migrations
   };

@@ -2,7 +2,7 @@
 // descend into; progressive widening decides when a node gets a new child instead; virtual loss
 // makes parallel selections spread out rather than pile onto one path.
 //
-//   kevo::search::Mcts policy({.exploration = 0.7, .widening_constant = 1.5, .widening_exponent = 0.5});
+//   kevo::search::Mcts policy({.exploration = 0.25, .widening_constant = 1.5, .widening_exponent = 0.3});
 #pragma once
 
 #include <kevo/search_policy.hpp>
@@ -16,9 +16,10 @@ namespace kevo::search {
 class Mcts {
  public:
   struct Arguments {
-    double exploration = 0.7;        ///< UCT's c: higher explores more
+    double exploration = 0.25;       ///< UCT's c: higher explores more
     double widening_constant = 1.5;  ///< a node may have ceil(k * visits^alpha) children...
-    double widening_exponent = 0.5;  ///< ...so it widens as it proves itself
+    double widening_exponent = 0.3;  ///< ...so it widens as it proves itself
+    bool follow_improvements = true;  ///< widen a node only while none of its subtrees beats it
   };
   Mcts() = default;
   explicit Mcts(Arguments args) : args_(args) {}
@@ -31,7 +32,10 @@ class Mcts {
       const Node& n = tree[node];
       const double visits = stats_[node].visits + stats_[node].virtual_loss;
       const double allowed = std::ceil(args_.widening_constant * std::pow(std::max(visits, 1.0), args_.widening_exponent));
-      if (n.child_count < allowed) return {node};
+      // A node whose subtree already holds something faster than itself has shown the way: descend
+      // there rather than widen. Otherwise widen while progressive widening allows.
+      const bool improved_below = args_.follow_improvements && stats_[node].subtree_best > n.speedup;
+      if (n.child_count < allowed && !improved_below) return {node};
 
       // UCT over the children that can be descended into (correct ones); a pending child counts
       // as a visit that scored nothing (virtual loss), so concurrent selections diverge.
