@@ -69,7 +69,8 @@ class CandidateWriter {
     kevo::Knobs knobs = read_knobs(current);
     std::uniform_real_distribution<double> coin(0, 1);
 
-    if (prompt.find("does not compile") != std::string_view::npos) {
+    const std::string_view task = between(prompt, "# Task\n", "\n");  // the diagnosis, not the docs or siblings
+    if (task.find("does not compile") != std::string_view::npos) {
       mutate(knobs, kevo::KnobSide::any);
       return fmt::format("The previous version referenced an undeclared name; this one restores a clean build with {}.\n\n```cpp\n{}```\n",
                          kevo::to_string(knobs), problem_.render(knobs));
@@ -79,7 +80,6 @@ class CandidateWriter {
     if (auto adopted = sibling_change(prompt, knobs); !adopted.empty()) {
       why = fmt::format("A faster sibling changed {}; I take that change.", adopted);
     } else {
-      const std::string_view task = between(prompt, "# Task\n", "\n");  // the diagnosis, not the retrieved docs
       const kevo::KnobSide side = task.find("memory-bound") != std::string_view::npos    ? kevo::KnobSide::memory
                                   : task.find("compute-bound") != std::string_view::npos ? kevo::KnobSide::compute
                                   : task.find("latency-bound") != std::string_view::npos ? kevo::KnobSide::parallel
