@@ -2,7 +2,13 @@
 // ephemeral port, in a thread of this process, replays recorded exchanges (tests/data/llm/) and
 // injects faults. Each fault must end in its documented, bounded outcome.
 #pragma GCC diagnostic ignored "-Wmissing-field-initializers"  // designated initializers name only what matters
+#include <kevo/knowledge/knowledge_base.hpp>
+#include <kevo/knowledge/llm_skill_writer.hpp>
+#include <kevo/memory/operators.hpp>
 #include <kevo/net/llm_client.hpp>
+#include <kevo/search/greedy.hpp>
+#include <kevo/search_loop.hpp>
+#include <kevo/store/sqlite_store.hpp>
 #include <kevo/synth/llm_synthesizer.hpp>
 
 #include <boost/asio/ip/tcp.hpp>
@@ -82,6 +88,11 @@ class LoopbackServer {
     std::lock_guard lock(mutex_);
     for (auto& r : replies) replies_.push_back(std::move(r));
   }
+  /// Computes the reply for each request once the script runs out (it sees the request).
+  void respond_with(std::function<Reply(const Received&)> f) {
+    std::lock_guard lock(mutex_);
+    responder_ = std::move(f);
+  }
   /// Every later request gets this reply, once the script runs out.
   void always(Reply r) {
     std::lock_guard lock(mutex_);
@@ -129,6 +140,8 @@ class LoopbackServer {
       if (!replies_.empty()) {
         reply = std::move(replies_.front());
         replies_.pop_front();
+      } else if (responder_) {
+        reply = responder_(received_.back());
       } else if (fallback_) {
         reply = *fallback_;
       } else {
@@ -177,6 +190,7 @@ class LoopbackServer {
   std::vector<std::thread> connections_;
   std::deque<Reply> replies_;
   std::optional<Reply> fallback_;
+  std::function<Reply(const Received&)> responder_;
   std::vector<Received> received_;
   std::atomic<int> concurrent_{0}, max_concurrent_{0};
 };
@@ -686,4 +700,102 @@ TEST_CASE("the LLM synthesizer over HTTP: candidates from recorded answers, fail
   CHECK(contains(prompts[0], "compute-bound"));
   for (const auto& p : prompts) CHECK_FALSE(contains(p, secret_key));
   CHECK(synth.completer().usage().requests == 3);
+}
+
+namespace {
+
+/// Judges LLM candidates without compiling them: "Variant N" runs at 1 + N/4 times the
+/// reference; code mentioning scratch_total "does not compile".
+struct VariantEvaluator {
+  Evaluation evaluate(const Candidate& c, std::uint64_t) {
+    Evaluation e;
+    if (contains(c.source, "scratch_total")) {
+      e.failure = FailureKind::compile_error;
+      e.diagnostics.message = "does not compile";
+      e.diagnostics.detail = "candidate.cpp:9:3: error: 'scratch_total' was not declared in this scope\n";
+      return e;
+    }
+    e.speedup = speedup_of(c);
+    e.seconds = 1 / e.speedup;
+    e.reference_seconds = 1;
+    e.diagnostics.bottleneck = Bottleneck::memory;
+    return e;
+  }
+  expected<Comparison, Error> compare(const Candidate& a, const Candidate& b, std::uint64_t) {
+    return Comparison{1 / speedup_of(a), 1 / speedup_of(b)};
+  }
+  static double speedup_of(const Candidate& c) {
+    const std::size_t at = c.source.find("Variant ");
+    return at == std::string::npos ? 1.0 : 1.0 + std::atoi(c.source.c_str() + at + 8) / 4.0;
+  }
+};
+
+}  // namespace
+
+TEST_CASE("a search with the LLM synthesizer rides out every fault and learns skills") {
+  auto problem = load_problem(std::string(KEVO_SOURCE_DIR) + "/problems/cpu_scoring");
+  REQUIRE(problem);
+  LoopbackServer server;
+  const std::string rewrite = recorded("openai/rewrite.json");
+  server.script({{.status = 429, .body = recorded("openai/error_429.json"), .headers = {{"retry-after-ms", "50"}}},
+                 {.fault = Reply::Fault::reset},
+                 {.body = recorded("openai/malformed.json")},
+                 {.body = recorded("openai/empty_choices.json")},
+                 {.body = recorded("openai/no_code.json")},
+                 {.body = rewrite, .fault = Reply::Fault::slow_body, .delay = 600ms},
+                 {.status = 401, .body = recorded("openai/error_401.json")}});
+  std::atomic<int> variant{0};
+  server.respond_with([&](const Received& r) {
+    if (contains(r.body, "distil lessons"))  // the skill writer's request
+      return Reply{.body = R"({"choices":[{"message":{"content":"Reading each ad once for all experts cut memory traffic."},"finish_reason":"stop"}],"usage":{"prompt_tokens":100,"completion_tokens":12}})"};
+    std::string body = rewrite;
+    const int n = ++variant;
+    const std::string marker = n % 5 == 0 ? "scratch_total += 1; // Variant" : "// Variant";
+    body.replace(body.find("// Each ad is read once"), 23, fmt::format("{} {}: each ad is read once", marker, n));
+    return Reply{.body = body};
+  });
+
+  auto options = quick_options(server, WireFormat::openai, nullptr);
+  options.timeouts.read = 300ms;
+  auto llm = net::BlockingLlmClient::create(options);
+  REQUIRE(llm);
+  auto kb = knowledge::KnowledgeBase::open({.folders = {std::string(KEVO_SOURCE_DIR) + "/knowledge"}});
+  REQUIRE(kb);
+  std::mutex prompts_mutex;
+  std::vector<std::string> prompts;
+  synth::LlmSynthesizer synth(*llm, {.on_exchange = [&](const synth::Prompt& p, std::string_view) {
+                                       std::lock_guard lock(prompts_mutex);
+                                       prompts.push_back(p.user);
+                                     }});
+  knowledge::LlmSkillWriter skills(*kb, *llm);
+  auto store = store::SqliteStore::open(":memory:");
+  REQUIRE(store);
+  VariantEvaluator evaluator;
+  SearchLoop<decltype(synth), search::Greedy, memory::Combined, VariantEvaluator, decltype(skills), store::SqliteStore> loop(
+      *problem, std::move(synth), search::Greedy{}, memory::Combined{}, evaluator, skills, *store,
+      {.jobs = 2, .max_evaluations = 14, .warm_start = 0});
+  auto result = loop.run(Candidate{problem->render(problem->default_knobs()), problem->default_knobs(), "template defaults"});
+  REQUIRE(result);
+  CHECK(result->stopped_because == StopReason::evaluation_budget);
+  CHECK(result->evaluations == 15);  // the seed and the 14 children: faults cost attempts, never the run
+  CHECK(result->failures[FailureKind::generation_failed] >= 5);  // malformed, empty, no code, timeout, 401
+  CHECK(result->failures[FailureKind::compile_error] >= 1);
+  CHECK(result->best_speedup > 1.5);
+  CHECK(kb->size("skill") >= 1);
+  auto learned = kb->retrieve({.bottleneck = Bottleneck::memory, .problem_words = "cpu_scoring"});
+  REQUIRE(!learned.empty());
+  CHECK(learned[0].category == "skill");
+  CHECK(contains(learned[0].text, "cut memory traffic"));  // the LLM's summary
+  const auto usage = loop.synthesizer().completer().usage();
+  CHECK(usage.retries >= 2);  // the 429 and the reset
+  std::lock_guard lock(prompts_mutex);
+  // Later prompts carry what the search learned: the line so far, and the siblings that failed.
+  auto any_prompt = [&](std::string_view part) {
+    return std::any_of(prompts.begin(), prompts.end(), [&](const std::string& p) { return contains(p, part); });
+  };
+  CHECK(any_prompt("How this line developed"));
+  CHECK(any_prompt("Other children of the current implementation"));
+  CHECK(any_prompt("Failed (avoid these mistakes):\n- node"));
+  CHECK(any_prompt("failed: compile_error (does not compile)"));
+  CHECK(std::any_of(prompts.begin(), prompts.end(), [](const std::string& p) { return contains(p, "Retrieved knowledge"); }));
 }
