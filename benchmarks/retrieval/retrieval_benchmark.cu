@@ -148,6 +148,18 @@ double measure_roofline() {
 /// One pool on the device: the pipeline plus what the roofline counts need to know about it.
 struct Pool {
   std::unique_ptr<FusedRetrievalPipeline> pipeline;
+  void* temp = nullptr;  // search temp storage, sized for this pool's layout
+  std::size_t temp_bytes = 0;
+  void ensure_temp() {
+    if (pipeline->search_temp_bytes() <= temp_bytes) return;
+    if (temp) cudaFree(temp);
+    temp_bytes = pipeline->search_temp_bytes();
+    KEVO_GPU_ASSERT(cudaMalloc(&temp, temp_bytes));
+  }
+  Pool() = default;
+  Pool(Pool&& o) noexcept : pipeline(std::move(o.pipeline)), temp(o.temp), temp_bytes(o.temp_bytes),
+                            clause_prefix(std::move(o.clause_prefix)), n(o.n) { o.temp = nullptr; }
+  ~Pool() { if (temp) cudaFree(temp); }
   std::vector<std::uint64_t> clause_prefix;  // clauses of ads [0, i * 1M)
   std::uint64_t n = 0;
 };
@@ -175,6 +187,7 @@ Pool build_pool(const Workload& w, std::uint64_t n, std::uint64_t embedding_seed
                                                                          w.schema().dim, int8, embedding_seed);
   KEVO_GPU_ASSERT(cudaGetLastError());
   KEVO_GPU_ASSERT(cudaDeviceSynchronize());
+  pool.ensure_temp();
   return pool;
 }
 
@@ -184,9 +197,11 @@ struct StageTimes {
 };
 
 /// Runs the stages of one request `repeats` times over the first `slots` slots; medians per stage.
-StageTimes time_stages(Pool& pool, const Request& request, std::uint64_t slots, int repeats, void* temp,
-                       SearchOutput out, cudaStream_t stream) {
+StageTimes time_stages(Pool& pool, const Request& request, std::uint64_t slots, int repeats, SearchOutput out,
+                       cudaStream_t stream) {
   FusedRetrievalPipeline& p = *pool.pipeline;
+  pool.ensure_temp();
+  void* temp = pool.temp;
   auto lock = p.index().search_lock();
   auto view = p.index().before_search(stream);
   CHECK_OK(view);
@@ -225,9 +240,10 @@ StageTimes time_stages(Pool& pool, const Request& request, std::uint64_t slots, 
 }
 
 /// Scoring alone, run back to back (no top-K), for the "top-K adds at most 10%" comparison.
-double time_scoring_only(Pool& pool, const Request& request, std::uint64_t slots, int repeats, void* temp,
-                         cudaStream_t stream) {
+double time_scoring_only(Pool& pool, const Request& request, std::uint64_t slots, int repeats, cudaStream_t stream) {
   FusedRetrievalPipeline& p = *pool.pipeline;
+  pool.ensure_temp();
+  void* temp = pool.temp;
   auto lock = p.index().search_lock();
   auto view = p.index().before_search(stream);
   CHECK_OK(view);
@@ -259,12 +275,13 @@ std::vector<ScoredAd> top_k(Pool& pool, const Request& request) {
 
 int main(int argc, char** argv) {
   std::uint64_t n = 100'000'000;
-  bool quick = false;
+  bool quick = false, stages_only = false;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--n") && i + 1 < argc) n = std::strtoull(argv[++i], nullptr, 10);
     else if (!std::strcmp(argv[i], "--quick")) quick = true;
+    else if (!std::strcmp(argv[i], "--stages-only")) stages_only = true;
     else {
-      std::fprintf(stderr, "usage: %s [--n ADS] [--quick]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--n ADS] [--quick] [--stages-only]\n", argv[0]);
       return 2;
     }
   }
@@ -294,9 +311,6 @@ int main(int argc, char** argv) {
 
   cudaStream_t stream;
   cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
-  const std::size_t temp_bytes = std::max(fp16.pipeline->search_temp_bytes(), int8.pipeline->search_temp_bytes());
-  void* temp;
-  KEVO_GPU_ASSERT(cudaMalloc(&temp, temp_bytes));
   SearchOutput out;
   KEVO_GPU_ASSERT(cudaMalloc(&out.ids, kMaxK * 4));
   KEVO_GPU_ASSERT(cudaMalloc(&out.scores, kMaxK * 4));
@@ -307,7 +321,7 @@ int main(int argc, char** argv) {
     return static_cast<double>(p.clause_prefix[std::min<std::size_t>(batches, p.clause_prefix.size() - 1)]);
   };
   auto report = [&](const char* label, Pool& pool, const Request& request, std::uint64_t slots) {
-    const StageTimes st = time_stages(pool, request, slots, repeats, temp, out, stream);
+    const StageTimes st = time_stages(pool, request, slots, repeats, out, stream);
     const double row = static_cast<double>(pool.pipeline->index().row_bytes());
     const bool is_int8 = pool.pipeline->schema().embedding_type == EmbeddingType::int8;
     const double el = st.eligible;
@@ -345,10 +359,29 @@ int main(int argc, char** argv) {
     }
   }
 
+  if (stages_only) return 0;
+
+  std::puts("\n## Scoring policy sweep (typical, fp16 and int8, K = 1000)\n");
+  for (Pool* p : {&fp16, &int8}) {
+    const PipelinePolicy original = p->pipeline->policy();
+    for (int threads : {128, 256})
+      for (int tiles : {4, 16})
+        for (int blocks : {2, 4, 8}) {
+          PipelinePolicy policy = original;
+          policy.scoring = {threads, tiles, blocks};
+          CHECK_OK(p->pipeline->set_policy(policy));
+          const double t = time_scoring_only(*p, typical, n, repeats, stream);
+          const StageTimes st = time_stages(*p, typical, n, 3, out, stream);
+          std::printf("%s %s: scoring %.2f G ads/s\n", to_string(p->pipeline->schema().embedding_type),
+                      to_string(policy.scoring).c_str(), st.eligible / t * 1e-9);
+        }
+    CHECK_OK(p->pipeline->set_policy(original));
+  }
+
   std::puts("\n## Scoring alone vs scoring + top-K (typical, K = 1000)\n");
   for (Pool* p : {&fp16, &int8}) {
-    const double scoring = time_scoring_only(*p, typical, n, repeats, temp, stream);
-    const StageTimes st = time_stages(*p, typical, n, repeats, temp, out, stream);
+    const double scoring = time_scoring_only(*p, typical, n, repeats, stream);
+    const StageTimes st = time_stages(*p, typical, n, repeats, out, stream);
     std::printf("%s: scoring alone %.3f ms; inside the pipeline scoring %.3f ms + top-K %.3f ms = %.1f%% added\n",
                 to_string(p->pipeline->schema().embedding_type), scoring * 1e3, st.scoring * 1e3, st.topk * 1e3,
                 100 * st.topk / scoring);
@@ -358,7 +391,7 @@ int main(int argc, char** argv) {
   for (int routing : {1, 8}) {
     Request r = typical;
     r.routing = routing;
-    const StageTimes st = time_stages(fp16, r, n, repeats, temp, out, stream);
+    const StageTimes st = time_stages(fp16, r, n, repeats, out, stream);
     std::printf("k_e = %d: scoring %.1f G ads/s\n", routing, st.eligible / st.scoring * 1e-9);
   }
 
@@ -396,8 +429,8 @@ int main(int argc, char** argv) {
     for (int batch : {8, 32}) {
       const auto a = std::chrono::steady_clock::now();
       for (int r = 0; r < batch; ++r)
-        CHECK_OK(p->pipeline->search_async(fp16_workload.request(300 + r, RequestKind::typical, 1000), temp,
-                                           temp_bytes, out, stream));
+        CHECK_OK(p->pipeline->search_async(fp16_workload.request(300 + r, RequestKind::typical, 1000), p->temp,
+                                           p->temp_bytes, out, stream));
       KEVO_GPU_ASSERT(cudaStreamSynchronize(stream));
       const double bt = std::chrono::duration<double>(std::chrono::steady_clock::now() - a).count();
       std::printf("%s batch of %d (async, one stream): %.3f ms per request = %.2f G pool ads/s\n",
@@ -419,11 +452,9 @@ int main(int argc, char** argv) {
       });
     Rng rng(7);
     const int batch = 10000, batches = quick ? 20 : 60;
-    std::vector<AdRecord> ads(batch);
-    const auto a = std::chrono::steady_clock::now();
-    for (int b = 0; b < batches; ++b) {
-      for (int i = 0; i < batch; ++i) {
-        AdRecord& ad = ads[static_cast<std::size_t>(i)];
+    std::vector<std::vector<AdRecord>> prepared(static_cast<std::size_t>(batches), std::vector<AdRecord>(batch));
+    for (auto& ads : prepared)
+      for (AdRecord& ad : ads) {
         const std::uint64_t id = rng.next() % n;
         ad.id = static_cast<std::uint32_t>(id);
         ad.embedding.resize(128);
@@ -432,8 +463,8 @@ int main(int argc, char** argv) {
         ad.clauses = fp16_workload.ad_targeting(id);
         ad.live = true;
       }
-      CHECK_OK(fp16.pipeline->index().upsert(ads));
-    }
+    const auto a = std::chrono::steady_clock::now();
+    for (const auto& ads : prepared) CHECK_OK(fp16.pipeline->index().upsert(ads));
     const double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - a).count();
     stop = true;
     if (searcher.joinable()) searcher.join();
@@ -447,7 +478,7 @@ int main(int argc, char** argv) {
       const Workload w({.seed = 2026, .dim = dim, .embedding_type = type});
       const std::uint64_t m = std::min<std::uint64_t>(n, 20u << 20);
       Pool pool = build_pool(w, m, 99, &targeting);
-      const StageTimes st = time_stages(pool, w.request(1, RequestKind::typical, 1000), m, repeats, temp, out, stream);
+      const StageTimes st = time_stages(pool, w.request(1, RequestKind::typical, 1000), m, repeats, out, stream);
       const double bytes = st.eligible * (pool.pipeline->index().row_bytes() + 4.0 + (type == EmbeddingType::int8 ? 4 : 0) + 8);
       std::printf("d = %d %s: scoring %.1f G ads/s (%.0f%% of roofline), top-K %.3f ms\n", dim, to_string(type),
                   st.eligible / st.scoring * 1e-9, 100 * bytes / st.scoring / roofline, st.topk * 1e3);

@@ -128,6 +128,7 @@ TEST_CASE("fused scoring agrees with the reference for every eligible ad", "[cud
   PipelinePolicy policy;
   policy.scoring.block_threads = threads;
   policy.scoring.tiles_per_chunk = threads == 128 ? 4 : 16;
+  policy.scoring.tiles_in_flight = threads == 128 ? 1 : 2;
   Loaded pool(small_options(static_cast<std::uint64_t>(dim + routing), type, dim), 40000, policy);
   const Request request = pool.workload.request(3, RequestKind::broad, 100, routing);
   Stages s(*pool.pipeline);

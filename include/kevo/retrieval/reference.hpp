@@ -31,32 +31,41 @@ struct RequestVectors {
   std::vector<float> gate;    // g: (E, d)
 };
 
-/// Runs the user towers and gating projection: u_e = W2_e relu(W1_e x + c1_e) + c2_e, g_e = P u_e / sqrt(d).
+/// A dot product in fp32 in one fixed order: 32 lane-strided fused multiply-add chains, then a
+/// butterfly (offsets 16, 8, 4, 2, 1), lane 0's sum. It is the order of the GPU's warp_dot, so
+/// that the reference and the GPU round u_e and g_e to the same fp16 values, as the spec asks.
+inline float ordered_dot(const float* row, const float* x, int n) {
+  float lane[32] = {};
+  for (int i = 0; i < n; ++i) lane[i % 32] = std::fma(row[i], x[i], lane[i % 32]);
+  for (int offset = 16; offset > 0; offset /= 2) {
+    float next[32];
+    for (int l = 0; l < 32; ++l) next[l] = lane[l] + lane[l ^ offset];
+    std::copy(next, next + 32, lane);
+  }
+  return lane[0];
+}
+
+/// Runs the user towers and gating projection: u_e = W2_e relu(W1_e x + c1_e) + c2_e,
+/// g_e = P u_e / sqrt(d), each rounded to fp16.
 inline RequestVectors compute_request_vectors(const Model& model, const std::vector<float>& features) {
   const int e_count = model.experts, h_count = model.hidden, f = model.features, d = model.dim;
   RequestVectors v{e_count, d, std::vector<float>(static_cast<std::size_t>(e_count) * d),
                    std::vector<float>(static_cast<std::size_t>(e_count) * d)};
   std::vector<float> hidden(static_cast<std::size_t>(h_count));
   std::vector<float> u(static_cast<std::size_t>(d));
-  const double inv_sqrt_d = 1.0 / std::sqrt(static_cast<double>(d));
+  const float sqrt_d = std::sqrt(static_cast<float>(d));
   for (int e = 0; e < e_count; ++e) {
     for (int j = 0; j < h_count; ++j) {
-      const float* row = &model.w1[(static_cast<std::size_t>(e) * h_count + j) * f];
-      double acc = model.c1[static_cast<std::size_t>(e) * h_count + j];
-      for (int i = 0; i < f; ++i) acc += static_cast<double>(row[i]) * features[static_cast<std::size_t>(i)];
-      hidden[static_cast<std::size_t>(j)] = static_cast<float>(std::max(acc, 0.0));
+      const std::size_t row = static_cast<std::size_t>(e) * h_count + j;
+      hidden[static_cast<std::size_t>(j)] = std::max(ordered_dot(&model.w1[row * f], features.data(), f) + model.c1[row], 0.0f);
     }
     for (int j = 0; j < d; ++j) {
-      const float* row = &model.w2[(static_cast<std::size_t>(e) * d + j) * h_count];
-      double acc = model.c2[static_cast<std::size_t>(e) * d + j];
-      for (int i = 0; i < h_count; ++i) acc += static_cast<double>(row[i]) * hidden[static_cast<std::size_t>(i)];
-      u[static_cast<std::size_t>(j)] = static_cast<float>(acc);
+      const std::size_t row = static_cast<std::size_t>(e) * d + j;
+      u[static_cast<std::size_t>(j)] = ordered_dot(&model.w2[row * h_count], hidden.data(), h_count) + model.c2[row];
     }
     for (int j = 0; j < d; ++j) {
-      const float* row = &model.gate_projection[static_cast<std::size_t>(j) * d];
-      double acc = 0.0;
-      for (int i = 0; i < d; ++i) acc += static_cast<double>(row[i]) * u[static_cast<std::size_t>(i)];
-      v.gate[static_cast<std::size_t>(e) * d + j] = round_to_half(static_cast<float>(acc * inv_sqrt_d));
+      const float g = ordered_dot(&model.gate_projection[static_cast<std::size_t>(j) * d], u.data(), d) / sqrt_d;
+      v.gate[static_cast<std::size_t>(e) * d + j] = round_to_half(g);
       v.expert[static_cast<std::size_t>(e) * d + j] = round_to_half(u[static_cast<std::size_t>(j)]);
     }
   }

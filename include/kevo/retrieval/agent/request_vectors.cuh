@@ -10,10 +10,11 @@
 
 namespace kevo::retrieval {
 
-/// Sum over i < n of row[i] * x[i], lanes striding the row so that loads coalesce.
+/// Sum over i < n of row[i] * x[i], lanes striding the row so that loads coalesce. The order
+/// (per-lane fma chains, then a butterfly) is the one the CPU reference's ordered_dot follows.
 __device__ __forceinline__ float warp_dot(const float* row, const float* x, int n, int lane) {
   float acc = 0.0f;
-  for (int i = lane; i < n; i += 32) acc += row[i] * x[i];
+  for (int i = lane; i < n; i += 32) acc = __fmaf_rn(row[i], x[i], acc);
 #pragma unroll
   for (int offset = 16; offset > 0; offset /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, offset);
   return acc;

@@ -11,7 +11,8 @@
 // per = k-steps per chunk (fp16: 2, int8: 4; int8 words are widened to two half2).
 //
 //   AgentScoring<128, EmbeddingType::fp16> agent{index, b_fragments_in_shared, routing, experts};
-//   agent.score_tile(lane, slot_lo, slot_hi, valid_lo, valid_hi) -> this lane's (score, valid)
+//   auto tile = agent.load_tile(lane, slot_lo, slot_hi, valid_lo, valid_hi);
+//   float score = agent.score_tile(lane, tile);   // quad 0: row group, quad 1: row group + 8
 #pragma once
 
 #include <cstdint>
@@ -114,20 +115,37 @@ struct AgentScoring {
   int routing;                             // k_e
   int experts;                             // E <= 8
 
-  /// Scores a tile of 16 ads: rows `group` (slot_lo) and `group + 8` (slot_hi) of this lane's group.
-  /// Lanes with quad 0 return the score of row `group`, quad 1 of row `group + 8`; quads 2 and 3
-  /// duplicate them (their results are dropped by the caller).
-  __device__ __forceinline__ float score_tile(int lane, std::uint32_t slot_lo, std::uint32_t slot_hi, bool valid_lo,
-                                              bool valid_hi) const {
+  /// A loaded tile: this lane's quarters of rows `group` and `group + 8`, and the bias and scale
+  /// of the row whose score this lane computes (quad 0: row group, quad 1: row group + 8).
+  struct Tile {
+    RowQuarter<Dim, Type> lo, hi;
+    float bias, scale;
+  };
+
+  /// Issues the tile's loads; a separate step so that several tiles' loads can be in flight.
+  __device__ __forceinline__ Tile load_tile(int lane, std::uint32_t slot_lo, std::uint32_t slot_hi, bool valid_lo,
+                                            bool valid_hi) const {
     const int quad = lane & 3;
-    const RowQuarter<Dim, Type> lo = load_row_quarter<Dim, Type>(index.embeddings, slot_lo, quad, valid_lo);
-    const RowQuarter<Dim, Type> hi = load_row_quarter<Dim, Type>(index.embeddings, slot_hi, quad, valid_hi);
+    Tile t;
+    t.lo = load_row_quarter<Dim, Type>(index.embeddings, slot_lo, quad, valid_lo);
+    t.hi = load_row_quarter<Dim, Type>(index.embeddings, slot_hi, quad, valid_hi);
     const bool odd = quad & 1;
     const std::uint32_t my_slot = odd ? slot_hi : slot_lo;
     const bool my_valid = odd ? valid_hi : valid_lo;
-    const float bias = my_valid ? __ldg(index.bias + my_slot) : 0.0f;
-    float scale = 1.0f;
-    if constexpr (Type == EmbeddingType::int8) scale = my_valid ? __ldg(index.scale + my_slot) : 0.0f;
+    t.bias = my_valid ? __ldg(index.bias + my_slot) : 0.0f;
+    t.scale = 1.0f;
+    if constexpr (Type == EmbeddingType::int8) t.scale = my_valid ? __ldg(index.scale + my_slot) : 0.0f;
+    return t;
+  }
+
+  /// Scores a loaded tile of 16 ads. Lanes with quad 0 return the score of row `group`, quad 1 of
+  /// row `group + 8`; quads 2 and 3 duplicate them (their results are dropped by the caller).
+  __device__ __forceinline__ float score_tile(int lane, const Tile& tile) const {
+    const int quad = lane & 3;
+    const bool odd = quad & 1;
+    const RowQuarter<Dim, Type>& lo = tile.lo;
+    const RowQuarter<Dim, Type>& hi = tile.hi;
+    const float bias = tile.bias, scale = tile.scale;
 
     float acc_u[4] = {0, 0, 0, 0}, acc_g[4] = {0, 0, 0, 0};
 #pragma unroll

@@ -11,7 +11,7 @@
 
 namespace kevo::retrieval {
 
-/// Each slot's targeting word: live bit, has-clauses bit and the offset of its first clause.
+/// Each slot's targeting word: live bit, has-clauses bit and the offset of its clause run (16-byte units).
 namespace targeting_bits {
 inline constexpr std::uint32_t live = 1u << 31;
 inline constexpr std::uint32_t has_clauses = 1u << 30;
@@ -22,7 +22,7 @@ inline constexpr std::uint32_t offset_mask = (1u << 30) - 1u;
 struct IndexView {
   const std::uint32_t* ids = nullptr;        // (slots)
   const std::uint32_t* targeting = nullptr;  // (slots) targeting_bits
-  const std::uint32_t* clauses = nullptr;    // (clause capacity) clause_bits, each ad's run ends with `last`
+  const std::uint32_t* clauses = nullptr;    // (clause capacity) clause_bits; runs 16-byte aligned, ending with `last`
   const void* embeddings = nullptr;          // (slots, dim) __half or int8
   const float* bias = nullptr;               // (slots)
   const float* scale = nullptr;              // (slots) int8 only

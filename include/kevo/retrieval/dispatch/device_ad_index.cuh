@@ -1,8 +1,9 @@
 // kevo/retrieval/dispatch/device_ad_index.cuh: the ad pool on the GPU with real-time updates.
 //
 // Layout (struct of arrays, slot i of each belongs to one ad): ids, one targeting word (live bit,
-// has-clauses bit, offset of the ad's clause run), the embedding row (fp16, or int8 with a scale),
-// the bias, and an append-only arena of packed clauses. Matching reads the targeting word and,
+// has-clauses bit, offset of the ad's clause run in 16-byte units), the embedding row (fp16, or
+// int8 with a scale), the bias, and an append-only arena of packed clauses, each ad's run padded
+// to 16 bytes. Matching reads the targeting word and,
 // only for ads that restrict something, one contiguous clause run.
 //
 // No torn reads: updates and searches are ordered on the device by events. An update waits for
@@ -67,7 +68,8 @@ class DeviceAdIndex {
       return make_error("the GPU index holds d = 64, 128 or 256");
     if (options.capacity == 0 || options.capacity > (1ull << 31)) return make_error("capacity from 1 to 2^31 slots");
     if (options.clause_capacity == 0) options.clause_capacity = options.capacity * 8;
-    if (options.clause_capacity > targeting_bits::offset_mask) return make_error("clause capacity above 2^30");
+    options.clause_capacity = (options.clause_capacity + 3) & ~std::size_t{3};
+    if (options.clause_capacity / 4 > targeting_bits::offset_mask) return make_error("clause capacity above 2^32");
     std::unique_ptr<DeviceAdIndex> index(new DeviceAdIndex(schema, options));
     if (auto ok = index->allocate(); !ok) return unexpected(ok.error());
     return index;
@@ -137,18 +139,27 @@ class DeviceAdIndex {
     for (std::size_t i = 0; i < n; ++i)
       fresh += (last_entry[ads.ids[i]] == i && ads.live[i] && !id_to_slot_.count(ads.ids[i])) ? 1 : 0;
     if (fresh > free_slots_.size() + (options_.capacity - slots_)) return make_error("the index is full");
-    if (arena_tail_ + ads.clauses.size() > options_.clause_capacity)
+    // Each ad's clause run starts on a 16-byte boundary (matching reads runs four clauses at a time).
+    std::vector<std::uint32_t> padded_begin(n + 1, 0);
+    for (std::size_t i = 0; i < n; ++i)
+      padded_begin[i + 1] = padded_begin[i] + ((ads.clause_begin[i + 1] - ads.clause_begin[i] + 3u) & ~3u);
+    const std::size_t padded_clauses = padded_begin[n];
+    if (arena_tail_ + padded_clauses > options_.clause_capacity)
       return make_error("the clause arena is full (replaced and expired ads' clauses are not reclaimed yet)");
 
     const bool with_rows = !ads.embeddings.empty();
-    Staging s = staging_layout(n, ads.clauses.size(), with_rows);
+    Staging s = staging_layout(n, padded_clauses, with_rows);
     if (auto ok = reserve_staging(s.total); !ok) return ok;
     auto* slots = reinterpret_cast<std::uint32_t*>(host_staging_ + s.slots);
     auto* ids = reinterpret_cast<std::uint32_t*>(host_staging_ + s.ids);
     auto* targeting = reinterpret_cast<std::uint32_t*>(host_staging_ + s.targeting);
     auto* bias = reinterpret_cast<float*>(host_staging_ + s.bias);
     auto* scale = reinterpret_cast<float*>(host_staging_ + s.scale);
-    std::memcpy(host_staging_ + s.clauses, ads.clauses.data(), ads.clauses.size() * 4);
+    auto* run = reinterpret_cast<std::uint32_t*>(host_staging_ + s.clauses);
+    std::fill(run, run + padded_clauses, 0u);
+    for (std::size_t i = 0; i < n; ++i)
+      std::copy(ads.clauses.begin() + ads.clause_begin[i], ads.clauses.begin() + ads.clause_begin[i + 1],
+                run + padded_begin[i]);
     std::vector<std::uint32_t> freed;
     std::size_t written = 0;  // entries staged, in order
     for (std::size_t i = 0; i < n; ++i) {
@@ -174,19 +185,20 @@ class DeviceAdIndex {
       slots[w] = slot;
       ids[w] = ads.ids[i];
       bias[w] = ads.bias[i];
-      const std::uint32_t begin = ads.clause_begin[i], end = ads.clause_begin[i + 1];
+      const bool has_clauses = ads.clause_begin[i + 1] > ads.clause_begin[i];
       targeting[w] = (ads.live[i] ? targeting_bits::live : 0u) |
-                     (end > begin ? targeting_bits::has_clauses | static_cast<std::uint32_t>(arena_tail_ + begin) : 0u);
+                     (has_clauses ? targeting_bits::has_clauses |
+                                        static_cast<std::uint32_t>((arena_tail_ + padded_begin[i]) / 4) : 0u);
       if (with_rows) write_row(ads.embeddings.data() + i * schema_.dim, host_staging_ + s.rows + w * row_bytes(), scale[w]);
       else scale[w] = 0.0f;
     }
     free_slots_.insert(free_slots_.end(), freed.begin(), freed.end());
     KEVO_GPU_TRY(wait_for_searches());
     KEVO_GPU_TRY(cudaMemcpyAsync(device_staging_, host_staging_, s.total, cudaMemcpyHostToDevice, update_stream_));
-    if (!ads.clauses.empty())
-      KEVO_GPU_TRY(cudaMemcpyAsync(clauses_ + arena_tail_, device_staging_ + s.clauses, ads.clauses.size() * 4,
+    if (padded_clauses > 0)
+      KEVO_GPU_TRY(cudaMemcpyAsync(clauses_ + arena_tail_, device_staging_ + s.clauses, padded_clauses * 4,
                                    cudaMemcpyDeviceToDevice, update_stream_));
-    arena_tail_ += ads.clauses.size();
+    arena_tail_ += padded_clauses;
     auto* d = device_staging_;
     if (written > 0)
       kernels::scatter_ads<<<static_cast<unsigned>((written * 32 + 255) / 256), 256, 0, update_stream_>>>(

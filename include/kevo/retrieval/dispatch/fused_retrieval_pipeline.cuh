@@ -265,16 +265,20 @@ class FusedRetrievalPipeline {
     auto* keys = reinterpret_cast<std::uint32_t*>(t + l.keys);
     auto* chunk_max = reinterpret_cast<std::uint32_t*>(t + l.chunk_max);
     bool launched = false;
-    auto launch = [&]<int Threads, int Dim, EmbeddingType Type>() {
-      kernels::scoring<Threads, Dim, Type><<<grid, Threads, 0, stream>>>(view, vectors, list, state, keys, chunk_max,
-                                                                       routing, model_.experts, p.tiles_per_chunk);
+    auto launch = [&]<int Threads, int Dim, EmbeddingType Type, int InFlight>() {
+      kernels::scoring<Threads, Dim, Type, InFlight><<<grid, Threads, 0, stream>>>(
+          view, vectors, list, state, keys, chunk_max, routing, model_.experts, p.tiles_per_chunk);
       launched = true;
     };
     const bool fp16 = schema().embedding_type == EmbeddingType::fp16;
     const int d = model_.dim;
+    auto by_flight = [&]<int Threads, int Dim, EmbeddingType Type>() {
+      if (p.tiles_in_flight == 1) launch.template operator()<Threads, Dim, Type, 1>();
+      else if (p.tiles_in_flight == 2) launch.template operator()<Threads, Dim, Type, 2>();
+    };
     auto by_type = [&]<int Threads, int Dim>() {
-      if (fp16) launch.template operator()<Threads, Dim, EmbeddingType::fp16>();
-      else launch.template operator()<Threads, Dim, EmbeddingType::int8>();
+      if (fp16) by_flight.template operator()<Threads, Dim, EmbeddingType::fp16>();
+      else by_flight.template operator()<Threads, Dim, EmbeddingType::int8>();
     };
     auto by_dim = [&]<int Threads>() {
       if (d == 64) by_type.template operator()<Threads, 64>();

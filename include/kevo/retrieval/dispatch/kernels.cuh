@@ -19,7 +19,7 @@ __global__ void tower_hidden(const float* w1, const float* c1, const float* x, i
   const int row = static_cast<int>((blockIdx.x * blockDim.x + threadIdx.x) / 32);
   if (row >= rows) return;
   const float dot = warp_dot(w1 + static_cast<std::size_t>(row) * features, x, features, threadIdx.x % 32);
-  if (threadIdx.x % 32 == 0) hidden[row] = fmaxf(dot + c1[row], 0.0f);
+  if (threadIdx.x % 32 == 0) hidden[row] = fmaxf(__fadd_rn(dot, c1[row]), 0.0f);
 }
 
 /// u(E, d) = W2_e hidden_e + c2_e.
@@ -30,7 +30,7 @@ __global__ void tower_expert(const float* w2, const float* c2, const float* hidd
   const int e = row / dim;
   const float dot = warp_dot(w2 + static_cast<std::size_t>(row) * hidden_dim,
                              hidden + static_cast<std::size_t>(e) * hidden_dim, hidden_dim, threadIdx.x % 32);
-  if (threadIdx.x % 32 == 0) u[row] = dot + c2[row];
+  if (threadIdx.x % 32 == 0) u[row] = __fadd_rn(dot, c2[row]);
 }
 
 /// vectors(16, d) fp16: rows 0..7 = u_e, rows 8..15 = g_e = P u_e / sqrt(d); experts >= E are zero.
@@ -46,7 +46,7 @@ __global__ void tower_gate(const float* projection, const float* u, int dim, int
   const float dot = warp_dot(projection + static_cast<std::size_t>(j) * dim, u + static_cast<std::size_t>(e) * dim,
                              dim, lane);
   if (lane == 0) {
-    vectors[kMaxGpuExperts * dim + row] = __float2half_rn(dot / sqrtf(static_cast<float>(dim)));
+    vectors[kMaxGpuExperts * dim + row] = __float2half_rn(__fdiv_rn(dot, __fsqrt_rn(static_cast<float>(dim))));
     vectors[row] = __float2half_rn(u[row]);
   }
 }
@@ -90,41 +90,57 @@ __global__ void __launch_bounds__(BlockThreads)
 // ---- fused scoring -----------------------------------------------------------------------------
 
 /// Scores every eligible ad: keys[pos] = score_key(score of eligible_list[pos]); fills the level-0
-/// top-K histogram and each chunk's largest key. Each warp takes whole chunks of 16-ad tiles.
-template <int BlockThreads, int Dim, EmbeddingType Type>
+/// top-K histogram and each chunk's largest key. Each warp takes whole chunks of 16-ad tiles,
+/// stages the chunk's slots in shared memory (one coalesced read), and keeps TilesInFlight tiles'
+/// loads in flight before scoring them.
+inline constexpr int kMaxChunkSlots = 16 * 32;
+
+template <int BlockThreads, int Dim, EmbeddingType Type, int TilesInFlight>
 __global__ void __launch_bounds__(BlockThreads)
     scoring(IndexView index, const __half* vectors, const std::uint32_t* eligible_list, TopKState* state,
             std::uint32_t* keys, std::uint32_t* chunk_max, int routing, int experts, int tiles_per_chunk) {
+  constexpr int warps = BlockThreads / 32;
+  using Agent = AgentScoring<Dim, Type>;
   __shared__ ScoringFragments<Dim> fragments;
   __shared__ std::uint32_t histogram[kTopKBins];
+  __shared__ std::uint32_t chunk_slots[warps][kMaxChunkSlots];
   const int rank = static_cast<int>(threadIdx.x);
   for (int i = rank; i < kTopKBins; i += BlockThreads) histogram[i] = 0;
   load_scoring_fragments<Dim, Type>(fragments, vectors, rank, BlockThreads);
   __syncthreads();
 
-  const AgentScoring<Dim, Type> agent{index, &fragments, routing, experts};
+  const Agent agent{index, &fragments, routing, experts};
   const std::uint32_t count = state->eligible_count;
   const std::uint32_t chunk_size = 16u * static_cast<std::uint32_t>(tiles_per_chunk);
   const std::uint32_t chunks = (count + chunk_size - 1) / chunk_size;
-  constexpr int warps = BlockThreads / 32;
-  const int lane = rank % 32, group = lane / 4, quad = lane % 4;
-  for (std::uint32_t chunk = blockIdx.x * warps + rank / 32; chunk < chunks; chunk += gridDim.x * warps) {
-    const std::uint32_t begin = chunk * chunk_size, end = min(count, begin + chunk_size);
+  const int lane = rank % 32, group = lane / 4, quad = lane % 4, warp = rank / 32;
+  std::uint32_t* slots = chunk_slots[warp];
+  for (std::uint32_t chunk = blockIdx.x * warps + warp; chunk < chunks; chunk += gridDim.x * warps) {
+    const std::uint32_t begin = chunk * chunk_size, length = min(count - begin, chunk_size);
+    for (std::uint32_t i = lane; i < length; i += 32) slots[i] = __ldg(eligible_list + begin + i);
+    __syncwarp();
     std::uint32_t largest = 0;
-    for (std::uint32_t tile = begin; tile < end; tile += 16) {
-      const std::uint32_t pos_lo = tile + group, pos_hi = tile + group + 8;
-      const bool valid_lo = pos_lo < end, valid_hi = pos_hi < end;
-      const std::uint32_t slot_lo = valid_lo ? __ldg(eligible_list + pos_lo) : 0u;
-      const std::uint32_t slot_hi = valid_hi ? __ldg(eligible_list + pos_hi) : 0u;
-      const float score = agent.score_tile(lane, slot_lo, slot_hi, valid_lo, valid_hi);
-      const std::uint32_t pos = (quad & 1) ? pos_hi : pos_lo;
-      if (quad < 2 && pos < end) {
-        const std::uint32_t key = score_key(score);
-        keys[pos] = key;
-        atomicAdd(&histogram[key >> 20], 1u);
-        largest = max(largest, key);
+    for (std::uint32_t tile = 0; tile < length; tile += 16 * TilesInFlight) {
+      typename Agent::Tile loaded[TilesInFlight];
+#pragma unroll
+      for (int p = 0; p < TilesInFlight; ++p) {
+        const std::uint32_t lo = tile + 16 * p + group, hi = lo + 8;
+        loaded[p] = agent.load_tile(lane, lo < length ? slots[lo] : 0u, hi < length ? slots[hi] : 0u, lo < length,
+                                    hi < length);
+      }
+#pragma unroll
+      for (int p = 0; p < TilesInFlight; ++p) {
+        const float score = agent.score_tile(lane, loaded[p]);
+        const std::uint32_t local = tile + 16 * p + group + ((quad & 1) ? 8 : 0);
+        if (quad < 2 && local < length) {
+          const std::uint32_t key = score_key(score);
+          keys[begin + local] = key;
+          atomicAdd(&histogram[key >> 20], 1u);
+          largest = max(largest, key);
+        }
       }
     }
+    __syncwarp();  // the next chunk overwrites the staged slots
     largest = __reduce_max_sync(0xffffffffu, largest);
     if (lane == 0) chunk_max[chunk] = largest;
   }

@@ -31,6 +31,8 @@ struct ScoringPolicy {
   static constexpr std::array<int, 4> tiles_per_chunk_domain{4, 8, 16, 32};  // run time
   int blocks_per_sm = 4;
   static constexpr std::array<int, 6> blocks_per_sm_domain{1, 2, 3, 4, 6, 8};  // run time (grid size)
+  int tiles_in_flight = 2;
+  static constexpr std::array<int, 2> tiles_in_flight_domain{1, 2};  // compile-time variants
   friend bool operator==(const ScoringPolicy&, const ScoringPolicy&) = default;
 };
 
@@ -66,7 +68,8 @@ inline bool is_legal(const MatchingPolicy& p) {
 inline bool is_legal(const ScoringPolicy& p) {
   return detail::in_domain(p.block_threads, ScoringPolicy::block_threads_domain) &&
          detail::in_domain(p.tiles_per_chunk, ScoringPolicy::tiles_per_chunk_domain) &&
-         detail::in_domain(p.blocks_per_sm, ScoringPolicy::blocks_per_sm_domain);
+         detail::in_domain(p.blocks_per_sm, ScoringPolicy::blocks_per_sm_domain) &&
+         detail::in_domain(p.tiles_in_flight, ScoringPolicy::tiles_in_flight_domain);
 }
 inline bool is_legal(const TopKPolicy& p) {
   return detail::in_domain(p.block_threads, TopKPolicy::block_threads_domain) &&
@@ -80,7 +83,8 @@ inline std::string to_string(const MatchingPolicy& p) {
 }
 inline std::string to_string(const ScoringPolicy& p) {
   return "scoring{block_threads=" + std::to_string(p.block_threads) + ",tiles_per_chunk=" +
-         std::to_string(p.tiles_per_chunk) + ",blocks_per_sm=" + std::to_string(p.blocks_per_sm) + "}";
+         std::to_string(p.tiles_per_chunk) + ",blocks_per_sm=" + std::to_string(p.blocks_per_sm) +
+         ",tiles_in_flight=" + std::to_string(p.tiles_in_flight) + "}";
 }
 inline std::string to_string(const TopKPolicy& p) {
   return "topk{block_threads=" + std::to_string(p.block_threads) + ",boundary_cap=" + std::to_string(p.boundary_cap) +
