@@ -24,6 +24,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cctype>
 #include <chrono>
 #include <cstdint>
 #include <cstdlib>
@@ -120,6 +121,8 @@ class CpuEvaluator {
     e.seconds = report.seconds;
     e.speedup = report.seconds > 0 ? reference_seconds_ / report.seconds : 0;
     e.diagnostics = classify(report.bytes, report.flops, report.seconds, roofline_);
+    e.diagnostics.detail = fmt::format("median {:.4g} ms, fastest {:.4g} ms of {} timed runs; reference {:.4g} ms", report.seconds * 1e3,
+                                       report.min_seconds * 1e3, options_.repetitions, reference_seconds_ * 1e3);
     return e;
   }
 
@@ -303,7 +306,10 @@ class CpuEvaluator {
     const std::string harness = harness_source(problem_);
     const std::string flags = join(compile_flags());
     const std::uint64_t key = content_hash(header + harness + problem_.reference_source + flags + compiler_identity_);
-    problem_dir_ = options_.cache_dir / "problems" / fmt::format("{}-{:016x}", problem_.name, key);
+    std::string safe_name = problem_.name;  // the name becomes a directory name
+    for (char& c : safe_name)
+      if (!std::isalnum(static_cast<unsigned char>(c)) && c != '_' && c != '-') c = '_';
+    problem_dir_ = options_.cache_dir / "problems" / fmt::format("{}-{:016x}", safe_name, key);
     std::error_code ec;
     fs::create_directories(problem_dir_ / "builds", ec);
     if (ec) return make_error(fmt::format("{}: cannot be created: {}", problem_dir_.string(), ec.message()));
