@@ -664,11 +664,14 @@ TEST_CASE("the LLM synthesizer over HTTP: candidates from recorded answers, fail
   REQUIRE(problem);
   LoopbackServer server;
   std::string no_code = format == WireFormat::openai ? recorded("openai/no_code.json") : recorded("anthropic/refusal.json");
+  // The same answer twice would be a repeat (the synthesizer re-asks); the last one differs.
+  std::string second_variant = recorded(rewrite_file(format));
+  second_variant.replace(second_variant.find("// Each ad is read once"), 23, "// Variant 2: each ad is read once");
   server.script({{.body = recorded(rewrite_file(format))},
                  {.body = no_code},
                  {.status = 500, .body = "{}"},
                  {.fault = Reply::Fault::reset},
-                 {.body = recorded(rewrite_file(format))}});
+                 {.body = second_variant}});
   auto client = net::BlockingLlmClient::create(quick_options(server, format, nullptr));
   REQUIRE(client);
   std::vector<std::string> prompts;
