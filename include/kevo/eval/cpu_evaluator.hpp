@@ -92,10 +92,8 @@ class CpuEvaluator {
   expected<void, Error> prepare() {
     std::lock_guard lock(prepare_mutex_);
     if (prepared_) return {};
-    if (prepare_error_) return make_error(prepare_error_->message);
-    auto result = prepare_locked();
-    if (!result) prepare_error_ = result.error();
-    else prepared_ = true;
+    auto result = prepare_locked();  // a failure is not kept: a compile that timed out may succeed later
+    prepared_ = result.has_value();
     return result;
   }
 
@@ -548,7 +546,6 @@ class CpuEvaluator {
   CpuEvaluatorOptions options_;
   std::mutex prepare_mutex_;
   bool prepared_ = false;
-  std::optional<Error> prepare_error_;
   std::string compiler_identity_;
   std::filesystem::path problem_dir_;
   double reference_seconds_ = 0;
