@@ -136,6 +136,12 @@ TEST_CASE("a user adds documents for a new accelerator by dropping files into a 
   auto other = kb->retrieve({.target = Target::hip, .architecture = "gfx942", .bottleneck = Bottleneck::memory});
   for (const auto& s : other) CHECK_FALSE(mentions(s, "acme"));
 
+  // A persistent database forgets a document once its file is gone.
+  const std::string db = (dir / "kb.db").string();
+  REQUIRE(KnowledgeBase::open({.database = db, .folders = {dir}})->size("document") == 1);
+  fs::remove(dir / "hardware" / "acme-npu" / "scratchpad.md");
+  CHECK(KnowledgeBase::open({.database = db, .folders = {dir}})->size("document") == 0);
+
   std::ofstream(dir / "bad.md") << "---\ntitle: broken\ncategory: recipes\n---\ntext\n";
   auto broken = KnowledgeBase::open({.folders = {dir}});
   REQUIRE_FALSE(broken);

@@ -159,18 +159,20 @@ class KnowledgeBase {
     if (!docs) return unexpected(docs.error());
     std::lock_guard lock(mutex_);
     if (auto r = db_.exec("BEGIN"); !r) return unexpected(r.error());
-    auto remove = db_.prepare("DELETE FROM kevo_knowledge WHERE source = 'document' AND origin = ?1");
+    // Everything indexed from this folder before goes, so a deleted or renamed file leaves nothing behind.
+    auto remove = db_.prepare("DELETE FROM kevo_knowledge WHERE source = 'document' AND substr(origin, 1, length(?1)) = ?1");
     auto insert = prepare_insert();
     if (!remove || !insert) {
       (void)db_.exec("ROLLBACK");
       return make_error(!remove ? remove.error().message : insert.error().message);
     }
+    const std::string prefix = (folder / "").lexically_normal().generic_string();
+    remove->bind(1, prefix);
+    remove->step();
+    remove->reset();
     std::size_t sections = 0;
     for (const auto& doc : *docs) {
       const std::string origin = (folder / doc.path).lexically_normal().generic_string();
-      remove->bind(1, origin);
-      remove->step();
-      remove->reset();
       for (const auto& section : doc.sections) {
         const std::string title = section.heading.empty() ? doc.title : fmt::format("{}: {}", doc.title, section.heading);
         if (!insert_row(*insert, title, detail::join(doc.tags, " "), section.text, doc.category,
