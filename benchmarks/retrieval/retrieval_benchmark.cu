@@ -165,10 +165,10 @@ struct Pool {
 };
 
 Pool build_pool(const Workload& w, std::uint64_t n, std::uint64_t embedding_seed, std::vector<PackedAds>* cache,
-                PipelinePolicy policy = {}) {
+                std::size_t clauses_per_slot = 8) {
   Pool pool;
   pool.n = n;
-  auto p = FusedRetrievalPipeline::create(w.schema(), w.model(), {.capacity = n, .policy = policy});
+  auto p = FusedRetrievalPipeline::create(w.schema(), w.model(), {.capacity = n, .clause_capacity = n * clauses_per_slot});
   CHECK_OK(p);
   pool.pipeline = std::move(*p);
   const std::uint64_t batch = 1u << 20;
@@ -365,10 +365,10 @@ int main(int argc, char** argv) {
   for (Pool* p : {&fp16, &int8}) {
     const PipelinePolicy original = p->pipeline->policy();
     for (int threads : {128, 256})
-      for (int tiles : {4, 16})
+      for (int in_flight : {1, 2})
         for (int blocks : {2, 4, 8}) {
           PipelinePolicy policy = original;
-          policy.scoring = {threads, tiles, blocks};
+          policy.scoring = {threads, 16, blocks, in_flight};
           CHECK_OK(p->pipeline->set_policy(policy));
           const double t = time_scoring_only(*p, typical, n, repeats, stream);
           const StageTimes st = time_stages(*p, typical, n, 3, out, stream);
@@ -489,7 +489,7 @@ int main(int argc, char** argv) {
   {
     const Workload w({.seed = 2027, .restrict_min = 0.1, .restrict_max = 0.2});
     const std::uint64_t m = std::min<std::uint64_t>(n, 20u << 20);
-    Pool pool = build_pool(w, m, 98, nullptr);
+    Pool pool = build_pool(w, m, 98, nullptr, 24);
     report("narrow", pool, w.request(1, RequestKind::narrow, 1000), m);
   }
 

@@ -19,12 +19,12 @@ struct AgentMatching {
   static constexpr int tile_slots = BlockThreads * AdsPerThread;
 
   IndexView index;
-  const std::uint32_t* bitmap;
+  const std::uint32_t* bitmap;            // shared memory where it fits, else global
   const std::uint32_t* category_offsets;  // (32) in shared memory
 
   __device__ __forceinline__ bool in_query(std::uint32_t category, std::uint32_t value) const {
     const std::uint32_t bit = category_offsets[category] + value;
-    return (__ldg(bitmap + (bit >> 5)) >> (bit & 31u)) & 1u;
+    return (bitmap[bit >> 5] >> (bit & 31u)) & 1u;
   }
 
   /// Eligibility from the ad's targeting word and the first 16 bytes of its clause run (already

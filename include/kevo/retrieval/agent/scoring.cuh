@@ -138,57 +138,68 @@ struct AgentScoring {
     return t;
   }
 
-  /// Scores a loaded tile of 16 ads. Lanes with quad 0 return the score of row `group`, quad 1 of
-  /// row `group + 8`; quads 2 and 3 duplicate them (their results are dropped by the caller).
-  __device__ __forceinline__ float score_tile(int lane, const Tile& tile) const {
-    const int quad = lane & 3;
-    const bool odd = quad & 1;
-    const RowQuarter<Dim, Type>& lo = tile.lo;
-    const RowQuarter<Dim, Type>& hi = tile.hi;
-    const float bias = tile.bias, scale = tile.scale;
-
-    float acc_u[4] = {0, 0, 0, 0}, acc_g[4] = {0, 0, 0, 0};
+  /// The tile's expert scores and gate logits on tensor cores: acc[0..1] hold row `group`, experts
+  /// 2 quad and 2 quad + 1; acc[2..3] the same experts of row `group + 8`.
+  __device__ __forceinline__ void accumulate(int lane, const Tile& tile, float (&acc_u)[4], float (&acc_g)[4]) const {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) acc_u[i] = acc_g[i] = 0.0f;
 #pragma unroll
     for (int s = 0; s < Shape::k_steps; ++s) {
       std::uint32_t a0, a1, a2, a3;
       if constexpr (Type == EmbeddingType::fp16) {
-        a0 = quarter_word(lo, 2 * s);
-        a2 = quarter_word(lo, 2 * s + 1);
-        a1 = quarter_word(hi, 2 * s);
-        a3 = quarter_word(hi, 2 * s + 1);
+        a0 = quarter_word(tile.lo, 2 * s);
+        a2 = quarter_word(tile.lo, 2 * s + 1);
+        a1 = quarter_word(tile.hi, 2 * s);
+        a3 = quarter_word(tile.hi, 2 * s + 1);
       } else {
-        int8x4_to_half2x2(quarter_word(lo, s), a0, a2);
-        int8x4_to_half2x2(quarter_word(hi, s), a1, a3);
+        int8x4_to_half2x2(quarter_word(tile.lo, s), a0, a2);
+        int8x4_to_half2x2(quarter_word(tile.hi, s), a1, a3);
       }
       const uint2 bu = fragments->b[0][s][lane];
       const uint2 bg = fragments->b[1][s][lane];
       gpu_mma_m16n8k16(acc_u, a0, a1, a2, a3, bu.x, bu.y);
       gpu_mma_m16n8k16(acc_g, a0, a1, a2, a3, bg.x, bg.y);
     }
+  }
 
-    // acc[0..1]: row group, experts 2q, 2q+1; acc[2..3]: row group+8. Gather all 8 experts of one
-    // row into each lane: even quads keep row group, odd quads row group+8.
-    float s0 = odd ? acc_u[2] : acc_u[0], s1 = odd ? acc_u[3] : acc_u[1];
-    float l0 = odd ? acc_g[2] : acc_g[0], l1 = odd ? acc_g[3] : acc_g[1];
-    const float send_s0 = odd ? acc_u[0] : acc_u[2], send_s1 = odd ? acc_u[1] : acc_u[3];
-    const float send_l0 = odd ? acc_g[0] : acc_g[2], send_l1 = odd ? acc_g[1] : acc_g[3];
-    const float s2 = __shfl_xor_sync(0xffffffffu, send_s0, 1), s3 = __shfl_xor_sync(0xffffffffu, send_s1, 1);
-    const float l2 = __shfl_xor_sync(0xffffffffu, send_l0, 1), l3 = __shfl_xor_sync(0xffffffffu, send_l1, 1);
-    const float s4 = __shfl_xor_sync(0xffffffffu, s0, 2), s5 = __shfl_xor_sync(0xffffffffu, s1, 2);
-    const float s6 = __shfl_xor_sync(0xffffffffu, s2, 2), s7 = __shfl_xor_sync(0xffffffffu, s3, 2);
-    const float l4 = __shfl_xor_sync(0xffffffffu, l0, 2), l5 = __shfl_xor_sync(0xffffffffu, l1, 2);
-    const float l6 = __shfl_xor_sync(0xffffffffu, l2, 2), l7 = __shfl_xor_sync(0xffffffffu, l3, 2);
-    float score[8] = {s0, s1, s2, s3, s4, s5, s6, s7};
-    float logit[8] = {l0, l1, l2, l3, l4, l5, l6, l7};
-    const int expert[8] = {2 * quad,           2 * quad + 1,           2 * (quad ^ 1), 2 * (quad ^ 1) + 1,
-                           2 * (quad ^ 2),     2 * (quad ^ 2) + 1,     2 * (quad ^ 3), 2 * (quad ^ 3) + 1};
+  /// Four experts of one row after the first exchange (with lane ^ 1): this lane's own two
+  /// experts and its partner's, for row `group` on even quads and row `group + 8` on odd ones.
+  struct HalfRow {
+    float score[4], logit[4];
+  };
+  __device__ __forceinline__ static HalfRow exchange_pairs(bool odd, const float (&acc_u)[4], const float (&acc_g)[4]) {
+    HalfRow h;
+    h.score[0] = odd ? acc_u[2] : acc_u[0];
+    h.score[1] = odd ? acc_u[3] : acc_u[1];
+    h.logit[0] = odd ? acc_g[2] : acc_g[0];
+    h.logit[1] = odd ? acc_g[3] : acc_g[1];
+    h.score[2] = __shfl_xor_sync(0xffffffffu, odd ? acc_u[0] : acc_u[2], 1);
+    h.score[3] = __shfl_xor_sync(0xffffffffu, odd ? acc_u[1] : acc_u[3], 1);
+    h.logit[2] = __shfl_xor_sync(0xffffffffu, odd ? acc_g[0] : acc_g[2], 1);
+    h.logit[3] = __shfl_xor_sync(0xffffffffu, odd ? acc_g[1] : acc_g[3], 1);
+    return h;
+  }
+
+  /// Routing on one row's 8 experts: top-k_e by logit (ties: lower expert index), softmax over the
+  /// chosen logits, weighted expert scores, plus the bias. `mine` holds experts 2q, 2q+1, 2(q^1),
+  /// 2(q^1)+1 and `other` the rest, as lane q ^ 2 held them.
+  __device__ __forceinline__ float route(int quad, const HalfRow& mine, const HalfRow& other, float bias,
+                                         float scale) const {
+    float score[8], logit[8];
+#pragma unroll
+    for (int p = 0; p < 4; ++p) {
+      score[p] = mine.score[p];
+      logit[p] = mine.logit[p];
+      score[p + 4] = other.score[p];
+      logit[p + 4] = other.logit[p];
+    }
+    const int expert[8] = {2 * quad,       2 * quad + 1,       2 * (quad ^ 1), 2 * (quad ^ 1) + 1,
+                           2 * (quad ^ 2), 2 * (quad ^ 2) + 1, 2 * (quad ^ 3), 2 * (quad ^ 3) + 1};
 #pragma unroll
     for (int p = 0; p < 8; ++p) {
       score[p] *= scale;
       logit[p] = expert[p] < experts ? logit[p] * scale : -INFINITY;
     }
-
-    // Top-k_e by logit (ties: lower expert index), then softmax over the chosen logits.
     std::uint32_t chosen = 0;
     float top_logit = 0.0f;
     for (int r = 0; r < routing; ++r) {
@@ -217,6 +228,45 @@ struct AgentScoring {
       }
     }
     return weighted / total + bias;
+  }
+
+  /// Scores one loaded tile of 16 ads. Lanes with quad 0 return the score of row `group`, quad 1 of
+  /// row `group + 8`; quads 2 and 3 duplicate them (the caller drops their results).
+  __device__ __forceinline__ float score_tile(int lane, const Tile& tile) const {
+    const int quad = lane & 3;
+    float acc_u[4], acc_g[4];
+    accumulate(lane, tile, acc_u, acc_g);
+    const HalfRow mine = exchange_pairs(quad & 1, acc_u, acc_g);
+    HalfRow other;
+#pragma unroll
+    for (int p = 0; p < 4; ++p) {
+      other.score[p] = __shfl_xor_sync(0xffffffffu, mine.score[p], 2);
+      other.logit[p] = __shfl_xor_sync(0xffffffffu, mine.logit[p], 2);
+    }
+    return route(quad, mine, other, tile.bias, tile.scale);
+  }
+
+  /// Scores two loaded tiles with no lane doing duplicate work: quads 0 and 1 return rows `group`
+  /// and `group + 8` of the first tile, quads 2 and 3 the same rows of the second.
+  __device__ __forceinline__ float score_tile_pair(int lane, const Tile& first, const Tile& second) const {
+    const int quad = lane & 3;
+    const bool odd = quad & 1, upper = quad & 2;
+    float acc_u[4], acc_g[4];
+    accumulate(lane, first, acc_u, acc_g);
+    const HalfRow first_half = exchange_pairs(odd, acc_u, acc_g);
+    accumulate(lane, second, acc_u, acc_g);
+    const HalfRow second_half = exchange_pairs(odd, acc_u, acc_g);
+    // Lane q keeps its half of tile (q >> 1) and hands lane q ^ 2 its half of the other tile.
+    // (Selected value by value: a run-time choice between whole structs would put them in local memory.)
+    HalfRow mine, other;
+#pragma unroll
+    for (int p = 0; p < 4; ++p) {
+      mine.score[p] = upper ? second_half.score[p] : first_half.score[p];
+      mine.logit[p] = upper ? second_half.logit[p] : first_half.logit[p];
+      other.score[p] = __shfl_xor_sync(0xffffffffu, upper ? first_half.score[p] : second_half.score[p], 2);
+      other.logit[p] = __shfl_xor_sync(0xffffffffu, upper ? first_half.logit[p] : second_half.logit[p], 2);
+    }
+    return route(quad, mine, other, upper ? second.bias : first.bias, upper ? second.scale : first.scale);
   }
 };
 

@@ -28,6 +28,7 @@
 #include "kevo/retrieval/dispatch/kernels.cuh"
 #include "kevo/retrieval/half.hpp"
 #include "kevo/retrieval/portability.cuh"
+#include "kevo/retrieval/reference.hpp"
 #include "kevo/retrieval/types.hpp"
 
 namespace kevo::retrieval {
@@ -110,11 +111,18 @@ class DeviceAdIndex {
 
   /// Inserts or replaces ads (all or none: a bad ad fails the batch before anything changes).
   expected<void, Error> upsert(std::span<const AdRecord> ads) {
+    std::vector<std::string> problems(default_thread_count());
+    const auto parts = static_cast<unsigned>(std::clamp<std::size_t>(ads.size() / 2048, 1, problems.size()));
+    parallel_for_ranges(ads.size(), parts, [&](unsigned part, std::size_t begin, std::size_t end) {
+      for (std::size_t i = begin; i < end && problems[part].empty(); ++i)
+        if (auto ok = validate_ad(schema_, ads[i]); !ok) problems[part] = ok.error().message;
+    });
+    for (const std::string& problem : problems)
+      if (!problem.empty()) return make_error(problem);
     PackedAds packed;
-    for (const AdRecord& ad : ads) {
-      if (auto ok = validate_ad(schema_, ad); !ok) return ok;
-      packed.push_back(ad);
-    }
+    packed.ids.reserve(ads.size());
+    packed.embeddings.reserve(ads.size() * static_cast<std::size_t>(schema_.dim));
+    for (const AdRecord& ad : ads) packed.push_back(ad);
     return upsert(packed);
   }
 
@@ -160,8 +168,10 @@ class DeviceAdIndex {
     for (std::size_t i = 0; i < n; ++i)
       std::copy(ads.clauses.begin() + ads.clause_begin[i], ads.clauses.begin() + ads.clause_begin[i + 1],
                 run + padded_begin[i]);
+    // Slots first, in order (the id map is not shared across threads); then the rows, in parallel.
     std::vector<std::uint32_t> freed;
-    std::size_t written = 0;  // entries staged, in order
+    std::vector<std::pair<std::size_t, std::uint32_t>> entries;  // (ad, slot) in staging order
+    entries.reserve(n);
     for (std::size_t i = 0; i < n; ++i) {
       if (last_entry[ads.ids[i]] != i) continue;
       std::uint32_t slot;
@@ -181,17 +191,24 @@ class DeviceAdIndex {
         slot = static_cast<std::uint32_t>(slots_++);
         id_to_slot_[ads.ids[i]] = slot;
       }
-      const std::size_t w = written++;
-      slots[w] = slot;
-      ids[w] = ads.ids[i];
-      bias[w] = ads.bias[i];
-      const bool has_clauses = ads.clause_begin[i + 1] > ads.clause_begin[i];
-      targeting[w] = (ads.live[i] ? targeting_bits::live : 0u) |
-                     (has_clauses ? targeting_bits::has_clauses |
-                                        static_cast<std::uint32_t>((arena_tail_ + padded_begin[i]) / 4) : 0u);
-      if (with_rows) write_row(ads.embeddings.data() + i * schema_.dim, host_staging_ + s.rows + w * row_bytes(), scale[w]);
-      else scale[w] = 0.0f;
+      entries.emplace_back(i, slot);
     }
+    const std::size_t written = entries.size();
+    const auto parts = static_cast<unsigned>(std::clamp<std::size_t>(written / 2048, 1, default_thread_count()));
+    parallel_for_ranges(written, parts, [&](unsigned, std::size_t begin, std::size_t end) {
+      for (std::size_t w = begin; w < end; ++w) {
+        const auto [i, slot] = entries[w];
+        slots[w] = slot;
+        ids[w] = ads.ids[i];
+        bias[w] = ads.bias[i];
+        const bool has_clauses = ads.clause_begin[i + 1] > ads.clause_begin[i];
+        targeting[w] = (ads.live[i] ? targeting_bits::live : 0u) |
+                       (has_clauses ? targeting_bits::has_clauses |
+                                          static_cast<std::uint32_t>((arena_tail_ + padded_begin[i]) / 4) : 0u);
+        if (with_rows) write_row(ads.embeddings.data() + i * schema_.dim, host_staging_ + s.rows + w * row_bytes(), scale[w]);
+        else scale[w] = 0.0f;
+      }
+    });
     free_slots_.insert(free_slots_.end(), freed.begin(), freed.end());
     KEVO_GPU_TRY(wait_for_searches());
     KEVO_GPU_TRY(cudaMemcpyAsync(device_staging_, host_staging_, s.total, cudaMemcpyHostToDevice, update_stream_));

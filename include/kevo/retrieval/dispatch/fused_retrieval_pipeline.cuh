@@ -235,30 +235,39 @@ class FusedRetrievalPipeline {
     const QueryView query{reinterpret_cast<const std::uint32_t*>(t + l.bitmap), index_->category_offsets()};
     const MatchingPolicy& p = options_.policy.matching;
     const std::uint64_t tile = static_cast<std::uint64_t>(p.block_threads) * p.ads_per_thread;
-    const auto grid = static_cast<unsigned>(
-        std::max<std::uint64_t>(1, std::min<std::uint64_t>((view.slots + tile - 1) / tile, multiprocessors_ * 16ull)));
     auto* list = reinterpret_cast<std::uint32_t*>(t + l.eligible);
     auto* state = reinterpret_cast<TopKState*>(t + l.state);
     const int c = schema().categories();
+    const std::uint32_t bitmap_words = (index_->total_query_bits() + 31) / 32;
+    const std::uint32_t shared_words = bitmap_words * 4 <= kSharedBitmapBytes ? bitmap_words : 0u;
     bool launched = false;
     for_each_matching_variant([&](auto block_threads, auto ads_per_thread) {
-      if (block_threads() == p.block_threads && ads_per_thread() == p.ads_per_thread) {
-        kernels::matching<decltype(block_threads)::value, decltype(ads_per_thread)::value>
-            <<<grid, p.block_threads, 0, stream>>>(view, query, c, list, state);
-        launched = true;
-      }
+      if (block_threads() != p.block_threads || ads_per_thread() != p.ads_per_thread) return;
+      auto* kernel = kernels::matching<decltype(block_threads)::value, decltype(ads_per_thread)::value>;
+      const int shared_bytes = static_cast<int>(shared_words * 4);
+      int resident = 0;
+      if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, shared_bytes) != cudaSuccess ||
+          cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, kernel, p.block_threads, shared_bytes) != cudaSuccess)
+        return;
+      // One resident wave of blocks, each striding over tiles (the bitmap is copied once per block).
+      const auto grid = static_cast<unsigned>(std::max<std::uint64_t>(
+          1, std::min<std::uint64_t>((view.slots + tile - 1) / tile, static_cast<std::uint64_t>(resident) * multiprocessors_)));
+      kernel<<<grid, p.block_threads, shared_bytes, stream>>>(view, query, c, shared_words, list, state);
+      launched = true;
     });
     if (!launched) return make_error("no prebuilt matching variant for " + to_string(p));
     KEVO_GPU_TRY(cudaGetLastError());
     return {};
   }
 
+  /// The largest query bitmap that matching copies into shared memory.
+  static constexpr std::uint32_t kSharedBitmapBytes = 96 * 1024;
+
   /// Fused scoring of every eligible ad, with the level-0 top-K histogram.
   expected<void, Error> enqueue_scoring(const IndexView& view, void* d_temp, int routing, gpu_stream_t stream) {
     const SearchTempLayout l = temp_layout();
     auto* t = static_cast<unsigned char*>(d_temp);
     const ScoringPolicy& p = options_.policy.scoring;
-    const auto grid = static_cast<unsigned>(multiprocessors_ * p.blocks_per_sm);
     const auto* vectors = reinterpret_cast<const __half*>(t + l.vectors);
     const auto* list = reinterpret_cast<const std::uint32_t*>(t + l.eligible);
     auto* state = reinterpret_cast<TopKState*>(t + l.state);
@@ -266,8 +275,13 @@ class FusedRetrievalPipeline {
     auto* chunk_max = reinterpret_cast<std::uint32_t*>(t + l.chunk_max);
     bool launched = false;
     auto launch = [&]<int Threads, int Dim, EmbeddingType Type, int InFlight>() {
-      kernels::scoring<Threads, Dim, Type, InFlight><<<grid, Threads, 0, stream>>>(
-          view, vectors, list, state, keys, chunk_max, routing, model_.experts, p.tiles_per_chunk);
+      auto* kernel = kernels::scoring<Threads, Dim, Type, InFlight>;
+      // No more blocks than are resident at once: a partial second wave would idle most SMs.
+      int resident = 0;
+      if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, kernel, Threads, 0) != cudaSuccess) return;
+      const auto grid = static_cast<unsigned>(multiprocessors_ * std::max(1, std::min(p.blocks_per_sm, resident)));
+      kernel<<<grid, Threads, 0, stream>>>(view, vectors, list, state, keys, chunk_max, routing, model_.experts,
+                                           p.tiles_per_chunk);
       launched = true;
     };
     const bool fp16 = schema().embedding_type == EmbeddingType::fp16;

@@ -62,16 +62,20 @@ __global__ void query_set_bits(const std::uint32_t* bits, const std::uint32_t* c
 /// Appends every eligible slot to `eligible_list` and counts them in state->eligible_count.
 template <int BlockThreads, int AdsPerThread>
 __global__ void __launch_bounds__(BlockThreads)
-    matching(IndexView index, QueryView query, int categories, std::uint32_t* eligible_list, TopKState* state) {
+    matching(IndexView index, QueryView query, int categories, std::uint32_t shared_bitmap_words,
+             std::uint32_t* eligible_list, TopKState* state) {
   using Agent = AgentMatching<BlockThreads, AdsPerThread>;
   using Scan = gpu_cub::BlockScan<std::uint32_t, BlockThreads>;
   __shared__ std::uint32_t offsets[32];
   __shared__ typename Scan::TempStorage scan_storage;
   __shared__ std::uint32_t block_base;
+  extern __shared__ std::uint32_t shared_bitmap[];  // (bitmap_words) when it fits, else unused
   const int rank = static_cast<int>(threadIdx.x);
   if (rank < 32) offsets[rank] = rank < categories ? query.category_offsets[rank] : 0u;
+  // Bitmap tests are random gathers: from shared memory they cost a bank access, from L1 a line each.
+  for (std::uint32_t i = rank; i < shared_bitmap_words; i += BlockThreads) shared_bitmap[i] = query.bitmap[i];
   __syncthreads();
-  const Agent agent{index, query.bitmap, offsets};
+  const Agent agent{index, shared_bitmap_words ? shared_bitmap : query.bitmap, offsets};
   for (std::uint64_t base = static_cast<std::uint64_t>(blockIdx.x) * Agent::tile_slots; base < index.slots;
        base += static_cast<std::uint64_t>(gridDim.x) * Agent::tile_slots) {
     const std::uint32_t flags = agent.test_tile(rank, base);
@@ -128,16 +132,21 @@ __global__ void __launch_bounds__(BlockThreads)
         loaded[p] = agent.load_tile(lane, lo < length ? slots[lo] : 0u, hi < length ? slots[hi] : 0u, lo < length,
                                     hi < length);
       }
-#pragma unroll
-      for (int p = 0; p < TilesInFlight; ++p) {
-        const float score = agent.score_tile(lane, loaded[p]);
-        const std::uint32_t local = tile + 16 * p + group + ((quad & 1) ? 8 : 0);
-        if (quad < 2 && local < length) {
+      auto record = [&](float score, std::uint32_t local, bool owner) {
+        if (owner && local < length) {
           const std::uint32_t key = score_key(score);
           keys[begin + local] = key;
           atomicAdd(&histogram[key >> 20], 1u);
           largest = max(largest, key);
         }
+      };
+      const std::uint32_t row = group + ((quad & 1) ? 8u : 0u);
+      if constexpr (TilesInFlight == 2) {
+        // Every lane owns one row of one of the two tiles.
+        record(agent.score_tile_pair(lane, loaded[0], loaded[1]), tile + 16u * (quad >> 1) + row, true);
+      } else {
+#pragma unroll
+        for (int p = 0; p < TilesInFlight; ++p) record(agent.score_tile(lane, loaded[p]), tile + 16u * p + row, quad < 2);
       }
     }
     __syncwarp();  // the next chunk overwrites the staged slots

@@ -15,7 +15,7 @@ namespace kevo::retrieval {
 
 /// Index matching: one thread tests `ads_per_thread` ads (striped across the block).
 struct MatchingPolicy {
-  int block_threads = 256;
+  int block_threads = 512;
   static constexpr std::array<int, 3> block_threads_domain{128, 256, 512};  // compile-time variants
   int ads_per_thread = 4;
   static constexpr std::array<int, 4> ads_per_thread_domain{1, 2, 4, 8};  // compile-time variants
