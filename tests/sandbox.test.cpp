@@ -166,6 +166,15 @@ TEST_CASE("a candidate that prints gigabytes is stopped at the output cap") {
   expect_good_candidate_still_succeeds();
 }
 
+TEST_CASE("a candidate far slower than the reference is timed once, not seven times") {
+  const std::string body = correct_body + " if (shape.N == 4096) ::usleep(150000);";
+  const kevo::Evaluation e = evaluate_body(body);
+  REQUIRE(e.ok());
+  CHECK(e.speedup < 0.1);
+  CHECK(contains(e.diagnostics.detail, "of 1 timed runs"));
+  CHECK(contains(e.diagnostics.detail, "not timed further"));
+}
+
 TEST_CASE("a candidate that does not compile is a compile error with the compiler's first error") {
   const kevo::Evaluation e = evaluate_body("return undeclared_variable;");
   CHECK(e.failure == FailureKind::compile_error);

@@ -119,8 +119,10 @@ class CpuEvaluator {
     e.seconds = report.seconds;
     e.speedup = report.seconds > 0 ? reference_seconds_ / report.seconds : 0;
     e.diagnostics = classify(report.bytes, report.flops, report.seconds, roofline_);
-    e.diagnostics.detail = fmt::format("median {:.4g} ms, fastest {:.4g} ms of {} timed runs; reference {:.4g} ms", report.seconds * 1e3,
-                                       report.min_seconds * 1e3, options_.repetitions, reference_seconds_ * 1e3);
+    e.diagnostics.detail = fmt::format("median {:.4g} ms, fastest {:.4g} ms of {} timed runs{}; reference {:.4g} ms", report.seconds * 1e3,
+                                       report.min_seconds * 1e3, report.samples,
+                                       report.samples == 1 && options_.repetitions > 1 ? " (over 10x slower than the reference: not timed further)" : "",
+                                       reference_seconds_ * 1e3);
     return e;
   }
 
@@ -175,6 +177,7 @@ class CpuEvaluator {
     std::string message;
     std::string detail;
     double seconds = 0, min_seconds = 0, bytes = 0, flops = 0;
+    int samples = 0;
   };
 
   struct Runner {
@@ -507,6 +510,7 @@ class CpuEvaluator {
       if (!doc["min_seconds"].get_double().get(v)) report.min_seconds = v;
       if (!doc["bytes"].get_double().get(v)) report.bytes = v;
       if (!doc["flops"].get_double().get(v)) report.flops = v;
+      if (std::int64_t n = 0; !doc["samples"].get_int64().get(n)) report.samples = static_cast<int>(n);
       return report;
     }
     if (status_text == "wrong_answer") return fail(FailureKind::wrong_answer, "wrong answer: " + detail, detail);
