@@ -266,3 +266,15 @@ TEST_CASE("code the search has already seen is sent back to the model once, in t
   CHECK(contains(third->source, "/* a */"));
   CHECK(synth.completer().requests.size() == 5);
 }
+
+TEST_CASE("request bodies follow each wire format") {
+  const net::ChatRequest r{.system = "sys \"quoted\"", .messages = {{"user", "a\tb\n\x01 \xff ok \xc3\xa9"}}, .max_tokens = 99, .temperature = 0.5};
+  const std::string openai = net::encode_request(net::WireFormat::openai, "m", r);
+  CHECK(openai == R"({"model":"m","max_tokens":99,"temperature":0.5,"messages":[{"role":"system","content":"sys \"quoted\""},)"
+                  R"({"role":"user","content":"a\tb\n\u0001 \ufffd ok )" "\xc3\xa9" R"("}]})");  // valid UTF-8 passes, a stray byte does not
+  CHECK(contains(net::encode_request(net::WireFormat::openai, "m", r, "max_completion_tokens"), R"("max_completion_tokens":99)"));
+  const std::string anthropic = net::encode_request(net::WireFormat::anthropic, "m", r, "max_completion_tokens");
+  CHECK(contains(anthropic, R"("max_tokens":99)"));
+  CHECK(contains(anthropic, R"("system":"sys \"quoted\"")"));
+  CHECK_FALSE(contains(anthropic, R"("role":"system")"));
+}

@@ -51,6 +51,9 @@ options:
   --policy NAME       mcts (default), evolutionary, greedy, random
   --memory NAME       adaptive (default), combined, trajectory, siblings, fresh
   --max-tokens N      per answer (default 8192)
+  --max-tokens-field NAME  the OpenAI-format field for it: max_tokens (default), or
+                      max_completion_tokens for OpenAI's newer models
+  --no-temperature    send no temperature (models that accept only their default)
   --token-budget N    stop the search once this many tokens are spent (default: none)
   --timeout SECONDS   per LLM request, retries included (default 300)
   --knowledge DIR     knowledge folder (default: the shipped knowledge/)
@@ -68,7 +71,8 @@ struct Options {
   double timeout_seconds = 300;
   std::string policy = "mcts", memory = "adaptive";
   fs::path knowledge_dir = KEVO_KNOWLEDGE_DIR, knowledge_db, store;
-  bool log_prompts = false;
+  std::string max_tokens_field = "max_tokens";
+  bool log_prompts = false, send_temperature = true;
 };
 
 std::string env(const char* name) {
@@ -103,7 +107,7 @@ kevo::expected<Options, kevo::Error> parse_arguments(int argc, char** argv) {
     };
     bool ok = true;
     if (arg == "--base-url" || arg == "--model" || arg == "--api-key-env" || arg == "--wire" || arg == "--policy" ||
-        arg == "--memory" || arg == "--knowledge" || arg == "--knowledge-db" || arg == "--store") {
+        arg == "--memory" || arg == "--knowledge" || arg == "--knowledge-db" || arg == "--store" || arg == "--max-tokens-field") {
       auto v = value();
       if (!v) return kevo::make_error(fmt::format("{} needs a value", arg));
       if (arg == "--base-url") o.base_url = *v;
@@ -114,6 +118,7 @@ kevo::expected<Options, kevo::Error> parse_arguments(int argc, char** argv) {
       else if (arg == "--memory") o.memory = *v;
       else if (arg == "--knowledge") o.knowledge_dir = *v;
       else if (arg == "--knowledge-db") o.knowledge_db = *v;
+      else if (arg == "--max-tokens-field") o.max_tokens_field = *v;
       else o.store = *v;
     } else if (arg == "--budget") ok = number(o.budget);
     else if (arg == "--jobs") ok = number(o.jobs) && o.jobs > 0;
@@ -122,6 +127,7 @@ kevo::expected<Options, kevo::Error> parse_arguments(int argc, char** argv) {
     else if (arg == "--timeout") ok = number(o.timeout_seconds);
     else if (arg == "--seed") ok = number(o.seed);
     else if (arg == "--log-prompts") o.log_prompts = true;
+    else if (arg == "--no-temperature") o.send_temperature = false;
     else if (arg == "--help" || arg == "-h") return kevo::make_error("");
     else if (arg.starts_with("--")) return kevo::make_error(fmt::format("unknown option {}", arg));
     else if (o.problem_dir.empty()) o.problem_dir = arg;
@@ -218,6 +224,7 @@ int main(int argc, char** argv) {
   client_options.timeouts.read = client_options.timeouts.request;
   client_options.budget.max_total_tokens = o.token_budget;
   client_options.max_in_flight = o.jobs;
+  client_options.max_tokens_field = o.max_tokens_field;
   client_options.log = [](std::string_view line) { fmt::print(stderr, "llm: {}\n", line); };
   auto llm = kevo::net::BlockingLlmClient::create(client_options);
   if (!llm) return fail(llm.error().message);
@@ -225,6 +232,7 @@ int main(int argc, char** argv) {
 
   std::mutex log_mutex;  // generations run concurrently
   kevo::synth::LlmSynthesizerOptions synth_options{.max_tokens = o.max_tokens};
+  if (!o.send_temperature) synth_options.temperature.reset();
   if (o.log_prompts)
     synth_options.on_exchange = [&](const kevo::synth::Prompt& prompt, std::string_view answer) {
       std::lock_guard lock(log_mutex);

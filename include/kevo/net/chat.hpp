@@ -153,11 +153,13 @@ inline void append_json_string(std::string& out, std::string_view text) {
 
 }  // namespace detail
 
-/// The request body for `format`.
-inline std::string encode_request(WireFormat format, std::string_view model, const ChatRequest& request) {
+/// The request body for `format`. OpenAI's newer models take the answer cap as
+/// "max_completion_tokens"; `max_tokens_field` names it (Anthropic always uses "max_tokens").
+inline std::string encode_request(WireFormat format, std::string_view model, const ChatRequest& request,
+                                  std::string_view max_tokens_field = "max_tokens") {
   std::string out = "{\"model\":";
   detail::append_json_string(out, request.model.empty() ? model : std::string_view(request.model));
-  out += fmt::format(",\"max_tokens\":{}", request.max_tokens);
+  out += fmt::format(",\"{}\":{}", format == WireFormat::anthropic ? "max_tokens" : max_tokens_field, request.max_tokens);
   if (request.temperature) out += fmt::format(",\"temperature\":{}", *request.temperature);
   if (format == WireFormat::anthropic && !request.system.empty()) {
     out += ",\"system\":";  // Anthropic takes the system prompt at the top level

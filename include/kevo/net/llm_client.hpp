@@ -89,6 +89,7 @@ struct LlmClientOptions {
   std::string ca_file;                   ///< extra PEM trust anchors (self-hosted servers); system store always
   std::uint64_t jitter_seed = 0;         ///< 0: seeded from std::random_device
   std::string user_agent = "kevo/0.1";
+  std::string max_tokens_field = "max_tokens";  ///< OpenAI format: "max_completion_tokens" for newer OpenAI models
   std::function<void(std::string_view)> log;  ///< one line per retry or failure; the key is redacted
 };
 
@@ -282,7 +283,7 @@ class LlmClient {
       ~SlotGuard() { release_slot(*s); }
     } guard{&s};
 
-    const std::string body = encode_request(o.wire_format, o.model, request);
+    const std::string body = encode_request(o.wire_format, o.model, request, o.max_tokens_field);
     const std::string path = s.endpoint.request_path(o.wire_format);
     std::string last_problem;
     for (int attempt = 1;; ++attempt) {
