@@ -802,3 +802,33 @@ TEST_CASE("a search with the LLM synthesizer rides out every fault and learns sk
   CHECK(any_prompt("failed: compile_error (does not compile)"));
   CHECK(std::any_of(prompts.begin(), prompts.end(), [](const std::string& p) { return contains(p, "Retrieved knowledge"); }));
 }
+
+TEST_CASE("a spent token budget stops the search cleanly") {
+  auto problem = load_problem(std::string(KEVO_SOURCE_DIR) + "/problems/cpu_scoring");
+  REQUIRE(problem);
+  LoopbackServer server;
+  const std::string rewrite = recorded("openai/rewrite.json");  // 2446 tokens each
+  std::atomic<int> variant{0};
+  server.respond_with([&](const Received&) {
+    std::string body = rewrite;
+    body.replace(body.find("// Each ad is read once"), 23, fmt::format("// Variant {}: each ad is read once", ++variant));
+    return Reply{.body = body};
+  });
+  auto options = quick_options(server, WireFormat::openai, nullptr);
+  options.budget.max_total_tokens = 3 * 2446;
+  auto llm = net::BlockingLlmClient::create(options);
+  REQUIRE(llm);
+  auto store = store::SqliteStore::open(":memory:");
+  REQUIRE(store);
+  VariantEvaluator evaluator;
+  SearchLoop<synth::LlmSynthesizer<net::BlockingLlmClient>, search::Greedy, memory::Combined, VariantEvaluator,
+             knowledge::NullRetriever, store::SqliteStore>
+      loop(*problem, synth::LlmSynthesizer(*llm), search::Greedy{}, memory::Combined{}, evaluator, knowledge::NullRetriever{}, *store,
+           {.jobs = 1, .max_evaluations = 50, .warm_start = 0});
+  auto result = loop.run(Candidate{problem->render(problem->default_knobs()), problem->default_knobs(), "template defaults"});
+  REQUIRE(result);
+  CHECK(result->stopped_because == StopReason::synthesizer_exhausted);
+  CHECK(result->evaluations < 10);
+  CHECK(server.received().size() == 3);  // not one request past the budget
+  CHECK(llm->budget_exhausted());
+}
