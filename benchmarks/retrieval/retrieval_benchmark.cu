@@ -359,8 +359,6 @@ int main(int argc, char** argv) {
     }
   }
 
-  if (stages_only) return 0;
-
   std::puts("\n## Scoring policy sweep (typical, fp16 and int8, K = 1000)\n");
   for (Pool* p : {&fp16, &int8}) {
     const PipelinePolicy original = p->pipeline->policy();
@@ -386,6 +384,21 @@ int main(int argc, char** argv) {
                 to_string(p->pipeline->schema().embedding_type), scoring * 1e3, st.scoring * 1e3, st.topk * 1e3,
                 100 * st.topk / scoring);
   }
+
+  std::puts("\n## Matching policy sweep (typical, fp16)\n");
+  {
+    const PipelinePolicy original = fp16.pipeline->policy();
+    for (int threads : {256, 512})
+      for (int ads : {2, 4, 8}) {
+        PipelinePolicy policy = original;
+        policy.matching = {threads, ads};
+        CHECK_OK(fp16.pipeline->set_policy(policy));
+        const StageTimes st = time_stages(fp16, typical, n, repeats, out, stream);
+        std::printf("%s: matching %.1f G ads/s\n", to_string(policy.matching).c_str(), n / st.matching * 1e-9);
+      }
+    CHECK_OK(fp16.pipeline->set_policy(original));
+  }
+  if (stages_only) return 0;
 
   std::puts("\n## Routing width (typical, fp16, K = 1000)\n");
   for (int routing : {1, 8}) {

@@ -25,11 +25,11 @@ struct MatchingPolicy {
 /// Fused MoE-gated scoring: each warp scores tiles of 16 eligible ads with mma.sync; a chunk of
 /// `tiles_per_chunk` tiles shares one maximum that top-K uses to skip whole chunks.
 struct ScoringPolicy {
-  int block_threads = 256;
+  int block_threads = 128;
   static constexpr std::array<int, 2> block_threads_domain{128, 256};  // compile-time variants
   int tiles_per_chunk = 16;
   static constexpr std::array<int, 4> tiles_per_chunk_domain{4, 8, 16, 32};  // run time
-  int blocks_per_sm = 4;
+  int blocks_per_sm = 8;  // capped by what is resident at once
   static constexpr std::array<int, 6> blocks_per_sm_domain{1, 2, 3, 4, 6, 8};  // run time (grid size)
   int tiles_in_flight = 2;
   static constexpr std::array<int, 2> tiles_in_flight_domain{1, 2};  // compile-time variants
