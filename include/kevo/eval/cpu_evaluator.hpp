@@ -204,7 +204,8 @@ class CpuEvaluator {
     l.wall_time = options_.compile_timeout;
     l.drop_privileges = false;
     l.isolate = false;
-    l.file_size_bytes = 0;
+    l.file_size_bytes = std::size_t{1} << 30;
+    l.memory_bytes = std::size_t{8} << 30;  // a template that explodes the compiler stops here
     l.output_bytes = 256 << 10;
     const char* path = std::getenv("PATH");
     l.environment = {std::string("PATH=") + (path ? path : "/usr/local/bin:/usr/bin:/bin"), "LANG=C", "LC_ALL=C", "TMPDIR=/tmp"};
