@@ -55,6 +55,9 @@ options:
                       max_completion_tokens for OpenAI's newer models
   --no-temperature    send no temperature (models that accept only their default)
   --token-budget N    stop the search once this many tokens are spent (default: none)
+  --price IN OUT      US dollars per million input and output tokens, to report and cap cost
+  --cost-budget USD   stop the search once this much is spent (needs --price)
+  --ca-file PATH      extra trusted certificates (PEM) for a self-hosted HTTPS server
   --timeout SECONDS   per LLM request, retries included (default 300)
   --knowledge DIR     knowledge folder (default: the shipped knowledge/)
   --knowledge-db PATH where knowledge and learned skills persist (default kevo-runs/knowledge.db)
@@ -71,7 +74,8 @@ struct Options {
   double timeout_seconds = 300;
   std::string policy = "mcts", memory = "adaptive";
   fs::path knowledge_dir = KEVO_KNOWLEDGE_DIR, knowledge_db, store;
-  std::string max_tokens_field = "max_tokens";
+  std::string max_tokens_field = "max_tokens", ca_file;
+  double price_input = 0, price_output = 0, cost_budget = 0;
   bool log_prompts = false, send_temperature = true;
 };
 
@@ -107,7 +111,8 @@ kevo::expected<Options, kevo::Error> parse_arguments(int argc, char** argv) {
     };
     bool ok = true;
     if (arg == "--base-url" || arg == "--model" || arg == "--api-key-env" || arg == "--wire" || arg == "--policy" ||
-        arg == "--memory" || arg == "--knowledge" || arg == "--knowledge-db" || arg == "--store" || arg == "--max-tokens-field") {
+        arg == "--memory" || arg == "--knowledge" || arg == "--knowledge-db" || arg == "--store" || arg == "--max-tokens-field" ||
+        arg == "--ca-file") {
       auto v = value();
       if (!v) return kevo::make_error(fmt::format("{} needs a value", arg));
       if (arg == "--base-url") o.base_url = *v;
@@ -119,12 +124,15 @@ kevo::expected<Options, kevo::Error> parse_arguments(int argc, char** argv) {
       else if (arg == "--knowledge") o.knowledge_dir = *v;
       else if (arg == "--knowledge-db") o.knowledge_db = *v;
       else if (arg == "--max-tokens-field") o.max_tokens_field = *v;
+      else if (arg == "--ca-file") o.ca_file = *v;
       else o.store = *v;
     } else if (arg == "--budget") ok = number(o.budget);
     else if (arg == "--jobs") ok = number(o.jobs) && o.jobs > 0;
     else if (arg == "--max-tokens") ok = number(o.max_tokens);
     else if (arg == "--token-budget") ok = number(o.token_budget);
     else if (arg == "--timeout") ok = number(o.timeout_seconds);
+    else if (arg == "--price") ok = number(o.price_input) && number(o.price_output);
+    else if (arg == "--cost-budget") ok = number(o.cost_budget);
     else if (arg == "--seed") ok = number(o.seed);
     else if (arg == "--log-prompts") o.log_prompts = true;
     else if (arg == "--no-temperature") o.send_temperature = false;
@@ -225,6 +233,9 @@ int main(int argc, char** argv) {
   client_options.budget.max_total_tokens = o.token_budget;
   client_options.max_in_flight = o.jobs;
   client_options.max_tokens_field = o.max_tokens_field;
+  client_options.ca_file = o.ca_file;
+  client_options.pricing = {.input_per_million = o.price_input, .output_per_million = o.price_output};
+  client_options.budget.max_cost_usd = o.cost_budget;
   client_options.log = [](std::string_view line) { fmt::print(stderr, "llm: {}\n", line); };
   auto llm = kevo::net::BlockingLlmClient::create(client_options);
   if (!llm) return fail(llm.error().message);
