@@ -278,3 +278,32 @@ TEST_CASE("request bodies follow each wire format") {
   CHECK(contains(anthropic, R"("system":"sys \"quoted\"")"));
   CHECK_FALSE(contains(anthropic, R"("role":"system")"));
 }
+
+TEST_CASE("extraction copes with the usual variations of model output") {
+  const std::string parent = "int kernel() {\n  return 1;\n}\n";
+  SECTION("edits inside a fenced block") {
+    auto code = extract_code("Change it.\n```cpp\n<<<<<<< SEARCH\n  return 1;\n=======\n  return 2;\n>>>>>>> REPLACE\n```\n", parent);
+    REQUIRE(code);
+    CHECK(code->source == "int kernel() {\n  return 2;\n}\n");
+    CHECK(code->explanation == "Change it.");
+  }
+  SECTION("Windows line endings") {
+    auto code = extract_code("<<<<<<< SEARCH\r\n  return 1;\r\n=======\r\n  return 3;\r\n>>>>>>> REPLACE\r\n", parent);
+    REQUIRE(code);
+    CHECK(contains(code->source, "return 3;"));
+    CHECK_FALSE(contains(code->source, "return 1;"));
+    auto fenced = extract_code("Here:\r\n```C++\r\nint kernel() { return 4; }\r\n```\r\n", parent);
+    REQUIRE(fenced);
+    CHECK(contains(fenced->source, "return 4;"));
+  }
+  SECTION("a snippet, then the whole file: the whole file wins") {
+    auto code = extract_code("The key line:\n```cpp\nreturn 5;\n```\nThe file:\n```cpp\nint kernel() {\n  return 5;\n}\n```\n", parent);
+    REQUIRE(code);
+    CHECK(code->source == "int kernel() {\n  return 5;\n}\n");
+  }
+  SECTION("prose and a non-code block only") {
+    auto code = extract_code("Output:\n```text\n1 2 3\n```\n", parent);
+    REQUIRE_FALSE(code);
+    CHECK(contains(code.error().message, "no fenced code block"));
+  }
+}
