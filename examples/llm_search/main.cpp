@@ -231,7 +231,7 @@ int main(int argc, char** argv) {
   client_options.timeouts.request = std::chrono::milliseconds(static_cast<long long>(o.timeout_seconds * 1000));
   client_options.timeouts.read = client_options.timeouts.request;
   client_options.budget.max_total_tokens = o.token_budget;
-  client_options.max_in_flight = o.jobs;
+  client_options.max_in_flight = o.jobs + 1;  // one more than the generations, so a skill summary never queues behind them
   client_options.max_tokens_field = o.max_tokens_field;
   client_options.ca_file = o.ca_file;
   client_options.pricing = {.input_per_million = o.price_input, .output_per_million = o.price_output};
