@@ -10,6 +10,14 @@
 #include <random>
 #include <string>
 
+// REQUIRE that prepare() succeeds, showing its error when it does not.
+#define REQUIRE_PREPARED(evaluator)                                  \
+  do {                                                               \
+    auto prepared_ = (evaluator).prepare();                          \
+    INFO((prepared_ ? std::string() : prepared_.error().message));   \
+    REQUIRE(prepared_);                                              \
+  } while (false)
+
 namespace {
 
 const std::filesystem::path shipped = std::filesystem::path(KEVO_SOURCE_DIR) / "problems";
@@ -75,7 +83,7 @@ TEST_CASE("the reference run as a candidate has speedup ~1") {
 
 TEST_CASE("the build cache hits on the second evaluation of the same source") {
   auto evaluator = make_evaluator("softmax");
-  REQUIRE(evaluator.prepare());
+  REQUIRE_PREPARED(evaluator);
   kevo::Candidate candidate = evaluator.default_candidate();
   candidate.source += unique_comment();
   const auto before = evaluator.stats();
@@ -123,7 +131,7 @@ TEST_CASE("compare() re-times both sides and sees which is faster") {
 
 TEST_CASE("evaluate() is safe from several threads at once") {
   auto evaluator = make_evaluator("softmax");
-  REQUIRE(evaluator.prepare());
+  REQUIRE_PREPARED(evaluator);
   const auto& problem = evaluator.problem();
   std::vector<std::future<kevo::Evaluation>> runs;
   for (const char* width : {"4", "8", "16"})
@@ -142,7 +150,7 @@ TEST_CASE("evaluate() is safe from several threads at once") {
 
 TEST_CASE("the roofline is measured once and then read from the cache") {
   auto evaluator = make_evaluator("gemm");
-  REQUIRE(evaluator.prepare());
+  REQUIRE_PREPARED(evaluator);
   const auto path = kevo::eval::roofline_cache_path(test_options().cache_dir);
   CHECK(std::filesystem::exists(path));
   auto again = kevo::eval::load_or_measure_roofline(test_options().cache_dir, "g++");

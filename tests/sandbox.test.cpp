@@ -9,6 +9,14 @@
 #include <filesystem>
 #include <string>
 
+// REQUIRE that prepare() succeeds, showing its error when it does not.
+#define REQUIRE_PREPARED(evaluator)                                  \
+  do {                                                               \
+    auto prepared_ = (evaluator).prepare();                          \
+    INFO((prepared_ ? std::string() : prepared_.error().message));   \
+    REQUIRE(prepared_);                                              \
+  } while (false)
+
 namespace {
 
 using kevo::FailureKind;
@@ -59,7 +67,7 @@ void expect_good_candidate_still_succeeds() {
 
 kevo::Evaluation evaluate_body(const std::string& body, std::uint64_t seed = 3) {
   auto& evaluator = axpy_evaluator();
-  REQUIRE(evaluator.prepare());
+  REQUIRE_PREPARED(evaluator);
   const kevo::Evaluation e = evaluator.evaluate(axpy_candidate(body), seed);
   INFO(to_string(e.failure) << ": " << e.diagnostics.message << "\n" << e.diagnostics.detail);
   return e;

@@ -489,10 +489,13 @@ class CpuEvaluator {
     }
     if (r.exit_code != 0) return fail(FailureKind::crash, fmt::format("exited with code {} before reporting", r.exit_code), err_tail);
 
-    // The last non-empty line of stdout is the harness's report.
-    std::string_view out = r.stdout_text;
-    while (!out.empty() && (out.back() == '\n' || out.back() == '\r' || out.back() == ' ')) out.remove_suffix(1);
-    const std::string line(out.substr(out.rfind('\n') == std::string_view::npos ? 0 : out.rfind('\n') + 1));
+    // The harness's report is the last line of stdout that starts with '{'.
+    std::string line;
+    {
+      std::istringstream lines(r.stdout_text);
+      for (std::string l; std::getline(lines, l);)
+        if (!l.empty() && l.front() == '{') line = std::move(l);
+    }
     if (line.empty())
       return fail(FailureKind::bad_report, "exited without a report (did the kernel call exit()?)", err_tail);
 

@@ -37,6 +37,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <optional>
@@ -327,6 +328,9 @@ inline SandboxResult run_sandboxed(const std::vector<std::string>& argv, const S
   plan.drop_uid = limits.drop_privileges && ::geteuid() == 0;
   plan.run_uid = static_cast<uid_t>(limits.unprivileged_uid);
 
+  // Output this process has buffered but not written would otherwise be copied into the child,
+  // and written into its pipes should anything there flush on exit (sanitizer runtimes do).
+  std::fflush(nullptr);
   const pid_t child = ::fork();
   if (child < 0) {
     result.setup_error = fmt::format("fork: {}", std::strerror(errno));
