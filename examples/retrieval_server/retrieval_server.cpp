@@ -1,0 +1,108 @@
+// retrieval_server: kevo's fused retrieval pipeline behind HTTP.
+//
+// It loads a model (a safetensors file, or the workload's own), fills the ad pool with the spec's
+// synthetic workload, and serves top-K requests and real-time ad updates as JSON over HTTP
+// (kevo/retrieval/serving.hpp lists the endpoints). It runs on the GPU where one exists and on the
+// CPU reference elsewhere:
+//
+//   retrieval_server --port 8080 --ads 1000000
+//   curl -s localhost:8080/search -d '{"features":[...256 floats...],"query":[{"category":0,"values":[1]}],"k":10}'
+#include <kevo/retrieval/retrieval.hpp>
+#include <kevo/retrieval/serving.hpp>
+#if defined(__CUDACC__)
+#include <kevo/retrieval/dispatch/cuda_backend.cuh>
+#endif
+
+#include <boost/asio/signal_set.hpp>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <thread>
+
+using namespace kevo::retrieval;
+
+namespace {
+
+struct Options {
+  std::string host = "127.0.0.1";
+  unsigned short port = 8080;
+  std::uint64_t ads = 100000;
+  std::uint64_t seed = 1;
+  std::string model;
+  std::string backend = "auto";
+  unsigned threads = 4;
+};
+
+bool parse(int argc, char** argv, Options& o) {
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (i + 1 >= argc) return false;
+    const char* v = argv[++i];
+    if (a == "--host") o.host = v;
+    else if (a == "--port") o.port = static_cast<unsigned short>(std::atoi(v));
+    else if (a == "--ads") o.ads = std::strtoull(v, nullptr, 10);
+    else if (a == "--seed") o.seed = std::strtoull(v, nullptr, 10);
+    else if (a == "--model") o.model = v;
+    else if (a == "--backend" && (std::strcmp(v, "auto") == 0 || std::strcmp(v, "cpu") == 0 || std::strcmp(v, "gpu") == 0)) o.backend = v;
+    else if (a == "--threads") o.threads = static_cast<unsigned>(std::max(1, std::atoi(v)));
+    else return false;
+  }
+  return true;
+}
+
+/// The GPU backend where this build has CUDA and the machine a GPU (unless --backend cpu), else the CPU one.
+std::unique_ptr<RetrievalBackend> make_backend(const Options& o, const Schema& schema, const Model& model) {
+#if defined(__CUDACC__)
+  if (o.backend != "cpu" && gpu_device_count() > 0) {
+    auto gpu = CudaRetrievalBackend::create(schema, model, {.capacity = o.ads + (1u << 20)});
+    if (gpu) return std::move(*gpu);
+    std::fprintf(stderr, "GPU backend unavailable (%s); using the CPU\n", gpu.error().message.c_str());
+  }
+#endif
+  if (o.backend == "gpu") std::fprintf(stderr, "no GPU backend in this build or machine; using the CPU\n");
+  return std::make_unique<CpuRetrievalBackend>(schema, model);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options o;
+  if (!parse(argc, argv, o)) {
+    std::fprintf(stderr, "usage: %s [--host 127.0.0.1] [--port 8080] [--ads 100000] [--seed 1] "
+                         "[--model FILE.safetensors] [--backend auto|cpu|gpu] [--threads 4]\n", argv[0]);
+    return 2;
+  }
+  WorkloadOptions shape{.seed = o.seed};
+  Model model;
+  if (!o.model.empty()) {
+    auto loaded = load_model(o.model);
+    if (!loaded) return std::fprintf(stderr, "%s\n", loaded.error().message.c_str()), 1;
+    model = std::move(*loaded);
+    shape.dim = model.dim, shape.features = model.features, shape.hidden = model.hidden, shape.experts = model.experts;
+  }
+  const Workload workload(shape);
+  if (o.model.empty()) model = workload.model();
+  std::unique_ptr<RetrievalBackend> backend = make_backend(o, workload.schema(), model);
+  for (std::uint64_t begin = 0; begin < o.ads; begin += 10000) {
+    std::vector<AdRecord> batch;
+    for (std::uint64_t i = begin; i < std::min(o.ads, begin + 10000); ++i) batch.push_back(workload.ad(i));
+    if (auto ok = backend->upsert(std::span<const AdRecord>(batch.data(), batch.size())); !ok)
+      return std::fprintf(stderr, "%s\n", ok.error().message.c_str()), 1;
+  }
+
+  boost::asio::io_context io;
+  RetrievalHttpServer server(io, *backend, {boost::asio::ip::make_address(o.host), o.port});
+  server.start();
+  boost::asio::signal_set signals(io, SIGINT, SIGTERM);
+  signals.async_wait([&](auto, int) { server.stop(); io.stop(); });
+  std::printf("serving %llu ads on http://%s:%u with the %s backend\n", static_cast<unsigned long long>(o.ads),
+              o.host.c_str(), static_cast<unsigned>(server.port()), backend->name().c_str());
+  std::fflush(stdout);
+  std::vector<std::thread> threads;
+  for (unsigned t = 1; t < o.threads; ++t) threads.emplace_back([&] { io.run(); });
+  io.run();
+  for (auto& t : threads) t.join();
+  return 0;
+}

@@ -1,0 +1,40 @@
+// kevo/retrieval/dispatch/cuda_backend.cuh: the GPU pipeline behind the RetrievalBackend interface,
+// so that a server picks the GPU where one exists and the CPU reference elsewhere.
+//
+//   auto gpu = CudaRetrievalBackend::create(schema, model, {.capacity = 1 << 24});
+//   RetrievalBackend& backend = **gpu;
+#pragma once
+
+#include <memory>
+#include <span>
+
+#include "kevo/retrieval/backend.hpp"
+#include "kevo/retrieval/dispatch/fused_retrieval_pipeline.cuh"
+
+namespace kevo::retrieval {
+
+class CudaRetrievalBackend final : public RetrievalBackend {
+ public:
+  static expected<std::unique_ptr<CudaRetrievalBackend>, Error> create(const Schema& schema, Model model,
+                                                                       FusedRetrievalPipeline::Options options) {
+    auto pipeline = FusedRetrievalPipeline::create(schema, std::move(model), options);
+    if (!pipeline) return unexpected(pipeline.error());
+    return std::unique_ptr<CudaRetrievalBackend>(new CudaRetrievalBackend(std::move(*pipeline)));
+  }
+
+  std::string name() const override { return "cuda"; }
+  const Schema& schema() const override { return pipeline_->schema(); }
+  const Model& model() const override { return pipeline_->model(); }
+  expected<std::vector<ScoredAd>, Error> search(const Request& request) override { return pipeline_->search(request); }
+  expected<void, Error> upsert(std::span<const AdRecord> ads) override { return pipeline_->index().upsert(ads); }
+  expected<std::size_t, Error> expire(std::span<const std::uint32_t> ids) override {
+    return pipeline_->index().expire(ids);
+  }
+  FusedRetrievalPipeline& pipeline() { return *pipeline_; }
+
+ private:
+  explicit CudaRetrievalBackend(std::unique_ptr<FusedRetrievalPipeline> pipeline) : pipeline_(std::move(pipeline)) {}
+  std::unique_ptr<FusedRetrievalPipeline> pipeline_;
+};
+
+}  // namespace kevo::retrieval

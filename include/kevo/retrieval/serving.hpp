@@ -1,0 +1,270 @@
+// kevo/retrieval/serving.hpp: a Boost.Beast HTTP front end for any RetrievalBackend. JSON in
+// (simdjson), JSON out; every network operation has a timeout; a malformed request gets a 400
+// with a message and the server keeps serving. Host-only: a GPU backend is passed in as a
+// RetrievalBackend.
+//
+//   POST /search  {"features":[...], "query":[{"category":0,"values":[1,2]}], "k":100, "routing":2}
+//              -> {"results":[{"id":7,"score":1.25}, ...]}
+//   POST /ads     {"ads":[{"id":7,"embedding":[...],"bias":0.1,"clauses":[{"category":3,"value":5,"exclude":false}],"live":true}]}
+//              -> {"upserted":1}
+//   POST /expire  {"ids":[7]} -> {"expired":1}
+//   GET  /health  -> {"backend":"cpu"}
+//
+//   RetrievalHttpServer server(io, backend, {asio::ip::make_address("127.0.0.1"), 0});
+//   server.start();   // then io.run(); server.port() is the bound port
+#pragma once
+
+#include <boost/asio.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
+#include <fmt/format.h>
+#include <simdjson.h>
+
+#include <chrono>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "kevo/retrieval/backend.hpp"
+#include "kevo/retrieval/types.hpp"
+
+namespace kevo::retrieval {
+
+namespace serving_detail {
+
+namespace json = simdjson::ondemand;
+
+/// Thrown for a request the caller got wrong; becomes a 400 with this message.
+struct BadRequest {
+  std::string message;
+};
+
+inline std::uint32_t to_u32(std::uint64_t v, const char* what) {
+  if (v > 0xffffffffull) throw BadRequest{std::string(what) + " out of range"};
+  return static_cast<std::uint32_t>(v);
+}
+
+inline std::vector<float> float_array(json::value v) {
+  std::vector<float> out;
+  for (auto x : v.get_array()) out.push_back(static_cast<float>(x.get_double()));
+  return out;
+}
+
+inline Request parse_search(json::document& doc) {
+  Request r;
+  for (auto field : doc.get_object()) {
+    const std::string_view key = field.unescaped_key();
+    if (key == "features") {
+      r.features = float_array(field.value());
+    } else if (key == "query") {
+      for (auto entry : field.value().get_array()) {
+        CategoryQuery q;
+        for (auto f : entry.get_object()) {
+          const std::string_view k = f.unescaped_key();
+          if (k == "category") q.category = to_u32(f.value().get_uint64(), "category");
+          else if (k == "values")
+            for (auto v : f.value().get_array()) q.values.push_back(to_u32(v.get_uint64(), "value"));
+          else throw BadRequest{"unknown field in query: " + std::string(k)};
+        }
+        r.query.push_back(std::move(q));
+      }
+    } else if (key == "k") {
+      r.k = static_cast<int>(field.value().get_int64());
+    } else if (key == "routing") {
+      r.routing = static_cast<int>(field.value().get_int64());
+    } else {
+      throw BadRequest{"unknown field: " + std::string(key)};
+    }
+  }
+  return r;
+}
+
+inline std::vector<AdRecord> parse_ads(json::document& doc) {
+  std::vector<AdRecord> ads;
+  for (auto field : doc.get_object()) {
+    if (std::string_view(field.unescaped_key()) != "ads") throw BadRequest{"expected {\"ads\": [...]}"};
+    for (auto entry : field.value().get_array()) {
+      AdRecord ad;
+      for (auto f : entry.get_object()) {
+        const std::string_view k = f.unescaped_key();
+        if (k == "id") ad.id = to_u32(f.value().get_uint64(), "id");
+        else if (k == "embedding") ad.embedding = float_array(f.value());
+        else if (k == "bias") ad.bias = static_cast<float>(f.value().get_double());
+        else if (k == "live") ad.live = f.value().get_bool();
+        else if (k == "clauses")
+          for (auto c : f.value().get_array()) {
+            Clause clause;
+            for (auto cf : c.get_object()) {
+              const std::string_view ck = cf.unescaped_key();
+              if (ck == "category") clause.category = to_u32(cf.value().get_uint64(), "category");
+              else if (ck == "value") clause.value = to_u32(cf.value().get_uint64(), "value");
+              else if (ck == "exclude") clause.exclude = cf.value().get_bool();
+              else throw BadRequest{"unknown field in clause: " + std::string(ck)};
+            }
+            ad.clauses.push_back(clause);
+          }
+        else throw BadRequest{"unknown field in ad: " + std::string(k)};
+      }
+      ads.push_back(std::move(ad));
+    }
+  }
+  return ads;
+}
+
+inline std::vector<std::uint32_t> parse_ids(json::document& doc) {
+  std::vector<std::uint32_t> ids;
+  for (auto field : doc.get_object()) {
+    if (std::string_view(field.unescaped_key()) != "ids") throw BadRequest{"expected {\"ids\": [...]}"};
+    for (auto v : field.value().get_array()) ids.push_back(to_u32(v.get_uint64(), "id"));
+  }
+  return ids;
+}
+
+inline std::string json_escape(std::string_view s) {
+  std::string out;
+  for (char c : s) {
+    if (c == '"' || c == '\\') out += '\\';
+    if (static_cast<unsigned char>(c) < 0x20) out += fmt::format(fmt::runtime("\\u{:04x}"), static_cast<unsigned>(c));
+    else out += c;
+  }
+  return out;
+}
+
+}  // namespace serving_detail
+
+struct ServingOptions {
+  std::chrono::milliseconds io_timeout{10000};  // each read and each write
+  std::size_t max_body_bytes = 64u << 20;
+};
+
+/// One HTTP server over one backend; runs on the io_context it is given (any number of threads).
+class RetrievalHttpServer {
+ public:
+  RetrievalHttpServer(boost::asio::io_context& io, RetrievalBackend& backend, boost::asio::ip::tcp::endpoint endpoint,
+                      ServingOptions options = {})
+      : io_(io), acceptor_(io, endpoint), backend_(backend), options_(options) {}
+
+  unsigned short port() const { return acceptor_.local_endpoint().port(); }
+  void start() { accept(); }
+  void stop() {
+    boost::system::error_code ignored;
+    acceptor_.close(ignored);
+  }
+
+  /// The answer to one request: status and JSON body. Public so that it can be tested without sockets.
+  std::pair<boost::beast::http::status, std::string> handle(boost::beast::http::verb method, std::string_view target,
+                                                            const std::string& body,
+                                                            simdjson::ondemand::parser& parser) {
+    using boost::beast::http::status;
+    using boost::beast::http::verb;
+    namespace sd = serving_detail;
+    auto error = [](status s, std::string_view message) {
+      return std::pair{s, fmt::format("{{\"error\":\"{}\"}}", sd::json_escape(message))};
+    };
+    if (method == verb::get && target == "/health")
+      return {status::ok, fmt::format("{{\"backend\":\"{}\"}}", backend_.name())};
+    if (method != verb::post) return error(status::method_not_allowed, "use POST (or GET /health)");
+    if (target != "/search" && target != "/ads" && target != "/expire") return error(status::not_found, "no such path");
+    try {
+      // The padded copy and the document live together in this scope; no view outlives them.
+      const simdjson::padded_string input(body);
+      simdjson::ondemand::document doc = parser.iterate(input);
+      if (target == "/search") {
+        const Request request = sd::parse_search(doc);
+        auto top = backend_.search(request);
+        if (!top) return error(status::bad_request, top.error().message);
+        std::string out = "{\"results\":[";
+        for (std::size_t i = 0; i < top->size(); ++i)
+          out += fmt::format("{}{{\"id\":{},\"score\":{}}}", i ? "," : "", (*top)[i].id, (*top)[i].score);
+        return {status::ok, out + "]}"};
+      }
+      if (target == "/ads") {
+        const std::vector<AdRecord> ads = sd::parse_ads(doc);
+        if (auto ok = backend_.upsert(std::span<const AdRecord>(ads.data(), ads.size())); !ok)
+          return error(status::bad_request, ok.error().message);
+        return {status::ok, fmt::format("{{\"upserted\":{}}}", ads.size())};
+      }
+      const std::vector<std::uint32_t> ids = sd::parse_ids(doc);
+      auto expired = backend_.expire(std::span<const std::uint32_t>(ids.data(), ids.size()));
+      if (!expired) return error(status::bad_request, expired.error().message);
+      return {status::ok, fmt::format("{{\"expired\":{}}}", *expired)};
+    } catch (const sd::BadRequest& e) {
+      return error(status::bad_request, e.message);
+    } catch (const simdjson::simdjson_error& e) {
+      return error(status::bad_request, std::string("malformed JSON: ") + e.what());
+    }
+  }
+
+ private:
+  class Session : public std::enable_shared_from_this<Session> {
+   public:
+    Session(boost::asio::ip::tcp::socket socket, RetrievalHttpServer& server)
+        : stream_(std::move(socket)), server_(server) {}
+    void read() {
+      request_ = {};
+      parser_.emplace();
+      parser_->body_limit(server_.options_.max_body_bytes);
+      stream_.expires_after(server_.options_.io_timeout);
+      boost::beast::http::async_read(stream_, buffer_, *parser_,
+                                     [self = shared_from_this()](boost::beast::error_code ec, std::size_t) {
+                                       self->on_read(ec);
+                                     });
+    }
+
+   private:
+    void on_read(boost::beast::error_code ec) {
+      namespace http = boost::beast::http;
+      if (ec == http::error::end_of_stream || ec == boost::beast::error::timeout) return close();
+      if (ec) {  // an unparsable request: answer 400 and close
+        respond(http::status::bad_request,
+                "{\"error\":\"bad HTTP request: " + serving_detail::json_escape(ec.message()) + "\"}", false);
+        return;
+      }
+      request_ = parser_->release();
+      auto [status, body] = server_.handle(request_.method(), request_.target(), request_.body(), json_);
+      respond(status, std::move(body), request_.keep_alive());
+    }
+    void respond(boost::beast::http::status status, std::string body, bool keep_alive) {
+      namespace http = boost::beast::http;
+      response_ = http::response<http::string_body>(status, 11);
+      response_.set(http::field::content_type, "application/json");
+      response_.keep_alive(keep_alive);
+      response_.body() = std::move(body);
+      response_.prepare_payload();
+      stream_.expires_after(server_.options_.io_timeout);
+      http::async_write(stream_, response_, [self = shared_from_this(), keep_alive](boost::beast::error_code ec, std::size_t) {
+        if (!ec && keep_alive) self->read();
+        else self->close();
+      });
+    }
+    void close() {
+      boost::beast::error_code ignored;
+      stream_.socket().shutdown(boost::asio::ip::tcp::socket::shutdown_send, ignored);
+    }
+
+    boost::beast::tcp_stream stream_;
+    boost::beast::flat_buffer buffer_;
+    std::optional<boost::beast::http::request_parser<boost::beast::http::string_body>> parser_;
+    boost::beast::http::request<boost::beast::http::string_body> request_;
+    boost::beast::http::response<boost::beast::http::string_body> response_;
+    simdjson::ondemand::parser json_;  // reused for every request of this connection
+    RetrievalHttpServer& server_;
+  };
+
+  void accept() {
+    acceptor_.async_accept(boost::asio::make_strand(io_), [this](boost::beast::error_code ec,
+                                                                  boost::asio::ip::tcp::socket socket) {
+      if (ec == boost::asio::error::operation_aborted || !acceptor_.is_open()) return;  // stopped
+      if (!ec) std::make_shared<Session>(std::move(socket), *this)->read();
+      accept();
+    });
+  }
+
+  boost::asio::io_context& io_;
+  boost::asio::ip::tcp::acceptor acceptor_;
+  RetrievalBackend& backend_;
+  ServingOptions options_;
+};
+
+}  // namespace kevo::retrieval

@@ -1,0 +1,197 @@
+// The retrieval server on loopback with the CPU backend: it answers searches like the backend
+// itself, applies upserts and expiries, turns malformed requests into 400s with a message, and
+// keeps serving after them. Every client operation has a timeout; every loop is bounded.
+#include <catch2/catch.hpp>
+
+#include <boost/asio.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
+#include <fmt/format.h>
+#include <simdjson.h>
+
+#include <chrono>
+#include <thread>
+
+#include "kevo/retrieval/retrieval.hpp"
+#include "kevo/retrieval/serving.hpp"
+
+using namespace kevo::retrieval;
+namespace beast = boost::beast;
+namespace http = beast::http;
+namespace asio = boost::asio;
+
+namespace {
+
+/// A server on 127.0.0.1 with an ephemeral port, on its own thread, stopped at scope exit.
+struct RunningServer {
+  asio::io_context io;
+  RetrievalHttpServer server;
+  std::thread thread;
+  RunningServer(RetrievalBackend& backend)
+      : server(io, backend, {asio::ip::make_address("127.0.0.1"), 0}, {std::chrono::milliseconds(3000)}) {
+    server.start();
+    thread = std::thread([this] { io.run(); });
+  }
+  ~RunningServer() {
+    asio::post(io, [this] { server.stop(); io.stop(); });
+    thread.join();
+  }
+};
+
+struct Reply {
+  unsigned status = 0;
+  std::string body;
+};
+
+/// One request on a fresh connection, with a timeout on connect, write and read.
+Reply call(unsigned short port, http::verb method, const std::string& target, const std::string& body) {
+  asio::io_context io;
+  beast::tcp_stream stream(io);
+  stream.expires_after(std::chrono::seconds(5));
+  stream.connect(asio::ip::tcp::endpoint(asio::ip::make_address("127.0.0.1"), port));
+  http::request<http::string_body> request(method, target, 11);
+  request.set(http::field::host, "127.0.0.1");
+  request.set(http::field::content_type, "application/json");
+  request.body() = body;
+  request.prepare_payload();
+  stream.expires_after(std::chrono::seconds(5));
+  http::write(stream, request);
+  beast::flat_buffer buffer;
+  http::response<http::string_body> response;
+  stream.expires_after(std::chrono::seconds(30));
+  http::read(stream, buffer, response);
+  beast::error_code ignored;
+  stream.socket().shutdown(asio::ip::tcp::socket::shutdown_both, ignored);
+  return {static_cast<unsigned>(response.result_int()), response.body()};
+}
+
+std::string search_body(const Request& r) {
+  std::string features, query;
+  for (float x : r.features) features += fmt::format("{}{}", features.empty() ? "" : ",", x);
+  for (const CategoryQuery& q : r.query) {
+    std::string values;
+    for (auto v : q.values) values += fmt::format("{}{}", values.empty() ? "" : ",", v);
+    query += fmt::format("{}{{\"category\":{},\"values\":[{}]}}", query.empty() ? "" : ",", q.category, values);
+  }
+  return fmt::format("{{\"features\":[{}],\"query\":[{}],\"k\":{},\"routing\":{}}}", features, query, r.k, r.routing);
+}
+
+std::vector<ScoredAd> parse_results(const std::string& body) {
+  simdjson::ondemand::parser parser;
+  simdjson::padded_string input(body);
+  auto doc = parser.iterate(input);
+  std::vector<ScoredAd> out;
+  for (auto r : doc["results"].get_array()) {
+    ScoredAd s;
+    s.id = static_cast<std::uint32_t>(std::uint64_t(r["id"]));
+    s.score = static_cast<float>(double(r["score"]));
+    out.push_back(s);
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("the retrieval server answers on loopback with the CPU backend", "[retrieval][server]") {
+  const Workload w({.seed = 4, .dim = 64, .features = 32, .hidden = 48});
+  CpuRetrievalBackend backend(w.schema(), w.model(), 2);
+  std::vector<AdRecord> ads;
+  for (int i = 0; i < 3000; ++i) ads.push_back(w.ad(i));
+  REQUIRE(backend.upsert(ads));
+  RunningServer running(backend);
+  const unsigned short port = running.server.port();
+  REQUIRE(port != 0);
+
+  Reply health = call(port, http::verb::get, "/health", "");
+  CHECK(health.status == 200);
+  CHECK(health.body == "{\"backend\":\"cpu\"}");
+
+  const Request request = w.request(1, RequestKind::broad, 25);
+  Reply first = call(port, http::verb::post, "/search", search_body(request));
+  REQUIRE(first.status == 200);
+  const std::vector<ScoredAd> served = parse_results(first.body);
+  auto direct = backend.search(request);
+  REQUIRE(direct);
+  REQUIRE(served.size() == 25);
+  for (std::size_t i = 0; i < served.size(); ++i) {
+    CHECK(served[i].id == (*direct)[i].id);
+    CHECK(served[i].score == Approx((*direct)[i].score).epsilon(1e-5));
+  }
+
+  SECTION("malformed requests get a 400 with a message, and the server keeps serving") {
+    const std::pair<std::string, std::string> bad[] = {
+        {"{\"features\": [1, 2", "malformed JSON"},
+        {"not json at all", "malformed JSON"},
+        {"{\"features\":[1],\"k\":10}", "wrong feature length"},
+        {"{\"colour\":3}", "unknown field"},
+    };
+    for (const auto& [body, message] : bad) {
+      Reply r = call(port, http::verb::post, "/search", body);
+      CHECK(r.status == 400);
+      CHECK_THAT(r.body, Catch::Contains(message));
+    }
+    Request too_many = request;
+    too_many.k = 5000;
+    Reply k = call(port, http::verb::post, "/search", search_body(too_many));
+    CHECK(k.status == 400);
+    CHECK_THAT(k.body, Catch::Contains("K out of range"));
+    Request unknown = request;
+    unknown.query.push_back({77, {1}});
+    Reply category = call(port, http::verb::post, "/search", search_body(unknown));
+    CHECK(category.status == 400);
+    CHECK_THAT(category.body, Catch::Contains("unknown category"));
+    CHECK(call(port, http::verb::post, "/nowhere", "{}").status == 404);
+    CHECK(call(port, http::verb::put, "/search", "{}").status == 405);
+
+    Reply again = call(port, http::verb::post, "/search", search_body(request));
+    CHECK(again.status == 200);
+    CHECK(parse_results(again.body).size() == 25);
+  }
+
+  SECTION("upserts and expiries apply to later searches") {
+    // A new ad with ANY targeting and a large bias comes first; after its expiry it is gone.
+    AdRecord ad = w.ad(5000);
+    std::string embedding;
+    for (float x : ad.embedding) embedding += fmt::format("{}{}", embedding.empty() ? "" : ",", x);
+    const std::string body = fmt::format(
+        "{{\"ads\":[{{\"id\":424242,\"embedding\":[{}],\"bias\":50.0,\"clauses\":[{{\"category\":0,\"value\":0,"
+        "\"exclude\":true}}],\"live\":true}}]}}",
+        embedding);
+    Reply up = call(port, http::verb::post, "/ads", body);
+    REQUIRE(up.status == 200);
+    CHECK(up.body == "{\"upserted\":1}");
+    Request req = request;
+    req.query.clear();  // no value of category 0, so the exclusion does not apply
+    std::vector<ScoredAd> top = parse_results(call(port, http::verb::post, "/search", search_body(req)).body);
+    REQUIRE(!top.empty());
+    CHECK(top[0].id == 424242u);
+    Reply gone = call(port, http::verb::post, "/expire", "{\"ids\":[424242, 99999999]}");
+    CHECK(gone.status == 200);
+    CHECK(gone.body == "{\"expired\":1}");
+    top = parse_results(call(port, http::verb::post, "/search", search_body(req)).body);
+    for (const ScoredAd& s : top) CHECK(s.id != 424242u);
+    Reply bad_ad = call(port, http::verb::post, "/ads", "{\"ads\":[{\"id\":1,\"embedding\":[1,2]}]}");
+    CHECK(bad_ad.status == 400);
+    CHECK_THAT(bad_ad.body, Catch::Contains("embedding"));
+  }
+}
+
+TEST_CASE("a connection that sends garbage gets a 400 and the server goes on", "[retrieval][server]") {
+  const Workload w({.seed = 4, .dim = 64, .features = 32, .hidden = 48});
+  CpuRetrievalBackend backend(w.schema(), w.model(), 1);
+  RunningServer running(backend);
+  {
+    asio::io_context io;
+    beast::tcp_stream stream(io);
+    stream.expires_after(std::chrono::seconds(5));
+    stream.connect(asio::ip::tcp::endpoint(asio::ip::make_address("127.0.0.1"), running.server.port()));
+    const std::string garbage = "THIS IS NOT HTTP\r\n\r\n";
+    asio::write(stream.socket(), asio::buffer(garbage));
+    beast::flat_buffer buffer;
+    http::response<http::string_body> response;
+    stream.expires_after(std::chrono::seconds(5));
+    http::read(stream, buffer, response);
+    CHECK(response.result_int() == 400);
+  }
+  CHECK(call(running.server.port(), http::verb::get, "/health", "").status == 200);
+}
