@@ -3,15 +3,13 @@
 // It loads a model (a safetensors file, or the workload's own), fills the ad pool with the spec's
 // synthetic workload, and serves top-K requests and real-time ad updates as JSON over HTTP
 // (kevo/retrieval/serving.hpp lists the endpoints). It runs on the GPU where one exists and on the
-// CPU reference elsewhere:
+// CPU reference elsewhere; the GPU backend comes from cuda_backend.cu beside this file, a separate
+// translation unit because Boost.Beast does not compile under nvcc:
 //
 //   retrieval_server --port 8080 --ads 1000000
 //   curl -s localhost:8080/search -d '{"features":[...256 floats...],"query":[{"category":0,"values":[1]}],"k":10}'
 #include <kevo/retrieval/retrieval.hpp>
 #include <kevo/retrieval/serving.hpp>
-#if defined(__CUDACC__)
-#include <kevo/retrieval/dispatch/cuda_backend.cuh>
-#endif
 
 #include <boost/asio/signal_set.hpp>
 
@@ -22,6 +20,14 @@
 #include <thread>
 
 using namespace kevo::retrieval;
+
+#if defined(KEVO_RETRIEVAL_SERVER_CUDA)
+namespace kevo::retrieval {
+// In cuda_backend.cu: the GPU backend, or nullptr with the reason in `why` (no GPU, no memory).
+std::unique_ptr<RetrievalBackend> make_cuda_backend(const Schema& schema, const Model& model, std::size_t capacity,
+                                                    std::string& why);
+}  // namespace kevo::retrieval
+#endif
 
 namespace {
 
@@ -54,11 +60,11 @@ bool parse(int argc, char** argv, Options& o) {
 
 /// The GPU backend where this build has CUDA and the machine a GPU (unless --backend cpu), else the CPU one.
 std::unique_ptr<RetrievalBackend> make_backend(const Options& o, const Schema& schema, const Model& model) {
-#if defined(__CUDACC__)
-  if (o.backend != "cpu" && gpu_device_count() > 0) {
-    auto gpu = CudaRetrievalBackend::create(schema, model, {.capacity = o.ads + (1u << 20)});
-    if (gpu) return std::move(*gpu);
-    std::fprintf(stderr, "GPU backend unavailable (%s); using the CPU\n", gpu.error().message.c_str());
+#if defined(KEVO_RETRIEVAL_SERVER_CUDA)
+  if (o.backend != "cpu") {
+    std::string why;
+    if (auto gpu = make_cuda_backend(schema, model, o.ads + (1u << 20), why)) return gpu;
+    std::fprintf(stderr, "GPU backend unavailable (%s); using the CPU\n", why.c_str());
   }
 #endif
   if (o.backend == "gpu") std::fprintf(stderr, "no GPU backend in this build or machine; using the CPU\n");

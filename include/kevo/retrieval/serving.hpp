@@ -17,9 +17,9 @@
 #include <boost/asio.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
-#include <fmt/format.h>
 #include <simdjson.h>
 
+#include <charconv>
 #include <chrono>
 #include <memory>
 #include <optional>
@@ -121,12 +121,26 @@ inline std::vector<std::uint32_t> parse_ids(json::document& doc) {
   return ids;
 }
 
+/// The shortest text that reads back as the same number (std::to_chars).
+template <class T>
+std::string number(T value) {
+  char buffer[64];
+  const auto end = std::to_chars(buffer, buffer + sizeof buffer, value).ptr;
+  return std::string(buffer, end);
+}
+
 inline std::string json_escape(std::string_view s) {
   std::string out;
   for (char c : s) {
     if (c == '"' || c == '\\') out += '\\';
-    if (static_cast<unsigned char>(c) < 0x20) out += fmt::format(fmt::runtime("\\u{:04x}"), static_cast<unsigned>(c));
-    else out += c;
+    if (static_cast<unsigned char>(c) < 0x20) {
+      static constexpr char hex[] = "0123456789abcdef";
+      out += "\\u00";
+      out += hex[(c >> 4) & 0xf];
+      out += hex[c & 0xf];
+    } else {
+      out += c;
+    }
   }
   return out;
 }
@@ -160,10 +174,10 @@ class RetrievalHttpServer {
     using boost::beast::http::verb;
     namespace sd = serving_detail;
     auto error = [](status s, std::string_view message) {
-      return std::pair{s, fmt::format("{{\"error\":\"{}\"}}", sd::json_escape(message))};
+      return std::pair{s, "{\"error\":\"" + sd::json_escape(message) + "\"}"};
     };
     if (method == verb::get && target == "/health")
-      return {status::ok, fmt::format("{{\"backend\":\"{}\"}}", backend_.name())};
+      return {status::ok, "{\"backend\":\"" + sd::json_escape(backend_.name()) + "\"}"};
     if (method != verb::post) return error(status::method_not_allowed, "use POST (or GET /health)");
     if (target != "/search" && target != "/ads" && target != "/expire") return error(status::not_found, "no such path");
     try {
@@ -176,19 +190,20 @@ class RetrievalHttpServer {
         if (!top) return error(status::bad_request, top.error().message);
         std::string out = "{\"results\":[";
         for (std::size_t i = 0; i < top->size(); ++i)
-          out += fmt::format("{}{{\"id\":{},\"score\":{}}}", i ? "," : "", (*top)[i].id, (*top)[i].score);
+          out += (i ? ",{\"id\":" : "{\"id\":") + sd::number((*top)[i].id) + ",\"score\":" +
+                 sd::number((*top)[i].score) + "}";
         return {status::ok, out + "]}"};
       }
       if (target == "/ads") {
         const std::vector<AdRecord> ads = sd::parse_ads(doc);
         if (auto ok = backend_.upsert(std::span<const AdRecord>(ads.data(), ads.size())); !ok)
           return error(status::bad_request, ok.error().message);
-        return {status::ok, fmt::format("{{\"upserted\":{}}}", ads.size())};
+        return {status::ok, "{\"upserted\":" + sd::number(ads.size()) + "}"};
       }
       const std::vector<std::uint32_t> ids = sd::parse_ids(doc);
       auto expired = backend_.expire(std::span<const std::uint32_t>(ids.data(), ids.size()));
       if (!expired) return error(status::bad_request, expired.error().message);
-      return {status::ok, fmt::format("{{\"expired\":{}}}", *expired)};
+      return {status::ok, "{\"expired\":" + sd::number(*expired) + "}"};
     } catch (const sd::BadRequest& e) {
       return error(status::bad_request, e.message);
     } catch (const simdjson::simdjson_error& e) {
