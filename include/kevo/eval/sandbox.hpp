@@ -296,17 +296,15 @@ inline SandboxResult run_sandboxed(const std::vector<std::string>& argv, const S
     result.setup_error = fmt::format("{}: cannot be opened: {}", program->string(), std::strerror(errno));
     return result;
   }
-  int out_pipe[2], err_pipe[2], status_pipe[2];
+  int out_pipe[2] = {-1, -1}, err_pipe[2] = {-1, -1}, status_pipe[2] = {-1, -1};
   const int devnull = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
-  if (devnull < 0 || ::pipe2(out_pipe, O_CLOEXEC) != 0) {
-    result.setup_error = fmt::format("pipe: {}", std::strerror(errno));
-    ::close(program_fd);
-    if (devnull >= 0) ::close(devnull);
-    return result;
-  }
-  if (::pipe2(err_pipe, O_CLOEXEC) != 0 || ::pipe2(status_pipe, O_CLOEXEC) != 0) {
-    result.setup_error = fmt::format("pipe: {}", std::strerror(errno));
-    for (int fd : {program_fd, devnull, out_pipe[0], out_pipe[1]}) ::close(fd);
+  auto close_all = [&] {
+    for (int fd : {program_fd, devnull, out_pipe[0], out_pipe[1], err_pipe[0], err_pipe[1], status_pipe[0], status_pipe[1]})
+      if (fd >= 0) ::close(fd);
+  };
+  if (devnull < 0 || ::pipe2(out_pipe, O_CLOEXEC) != 0 || ::pipe2(err_pipe, O_CLOEXEC) != 0 || ::pipe2(status_pipe, O_CLOEXEC) != 0) {
+    result.setup_error = fmt::format("cannot open /dev/null or a pipe: {}", std::strerror(errno));
+    close_all();
     return result;
   }
 
@@ -334,8 +332,7 @@ inline SandboxResult run_sandboxed(const std::vector<std::string>& argv, const S
   const pid_t child = ::fork();
   if (child < 0) {
     result.setup_error = fmt::format("fork: {}", std::strerror(errno));
-    for (int fd : {program_fd, devnull, out_pipe[0], out_pipe[1], err_pipe[0], err_pipe[1], status_pipe[0], status_pipe[1]})
-      ::close(fd);
+    close_all();
     return result;
   }
   if (child == 0) detail::run_first_child(plan, limits.isolate);
