@@ -67,6 +67,7 @@ struct CpuEvaluatorOptions {
   int reference_repetitions = 15;                 ///< the reference is timed once, more carefully
   int compare_rounds = 3;                         ///< interleaved runs per side in compare()
   double min_repetition_seconds = 0.002;          ///< a short kernel is called repeatedly per sample
+  double min_timing_seconds = 0.1;                ///< more samples (up to 8x repetitions) until they span this
   bool isolate = true;                            ///< PID and network namespaces where allowed
   bool machine_wide_gate = true;                  ///< also keep other kevo processes' compiles off timed runs
 };
@@ -447,7 +448,8 @@ class CpuEvaluator {
     const SandboxLimits limits = candidate_limits();
     const SandboxResult r = run_sandboxed({executable.string(), "--seed", std::to_string(seed), "--time", timed, "--check", check ? "1" : "0",
                                            "--warmup", std::to_string(warmup), "--repetitions", std::to_string(repetitions),
-                                           "--min-repetition-seconds", fmt::format("{}", options_.min_repetition_seconds)},
+                                           "--min-repetition-seconds", fmt::format("{}", options_.min_repetition_seconds),
+                                           "--min-timing-seconds", fmt::format("{}", options_.min_timing_seconds)},
                                           limits);
     return interpret(r, limits);
   }

@@ -330,6 +330,7 @@ int main(int argc, char** argv) {{
   bool run_checks = true;
   int warmup = 2, repetitions = 7;
   double min_repetition_seconds = 0.002;
+  double min_timing_seconds = 0;
   for (int i = 1; i + 1 < argc; i += 2) {{
     const std::string flag = argv[i], value = argv[i + 1];
     if (flag == "--seed") seed = std::strtoull(value.c_str(), nullptr, 10);
@@ -338,6 +339,7 @@ int main(int argc, char** argv) {{
     else if (flag == "--warmup") warmup = std::atoi(value.c_str());
     else if (flag == "--repetitions") repetitions = std::max(1, std::atoi(value.c_str()));
     else if (flag == "--min-repetition-seconds") min_repetition_seconds = std::atof(value.c_str());
+    else if (flag == "--min-timing-seconds") min_timing_seconds = std::atof(value.c_str());
   }}
   // The report gets its own descriptor; whatever the kernel prints lands on stderr.
   report_fd = ::dup(1);
@@ -370,8 +372,12 @@ int main(int argc, char** argv) {{
         break;
       }}
     }}
+    // At least `repetitions` samples, and more (up to 8x) until they span `min_timing_seconds`, so
+    // the median does not come from one lucky or unlucky moment of a busy machine.
     const bool hopeless = !samples.empty();
-    for (int r = 0; !hopeless && r < repetitions; ++r) {{
+    const auto timing_start = clock::now();
+    for (int r = 0; !hopeless && r < 8 * repetitions; ++r) {{
+      if (r >= repetitions && std::chrono::duration<double>(clock::now() - timing_start).count() >= min_timing_seconds) break;
       const auto t0 = clock::now();
       for (long c = 0; c < calls; ++c) run_once();
       samples.push_back(std::chrono::duration<double>(clock::now() - t0).count() / static_cast<double>(calls));
