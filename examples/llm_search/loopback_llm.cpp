@@ -7,6 +7,7 @@
 //
 //   kevo-loopback-llm problems/cpu_scoring --port 8765 &
 //   KEVO_LLM_BASE_URL=http://127.0.0.1:8765/v1 KEVO_LLM_MODEL=loopback kevo-llm-search problems/cpu_scoring --log-prompts
+#include <kevo/detail/json_writer.hpp>
 #include <kevo/problem.hpp>
 
 #include <boost/asio/ip/tcp.hpp>
@@ -28,22 +29,6 @@ using asio::ip::tcp;
 
 namespace {
 
-std::string json_string(std::string_view text) {
-  std::string out = "\"";
-  for (char c : text) {
-    switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\t': out += "\\t"; break;
-      case '\r': out += "\\r"; break;
-      default:
-        if (static_cast<unsigned char>(c) < 0x20) out += fmt::format("\\u{:04x}", c);
-        else out += c;
-    }
-  }
-  return out + "\"";
-}
 
 /// The text between `open` and the next `close` after it, or empty.
 std::string_view between(std::string_view text, std::string_view open, std::string_view close) {
@@ -222,9 +207,9 @@ void serve(tcp::socket socket, CandidateWriter& writer) {
     const std::size_t in = (req.body().size() + 3) / 4, out = (text.size() + 3) / 4;
     res.body() = anthropic
                      ? fmt::format(R"({{"id":"msg_loopback","type":"message","role":"assistant","model":"loopback","content":[{{"type":"text","text":{}}}],"stop_reason":"end_turn","usage":{{"input_tokens":{},"output_tokens":{}}}}})",
-                                   json_string(text), in, out)
+                                   kevo::detail::json_quote(text), in, out)
                      : fmt::format(R"({{"id":"chatcmpl-loopback","object":"chat.completion","model":"loopback","choices":[{{"index":0,"message":{{"role":"assistant","content":{}}},"finish_reason":"stop"}}],"usage":{{"prompt_tokens":{},"completion_tokens":{},"total_tokens":{}}}}})",
-                                   json_string(text), in, out, in + out);
+                                   kevo::detail::json_quote(text), in, out, in + out);
   }
   res.prepare_payload();
   http::write(socket, res, ec);

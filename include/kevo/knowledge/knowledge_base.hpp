@@ -8,7 +8,7 @@
 #pragma once
 
 #include <kevo/knowledge/document.hpp>
-#include <kevo/knowledge/sqlite_handle.hpp>
+#include <kevo/detail/sqlite.hpp>
 #include <kevo/knowledge_retriever.hpp>
 
 #include <fmt/format.h>
@@ -24,6 +24,9 @@
 #include <vector>
 
 namespace kevo::knowledge {
+
+using kevo::detail::SqliteHandle;
+using kevo::detail::SqliteStatement;
 
 /// A rough token count (about four characters per token for English and code), the unit of
 /// KnowledgeQuery::token_budget.

@@ -6,6 +6,7 @@
 //   auto reply = kevo::net::ResponseDecoder{}.decode(kevo::net::WireFormat::anthropic, body);
 #pragma once
 
+#include <kevo/detail/json_writer.hpp>
 #include <kevo/expected.hpp>
 
 #include <fmt/format.h>
@@ -115,55 +116,17 @@ concept ChatCompleter = requires(C& c, const ChatRequest& r) {
   { c.complete(r) } -> std::same_as<expected<ChatResponse, LlmError>>;
 };
 
-namespace detail {
-
-/// Appends `text` as a JSON string. Invalid UTF-8 (compiler output can carry any byte) becomes
-/// U+FFFD, since servers reject bodies that are not UTF-8.
-inline void append_json_string(std::string& out, std::string_view text) {
-  out += '"';
-  for (std::size_t i = 0; i < text.size();) {
-    const auto c = static_cast<unsigned char>(text[i]);
-    if (c < 0x80) {
-      switch (c) {
-        case '"': out += "\\\""; break;
-        case '\\': out += "\\\\"; break;
-        case '\n': out += "\\n"; break;
-        case '\r': out += "\\r"; break;
-        case '\t': out += "\\t"; break;
-        default:
-          if (c < 0x20) out += fmt::format("\\u{:04x}", c);
-          else out += static_cast<char>(c);
-      }
-      ++i;
-      continue;
-    }
-    const std::size_t len = c >= 0xF0 && c <= 0xF4 ? 4 : c >= 0xE0 ? 3 : c >= 0xC2 && c <= 0xDF ? 2 : 0;
-    bool valid = len != 0 && i + len <= text.size();
-    for (std::size_t k = 1; valid && k < len; ++k) valid = (static_cast<unsigned char>(text[i + k]) & 0xC0) == 0x80;
-    if (valid) {
-      out.append(text.substr(i, len));
-      i += len;
-    } else {
-      out += "\\ufffd";
-      ++i;
-    }
-  }
-  out += '"';
-}
-
-}  // namespace detail
-
 /// The request body for `format`. OpenAI's newer models take the answer cap as
 /// "max_completion_tokens"; `max_tokens_field` names it (Anthropic always uses "max_tokens").
 inline std::string encode_request(WireFormat format, std::string_view model, const ChatRequest& request,
                                   std::string_view max_tokens_field = "max_tokens") {
   std::string out = "{\"model\":";
-  detail::append_json_string(out, request.model.empty() ? model : std::string_view(request.model));
+  kevo::detail::append_json_string(out, request.model.empty() ? model : std::string_view(request.model));
   out += fmt::format(",\"{}\":{}", format == WireFormat::anthropic ? "max_tokens" : max_tokens_field, request.max_tokens);
   if (request.temperature) out += fmt::format(",\"temperature\":{}", *request.temperature);
   if (format == WireFormat::anthropic && !request.system.empty()) {
     out += ",\"system\":";  // Anthropic takes the system prompt at the top level
-    detail::append_json_string(out, request.system);
+    kevo::detail::append_json_string(out, request.system);
   }
   out += ",\"messages\":[";
   bool first = true;
@@ -171,9 +134,9 @@ inline std::string encode_request(WireFormat format, std::string_view model, con
     if (!first) out += ',';
     first = false;
     out += "{\"role\":";
-    detail::append_json_string(out, role);
+    kevo::detail::append_json_string(out, role);
     out += ",\"content\":";
-    detail::append_json_string(out, content);
+    kevo::detail::append_json_string(out, content);
     out += '}';
   };
   if (format == WireFormat::openai && !request.system.empty()) message("system", request.system);

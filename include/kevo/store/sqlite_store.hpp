@@ -8,15 +8,13 @@
 #pragma once
 
 #include <kevo/detail/json_writer.hpp>
+#include <kevo/detail/sqlite.hpp>
 #include <kevo/store.hpp>
 
 #include <fmt/format.h>
-#include <sqlite3.h>
 
 #include <chrono>
 #include <filesystem>
-#include <memory>
-#include <mutex>
 
 namespace kevo::store {
 
@@ -24,24 +22,19 @@ class SqliteStore {
  public:
   /// Opens (creating if needed) the store at `path`; ":memory:" gives a private in-memory store.
   static expected<SqliteStore, Error> open(const std::filesystem::path& path) {
-    sqlite3* raw = nullptr;
-    const int rc = sqlite3_open_v2(path.c_str(), &raw, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_FULLMUTEX, nullptr);
-    Database db(raw);
-    if (rc != SQLITE_OK)
-      return make_error(fmt::format("{}: cannot open the store: {}", path.string(), raw ? sqlite3_errmsg(raw) : "out of memory"));
-    sqlite3_busy_timeout(raw, 5000);
-    SqliteStore store(std::move(db), path.string());
-    if (auto ok = store.exec(schema); !ok) return unexpected(ok.error());
-    return store;
+    auto db = detail::SqliteHandle::open(path.string());
+    if (!db) return make_error(fmt::format("{}: cannot open the store: {}", path.string(), db.error().message));
+    if (auto ok = db->exec(schema); !ok) return make_error(fmt::format("{}: {}", path.string(), ok.error().message));
+    return SqliteStore(std::move(*db), path.string());
   }
 
   expected<std::int64_t, Error> begin_run(const RunInfo& info) {
     auto st = prepare("INSERT INTO runs(problem, problem_dir, settings, started_at) VALUES (?1, ?2, ?3, ?4)");
     if (!st) return unexpected(st.error());
-    bind(*st, 1, info.problem);
-    bind(*st, 2, info.problem_dir);
-    bind(*st, 3, info.settings_json);
-    sqlite3_bind_double(st->get(), 4, now());
+    st->bind(1, info.problem);
+    st->bind(2, info.problem_dir);
+    st->bind(3, info.settings_json);
+    st->bind(4, now());
     if (auto ok = step_done(*st); !ok) return unexpected(ok.error());
     return static_cast<std::int64_t>(sqlite3_last_insert_rowid(db_.get()));
   }
@@ -51,15 +44,15 @@ class SqliteStore {
         "INSERT INTO nodes(run_id, parent_id, mate_id, source_hash, source, knobs, origin, memory_mode, created_at)"
         " VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)");
     if (!st) return unexpected(st.error());
-    sqlite3_bind_int64(st->get(), 1, run);
+    st->bind(1, static_cast<long long>(run));
     bind_key(*st, 2, parent);
     bind_key(*st, 3, mate);
-    bind(*st, 4, fmt::format("{:016x}", c.hash()));
-    bind(*st, 5, c.source);
-    bind(*st, 6, detail::knobs_to_json(c.knobs));
-    bind(*st, 7, c.origin);
-    bind(*st, 8, to_string(mode));
-    sqlite3_bind_double(st->get(), 9, now());
+    st->bind(4, fmt::format("{:016x}", c.hash()));
+    st->bind(5, c.source);
+    st->bind(6, detail::knobs_to_json(c.knobs));
+    st->bind(7, c.origin);
+    st->bind(8, to_string(mode));
+    st->bind(9, now());
     if (auto ok = step_done(*st); !ok) return unexpected(ok.error());
     return static_cast<NodeKey>(sqlite3_last_insert_rowid(db_.get()));
   }
@@ -70,30 +63,30 @@ class SqliteStore {
         " gbytes_per_s, gflops, roofline_fraction, message, detail, finished_at)"
         " VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)");
     if (!st) return unexpected(st.error());
-    sqlite3_bind_int64(st->get(), 1, run);
-    sqlite3_bind_int64(st->get(), 2, node);
-    bind(*st, 3, to_string(e.failure));
-    sqlite3_bind_double(st->get(), 4, e.speedup);
-    sqlite3_bind_double(st->get(), 5, e.seconds);
-    sqlite3_bind_double(st->get(), 6, e.reference_seconds);
-    bind(*st, 7, to_string(e.diagnostics.bottleneck));
-    sqlite3_bind_double(st->get(), 8, e.diagnostics.achieved_gbytes_per_s);
-    sqlite3_bind_double(st->get(), 9, e.diagnostics.achieved_gflops);
-    sqlite3_bind_double(st->get(), 10, e.diagnostics.roofline_fraction);
-    bind(*st, 11, e.diagnostics.message);
-    bind(*st, 12, e.diagnostics.detail);
-    sqlite3_bind_double(st->get(), 13, now());
+    st->bind(1, static_cast<long long>(run));
+    st->bind(2, static_cast<long long>(node));
+    st->bind(3, to_string(e.failure));
+    st->bind(4, e.speedup);
+    st->bind(5, e.seconds);
+    st->bind(6, e.reference_seconds);
+    st->bind(7, to_string(e.diagnostics.bottleneck));
+    st->bind(8, e.diagnostics.achieved_gbytes_per_s);
+    st->bind(9, e.diagnostics.achieved_gflops);
+    st->bind(10, e.diagnostics.roofline_fraction);
+    st->bind(11, e.diagnostics.message);
+    st->bind(12, e.diagnostics.detail);
+    st->bind(13, now());
     return step_done(*st);
   }
 
   expected<void, Error> finish_run(std::int64_t run, const std::string& stopped_because, NodeKey best, double verified_speedup) {
     auto st = prepare("UPDATE runs SET stopped_because = ?2, best_node = ?3, verified_speedup = ?4, finished_at = ?5 WHERE id = ?1");
     if (!st) return unexpected(st.error());
-    sqlite3_bind_int64(st->get(), 1, run);
-    bind(*st, 2, stopped_because);
+    st->bind(1, static_cast<long long>(run));
+    st->bind(2, stopped_because);
     bind_key(*st, 3, best);
-    sqlite3_bind_double(st->get(), 4, verified_speedup);
-    sqlite3_bind_double(st->get(), 5, now());
+    st->bind(4, verified_speedup);
+    st->bind(5, now());
     return step_done(*st);
   }
 
@@ -113,32 +106,31 @@ class SqliteStore {
         " e.roofline_fraction, e.message, e.detail"
         " FROM nodes n LEFT JOIN evaluations e ON e.node_id = n.id WHERE n.run_id = ?1 ORDER BY n.id");
     if (!st) return unexpected(st.error());
-    sqlite3_bind_int64(st->get(), 1, run);
+    st->bind(1, static_cast<long long>(run));
     std::vector<StoredNode> out;
     int rc;
-    while ((rc = sqlite3_step(st->get())) == SQLITE_ROW) {
-      sqlite3_stmt* s = st->get();
+    while ((rc = st->step()) == SQLITE_ROW) {
       StoredNode n;
-      n.key = sqlite3_column_int64(s, 0);
-      n.parent = sqlite3_column_int64(s, 1);
-      n.mate = sqlite3_column_int64(s, 2);
-      n.candidate.source = text(s, 3);
-      n.candidate.knobs = detail::knobs_from_json(text(s, 4));
-      n.candidate.origin = text(s, 5);
-      n.memory_mode = memory_mode_from(text(s, 6));
-      if (sqlite3_column_type(s, 7) != SQLITE_NULL) {
+      n.key = st->integer(0);
+      n.parent = st->integer(1);
+      n.mate = st->integer(2);
+      n.candidate.source = st->text(3);
+      n.candidate.knobs = detail::knobs_from_json(st->text(4));
+      n.candidate.origin = st->text(5);
+      n.memory_mode = memory_mode_from(st->text(6));
+      if (!st->is_null(7)) {
         Evaluation e;
-        n.finish_order = sqlite3_column_int64(s, 7);
-        e.failure = failure_kind_from_string(text(s, 8));
-        e.speedup = sqlite3_column_double(s, 9);
-        e.seconds = sqlite3_column_double(s, 10);
-        e.reference_seconds = sqlite3_column_double(s, 11);
-        e.diagnostics.bottleneck = bottleneck_from_string(text(s, 12));
-        e.diagnostics.achieved_gbytes_per_s = sqlite3_column_double(s, 13);
-        e.diagnostics.achieved_gflops = sqlite3_column_double(s, 14);
-        e.diagnostics.roofline_fraction = sqlite3_column_double(s, 15);
-        e.diagnostics.message = text(s, 16);
-        e.diagnostics.detail = text(s, 17);
+        n.finish_order = st->integer(7);
+        e.failure = failure_kind_from_string(st->text(8));
+        e.speedup = st->real(9);
+        e.seconds = st->real(10);
+        e.reference_seconds = st->real(11);
+        e.diagnostics.bottleneck = bottleneck_from_string(st->text(12));
+        e.diagnostics.achieved_gbytes_per_s = st->real(13);
+        e.diagnostics.achieved_gflops = st->real(14);
+        e.diagnostics.roofline_fraction = st->real(15);
+        e.diagnostics.message = st->text(16);
+        e.diagnostics.detail = st->text(17);
         n.evaluation = std::move(e);
       }
       out.push_back(std::move(n));
@@ -155,14 +147,14 @@ class SqliteStore {
         " JOIN runs r ON r.id = n.run_id WHERE r.problem = ?1 AND r.id <> ?2 AND e.failure = 'ok'"
         " GROUP BY n.source_hash ORDER BY max(e.speedup) DESC LIMIT ?3");
     if (!st) return unexpected(st.error());
-    bind(*st, 1, problem);
-    sqlite3_bind_int64(st->get(), 2, except_run);
-    sqlite3_bind_int64(st->get(), 3, static_cast<std::int64_t>(limit));
+    st->bind(1, problem);
+    st->bind(2, static_cast<long long>(except_run));
+    st->bind(3, static_cast<long long>(limit));
     std::vector<Candidate> out;
     int rc;
-    while ((rc = sqlite3_step(st->get())) == SQLITE_ROW)
-      out.push_back(Candidate{text(st->get(), 0), detail::knobs_from_json(text(st->get(), 1)),
-                              fmt::format("best of an earlier run ({:.2f}x then)", sqlite3_column_double(st->get(), 3))});
+    while ((rc = st->step()) == SQLITE_ROW)
+      out.push_back(Candidate{std::string(st->text(0)), detail::knobs_from_json(st->text(1)),
+                              fmt::format("best of an earlier run ({:.2f}x then)", st->real(3))});
     if (rc != SQLITE_DONE) return failure("best_of_earlier_runs");
     return out;
   }
@@ -170,15 +162,6 @@ class SqliteStore {
   const std::string& path() const { return path_; }
 
  private:
-  struct CloseDatabase {
-    void operator()(sqlite3* db) const { sqlite3_close_v2(db); }
-  };
-  struct FinalizeStatement {
-    void operator()(sqlite3_stmt* st) const { sqlite3_finalize(st); }
-  };
-  using Database = std::unique_ptr<sqlite3, CloseDatabase>;
-  using Statement = std::unique_ptr<sqlite3_stmt, FinalizeStatement>;
-
   static constexpr const char* schema = R"sql(
     PRAGMA journal_mode = WAL;
     PRAGMA synchronous = NORMAL;
@@ -198,60 +181,44 @@ class SqliteStore {
       roofline_fraction REAL, message TEXT, detail TEXT, finished_at REAL);
   )sql";
 
-  SqliteStore(Database db, std::string path) : db_(std::move(db)), path_(std::move(path)) {}
+  SqliteStore(detail::SqliteHandle db, std::string path) : db_(std::move(db)), path_(std::move(path)) {}
 
   static double now() {
     return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-  }
-  static std::string text(sqlite3_stmt* s, int column) {
-    const auto* p = sqlite3_column_text(s, column);
-    return p ? std::string(reinterpret_cast<const char*>(p), static_cast<std::size_t>(sqlite3_column_bytes(s, column))) : std::string();
   }
   static MemoryMode memory_mode_from(std::string_view s) {
     for (auto m : {MemoryMode::trajectory, MemoryMode::siblings, MemoryMode::combined, MemoryMode::fresh})
       if (to_string(m) == s) return m;
     return MemoryMode::fresh;
   }
-  static void bind(Statement& st, int index, std::string_view value) {
-    sqlite3_bind_text(st.get(), index, value.data(), static_cast<int>(value.size()), SQLITE_TRANSIENT);
-  }
-  static void bind_key(Statement& st, int index, NodeKey key) {
-    if (key == no_key) sqlite3_bind_null(st.get(), index);
-    else sqlite3_bind_int64(st.get(), index, key);
+  static void bind_key(detail::SqliteStatement& st, int index, NodeKey key) {
+    if (key == no_key) st.bind_null(index);
+    else st.bind(index, static_cast<long long>(key));
   }
 
   unexpected<Error> failure(std::string_view what) const {
-    return make_error(fmt::format("{}: {}: {}", path_, what, sqlite3_errmsg(db_.get())));
+    return make_error(fmt::format("{}: {}: {}", path_, what, db_.last_error()));
   }
-  expected<void, Error> exec(const char* sql) {
-    char* message = nullptr;
-    if (sqlite3_exec(db_.get(), sql, nullptr, nullptr, &message) != SQLITE_OK) {
-      std::string text = message ? message : "unknown error";
-      sqlite3_free(message);
-      return make_error(fmt::format("{}: {}", path_, text));
-    }
+  expected<detail::SqliteStatement, Error> prepare(std::string_view sql) {
+    auto st = db_.prepare(sql);
+    if (!st) return make_error(fmt::format("{}: {}", path_, st.error().message));
+    return st;
+  }
+  expected<void, Error> step_done(detail::SqliteStatement& st) {
+    if (st.step() != SQLITE_DONE) return failure("write");
     return {};
   }
-  expected<Statement, Error> prepare(const char* sql) {
-    sqlite3_stmt* st = nullptr;
-    if (sqlite3_prepare_v2(db_.get(), sql, -1, &st, nullptr) != SQLITE_OK) return failure("prepare");
-    return Statement(st);
-  }
-  expected<void, Error> step_done(Statement& st) {
-    if (sqlite3_step(st.get()) != SQLITE_DONE) return failure("write");
-    return {};
-  }
-  expected<RunInfo, Error> query_run(const char* sql, std::int64_t run) {
+  expected<RunInfo, Error> query_run(std::string_view sql, std::int64_t run) {
     auto st = prepare(sql);
     if (!st) return unexpected(st.error());
-    if (run >= 0) sqlite3_bind_int64(st->get(), 1, run);
-    if (sqlite3_step(st->get()) != SQLITE_ROW)
+    if (run >= 0) st->bind(1, static_cast<long long>(run));
+    if (st->step() != SQLITE_ROW)
       return make_error(run >= 0 ? fmt::format("{}: no run {}", path_, run) : fmt::format("{}: holds no run to resume", path_));
-    sqlite3_stmt* s = st->get();
-    return RunInfo{sqlite3_column_int64(s, 0), text(s, 1), text(s, 2), text(s, 3), text(s, 4)};
+    return RunInfo{st->integer(0), std::string(st->text(1)), std::string(st->text(2)), std::string(st->text(3)),
+                   std::string(st->text(4))};
   }
 
-  Database db_;
+  detail::SqliteHandle db_;
   std::string path_;
 };
 

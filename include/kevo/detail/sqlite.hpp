@@ -1,7 +1,7 @@
-// kevo/knowledge/sqlite_handle.hpp: the few SQLite calls the knowledge base needs, owned RAII-style,
+// kevo/detail/sqlite.hpp: the few SQLite calls the store and the knowledge base need, owned RAII-style,
 // with failures as kevo::expected values.
 //
-//   auto db = kevo::knowledge::SqliteHandle::open("kevo.db");
+//   auto db = kevo::detail::SqliteHandle::open("kevo.db");
 //   auto st = db->prepare("SELECT title FROM kevo_knowledge WHERE kevo_knowledge MATCH ?1");
 //   st->bind(1, "memory"); while (st->step() == SQLITE_ROW) use(st->text(0));
 #pragma once
@@ -15,7 +15,7 @@
 #include <string>
 #include <string_view>
 
-namespace kevo::knowledge {
+namespace kevo::detail {
 
 /// A prepared statement. Column text views are valid until the next step() or reset().
 class SqliteStatement {
@@ -27,6 +27,8 @@ class SqliteStatement {
   }
   void bind(int index, long long value) { sqlite3_bind_int64(stmt_.get(), index, value); }
   void bind(int index, double value) { sqlite3_bind_double(stmt_.get(), index, value); }
+  void bind_null(int index) { sqlite3_bind_null(stmt_.get(), index); }
+  bool is_null(int column) const { return sqlite3_column_type(stmt_.get(), column) == SQLITE_NULL; }
 
   int step() { return sqlite3_step(stmt_.get()); }
   void reset() {
@@ -86,4 +88,4 @@ class SqliteHandle {
   std::unique_ptr<sqlite3, int (*)(sqlite3*)> db_;
 };
 
-}  // namespace kevo::knowledge
+}  // namespace kevo::detail
