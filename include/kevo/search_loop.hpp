@@ -15,6 +15,7 @@
 
 #include <kevo/candidate.hpp>
 #include <kevo/evaluator.hpp>
+#include <kevo/knowledge/skill_distiller.hpp>
 #include <kevo/knowledge_retriever.hpp>
 #include <kevo/memory/operators.hpp>
 #include <kevo/memory_operator.hpp>
@@ -98,6 +99,17 @@ struct SearchResult {
   double elapsed_seconds = 0;
 };
 
+/// This host's architecture, in the knowledge base's words.
+inline std::string host_architecture() {
+#if defined(__x86_64__)
+  return "x86-64";
+#elif defined(__aarch64__)
+  return "aarch64";
+#else
+  return {};
+#endif
+}
+
 struct SearchArguments {
   std::size_t jobs = 2;                  ///< generations and evaluations in flight
   std::size_t max_evaluations = 64;      ///< children of the seed to evaluate (the budget)
@@ -110,6 +122,7 @@ struct SearchArguments {
   bool handle_signals = false;           ///< stop cleanly on SIGINT/SIGTERM
   std::size_t max_consecutive_generation_failures = 16;
   std::string settings_json = "{}";      ///< recorded with the run, for resuming it the same way
+  std::string architecture = host_architecture();  ///< what knowledge retrieval targets, e.g. "x86-64", "sm_90a"
   std::function<void(const Progress&)> on_progress;
 };
 
@@ -310,7 +323,7 @@ class SearchLoop {
     for (NodeId n : context.siblings) r.siblings.push_back(attempt(n));
     const Evaluation& pe = r.parent.evaluation;
     r.knowledge = retriever_.retrieve(KnowledgeQuery{.target = problem_->target,
-                                                     .architecture = {},
+                                                     .architecture = args_.architecture,
                                                      .bottleneck = pe.diagnostics.bottleneck,
                                                      .failure = pe.failure,
                                                      .error_text = pe.diagnostics.detail,
@@ -441,23 +454,15 @@ class SearchLoop {
     launch();
   }
 
-  /// A child that clearly beat its parent is distilled into a skill for the knowledge base.
+  /// A child that clearly beat its parent (by 5% or more, beyond timing noise) is distilled into a
+  /// skill for the knowledge base.
   void learn_skill(NodeId id) {
     const NodeId parent = tree_[id].parent;
     if (parent == no_node || tree_[id].state != NodeState::evaluated || tree_[parent].state != NodeState::evaluated) return;
-    const double improvement = tree_[id].speedup / std::max(tree_[parent].speedup, 1e-9f);
-    if (improvement < 1.05) return;
-    Skill s;
-    s.problem = problem_->name;
-    s.target = problem_->target;
-    s.before = candidates_[parent]->knobs;
-    s.after = candidates_[id]->knobs;
-    s.bottleneck = evaluations_[parent].diagnostics.bottleneck;
-    s.improvement = improvement;
-    s.summary = fmt::format("{}: {} made a {}-bound kernel {:.2f}x faster ({:.2f}x -> {:.2f}x over the reference)",
-                            problem_->name, candidates_[id]->origin, to_string(s.bottleneck), improvement,
-                            tree_[parent].speedup, tree_[id].speedup);
-    retriever_.learn(s);
+    if (tree_[id].speedup < 1.05f * tree_[parent].speedup) return;
+    if (auto skill = knowledge::distill_skill(*problem_, *candidates_[parent], evaluations_[parent], *candidates_[id],
+                                              evaluations_[id]))
+      retriever_.learn(*skill);
   }
 
   void check_stop() {
