@@ -20,10 +20,15 @@
 #include <kevo/store.hpp>
 #include <kevo/synthesizer.hpp>
 
+#include <kevo/eval/cpu_evaluator.hpp>
+#include <kevo/knowledge/knowledge_base.hpp>
 #include <kevo/memory/any_memory.hpp>
 #include <kevo/memory/operators.hpp>
+#include <kevo/report/html_report.hpp>
 #include <kevo/search/any_policy.hpp>
 #include <kevo/store/sqlite_store.hpp>
+#include <kevo/synth/llm_synthesizer.hpp>
 #include <kevo/synth/template_synthesizer.hpp>
+#include <kevo/net/llm_client.hpp>
 
 #include <kevo/search_loop.hpp>

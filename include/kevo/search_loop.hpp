@@ -402,26 +402,43 @@ class SearchLoop {
                             tree_[incumbent].state == NodeState::evaluated && e.speedup > tree_.best_speedup();
     if (!challenges) return finish_node(id, std::move(e));
     // A new best is only accepted once it beats the old best side by side: noise must not pick it.
+    // Its recorded speedup is then re-timed side by side with the reference where the evaluator
+    // can, rather than chained through the incumbent's (itself noisy) figure.
     boost::asio::post(*workers_, [this, id, incumbent, e = std::move(e), seed = detail::mix(args_.seed, ~keys_[id])]() mutable {
       expected<Comparison, Error> race = make_error("the evaluator threw");
+      std::optional<expected<Comparison, Error>> against_reference;
       try {
         race = evaluator_->compare(*candidates_[id], *candidates_[incumbent], seed);
+        if constexpr (requires { evaluator_->compare_with_reference(*candidates_[id], seed); })
+          if (race) against_reference = evaluator_->compare_with_reference(*candidates_[id], seed);
       } catch (const std::exception& ex) {
         race = make_error(ex.what());
       }
-      boost::asio::post(*io_, [this, id, incumbent, e = std::move(e), race = std::move(race)]() mutable {
-        if (race && race->challenger_seconds > 0) {
-          const double ratio = race->incumbent_seconds / race->challenger_seconds;
-          const double measured = e.speedup;
-          e.speedup = tree_[incumbent].speedup * ratio;
-          e.diagnostics.message += fmt::format("{}re-timed against node {}: {:.3f}x of it (first measured {:.2f}x)",
-                                               e.diagnostics.message.empty() ? "" : "; ", incumbent, ratio, measured);
-        } else if (!race) {
-          e.diagnostics.message += fmt::format("; re-timing failed: {}", race.error().message);
-        }
-        finish_node(id, std::move(e));
+      boost::asio::post(*io_, [this, id, incumbent, e = std::move(e), race = std::move(race),
+                               against_reference = std::move(against_reference)]() mutable {
+        settle_challenge(id, incumbent, std::move(e), race, against_reference);
       });
     });
+  }
+
+  void settle_challenge(NodeId id, NodeId incumbent, Evaluation e, const expected<Comparison, Error>& race,
+                        const std::optional<expected<Comparison, Error>>& against_reference) {
+    auto note = [&](const std::string& text) { e.diagnostics.message += (e.diagnostics.message.empty() ? "" : "; ") + text; };
+    if (!race || race->challenger_seconds <= 0) {
+      note(fmt::format("re-timing failed ({}); kept its first measurement", race ? "no time" : race.error().message));
+      return finish_node(id, std::move(e));
+    }
+    const double measured = e.speedup;
+    const double ratio = race->incumbent_seconds / race->challenger_seconds;
+    const double incumbent_speedup = tree_[incumbent].speedup;
+    if (against_reference && *against_reference && (*against_reference)->challenger_seconds > 0)
+      e.speedup = (*against_reference)->incumbent_seconds / (*against_reference)->challenger_seconds;
+    else
+      e.speedup = incumbent_speedup * ratio;
+    if (ratio <= 1.0) e.speedup = std::min(e.speedup, incumbent_speedup);  // it lost side by side: not the best
+    note(fmt::format("re-timed: {:.3f}x of node {} side by side, {:.2f}x over the reference (first measured {:.2f}x)", ratio,
+                     incumbent, e.speedup, measured));
+    finish_node(id, std::move(e));
   }
 
   void finish_node(NodeId id, Evaluation e) {
