@@ -104,7 +104,9 @@ class DeviceAdIndex {
     return id_to_slot_.size();
   }
   std::uint32_t total_query_bits() const { return total_query_bits_; }
+  /// The first query-bitmap bit of each category, on the device and on the host.
   const std::uint32_t* category_offsets() const { return category_offsets_; }
+  const std::vector<std::uint32_t>& host_category_offsets() const { return host_category_offsets_; }
   /// Caller-visible rows, (capacity, d) of __half or int8, and the int8 scales: for bulk fills.
   void* embeddings() { return embeddings_; }
   float* scales() { return scale_; }
@@ -291,15 +293,15 @@ class DeviceAdIndex {
     KEVO_GPU_TRY(cudaMalloc(&bias_, n * 4));
     if (schema_.embedding_type == EmbeddingType::int8) KEVO_GPU_TRY(cudaMalloc(&scale_, n * 4));
     KEVO_GPU_TRY(cudaMemset(targeting_, 0, n * 4));  // nothing live
-    std::vector<std::uint32_t> offsets(kMaxCategories, 0);
+    host_category_offsets_.assign(kMaxCategories, 0);
     std::uint32_t bit = 0;
     for (int c = 0; c < schema_.categories(); ++c) {
-      offsets[static_cast<std::size_t>(c)] = bit;
+      host_category_offsets_[static_cast<std::size_t>(c)] = bit;
       bit += schema_.category_values[static_cast<std::size_t>(c)];
     }
     total_query_bits_ = bit;
     KEVO_GPU_TRY(cudaMalloc(&category_offsets_, kMaxCategories * 4));
-    KEVO_GPU_TRY(cudaMemcpy(category_offsets_, offsets.data(), kMaxCategories * 4, cudaMemcpyHostToDevice));
+    KEVO_GPU_TRY(cudaMemcpy(category_offsets_, host_category_offsets_.data(), kMaxCategories * 4, cudaMemcpyHostToDevice));
     KEVO_GPU_TRY(cudaStreamCreateWithFlags(&update_stream_, cudaStreamNonBlocking));
     KEVO_GPU_TRY(cudaEventCreateWithFlags(&updated_, cudaEventDisableTiming));
     KEVO_GPU_TRY(cudaEventRecord(updated_, update_stream_));
@@ -369,6 +371,7 @@ class DeviceAdIndex {
   float* bias_ = nullptr;
   float* scale_ = nullptr;
   std::uint32_t* category_offsets_ = nullptr;
+  std::vector<std::uint32_t> host_category_offsets_;
   std::uint32_t total_query_bits_ = 0;
   std::size_t slots_ = 0;
   std::size_t arena_tail_ = 0;

@@ -95,6 +95,7 @@ class FusedRetrievalPipeline {
     if (!is_legal(policy)) return make_error("illegal policy: " + to_string(policy));
     std::lock_guard lock(own_mutex_);
     options_.policy = policy;
+    layout_ = compute_layout();
     if (search_temp_bytes() > own_temp_bytes_) {
       KEVO_GPU_TRY(cudaStreamSynchronize(own_stream_));
       KEVO_GPU_TRY(cudaFree(own_temp_));
@@ -109,7 +110,14 @@ class FusedRetrievalPipeline {
   const PipelinePolicy& policy() const { return options_.policy; }
   int multiprocessors() const { return multiprocessors_; }
 
-  SearchTempLayout temp_layout() const {
+  /// The temp storage layout for the current policy (computed when the policy is set).
+  const SearchTempLayout& temp_layout() const { return layout_; }
+
+  /// Phase one of two: the temp storage bytes that search_async needs.
+  std::size_t search_temp_bytes() const { return layout_.total; }
+
+ private:
+  SearchTempLayout compute_layout() const {
     auto round = [](std::size_t b) { return (b + 255) & ~std::size_t{255}; };
     SearchTempLayout l{};
     const std::size_t n = index_->capacity();
@@ -138,14 +146,13 @@ class FusedRetrievalPipeline {
     l.total = at;
     return l;
   }
-  /// Phase one of two: the temp storage bytes that search_async needs.
-  std::size_t search_temp_bytes() const { return temp_layout().total; }
 
+ public:
   /// Enqueues one search on `stream`; the answer lands in `out` when the stream reaches it.
   expected<void, Error> search_async(const Request& request, void* d_temp, std::size_t temp_bytes, SearchOutput out,
                                      gpu_stream_t stream) {
     if (auto ok = validate_request(schema(), model_, request); !ok) return ok;
-    const SearchTempLayout l = temp_layout();
+    const SearchTempLayout& l = layout_;
     if (d_temp == nullptr || temp_bytes < l.total) return make_error("search_async: temp storage too small");
     auto lock = index_->search_lock();
     auto view = index_->before_search(stream);
@@ -194,7 +201,7 @@ class FusedRetrievalPipeline {
 
   /// Resets top-K state, uploads features and query bits, runs towers and gating keys, sets the bitmap.
   expected<void, Error> enqueue_prepare(const Request& request, void* d_temp, gpu_stream_t stream) {
-    const SearchTempLayout l = temp_layout();
+    const SearchTempLayout& l = layout_;
     auto* t = static_cast<unsigned char*>(d_temp);
     Upload& up = uploads_[next_upload_++ % uploads_.size()];
     KEVO_GPU_TRY(cudaEventSynchronize(up.done));  // its previous copy has left
@@ -202,8 +209,7 @@ class FusedRetrievalPipeline {
     std::memcpy(words, request.features.data(), request.features.size() * 4);
     std::uint32_t bits = 0;
     std::uint32_t* bit_list = words + model_.features + 1;
-    std::vector<std::uint32_t> offsets(schema().category_values.size(), 0);
-    for (std::size_t c = 1; c < offsets.size(); ++c) offsets[c] = offsets[c - 1] + schema().category_values[c - 1];
+    const std::vector<std::uint32_t>& offsets = index_->host_category_offsets();
     for (const CategoryQuery& q : request.query)
       for (std::uint32_t v : q.values)
         if (bits < index_->total_query_bits()) bit_list[bits++] = offsets[q.category] + v;
@@ -230,7 +236,7 @@ class FusedRetrievalPipeline {
 
   /// Index matching: the eligible slots, and their count in the top-K state.
   expected<void, Error> enqueue_matching(const IndexView& view, void* d_temp, gpu_stream_t stream) {
-    const SearchTempLayout l = temp_layout();
+    const SearchTempLayout& l = layout_;
     auto* t = static_cast<unsigned char*>(d_temp);
     const QueryView query{reinterpret_cast<const std::uint32_t*>(t + l.bitmap), index_->category_offsets()};
     const MatchingPolicy& p = options_.policy.matching;
@@ -265,7 +271,7 @@ class FusedRetrievalPipeline {
 
   /// Fused scoring of every eligible ad, with the level-0 top-K histogram.
   expected<void, Error> enqueue_scoring(const IndexView& view, void* d_temp, int routing, gpu_stream_t stream) {
-    const SearchTempLayout l = temp_layout();
+    const SearchTempLayout& l = layout_;
     auto* t = static_cast<unsigned char*>(d_temp);
     const ScoringPolicy& p = options_.policy.scoring;
     const auto* vectors = reinterpret_cast<const __half*>(t + l.vectors);
@@ -308,7 +314,7 @@ class FusedRetrievalPipeline {
 
   /// Top-K from the scored keys: select, refine while crowded, compact, sort, decode.
   expected<void, Error> enqueue_topk(const IndexView& view, void* d_temp, int k, SearchOutput out, gpu_stream_t stream) {
-    const SearchTempLayout l = temp_layout();
+    const SearchTempLayout& l = layout_;
     auto* t = static_cast<unsigned char*>(d_temp);
     const TopKPolicy& p = options_.policy.topk;
     constexpr int threads = 256;
@@ -372,7 +378,8 @@ class FusedRetrievalPipeline {
     for (auto [d, h] : {std::pair{&w1_, &model_.w1}, std::pair{&c1_, &model_.c1}, std::pair{&w2_, &model_.w2},
                         std::pair{&c2_, &model_.c2}, std::pair{&projection_, &model_.gate_projection}})
       if (auto ok = upload(*d, *h); !ok) return ok;
-    const std::size_t upload_bytes = temp_layout().input_words * 4ull;
+    layout_ = compute_layout();
+    const std::size_t upload_bytes = layout_.input_words * 4ull;
     for (Upload& u : uploads_) {
       KEVO_GPU_TRY(cudaMallocHost(&u.host, upload_bytes));
       KEVO_GPU_TRY(cudaEventCreateWithFlags(&u.done, cudaEventDisableTiming));
@@ -396,6 +403,7 @@ class FusedRetrievalPipeline {
   std::unique_ptr<DeviceAdIndex> index_;
   Model model_;
   Options options_;
+  SearchTempLayout layout_{};
   int multiprocessors_ = 0;
   float *w1_ = nullptr, *c1_ = nullptr, *w2_ = nullptr, *c2_ = nullptr, *projection_ = nullptr;
   std::vector<Upload> uploads_ = std::vector<Upload>(4);

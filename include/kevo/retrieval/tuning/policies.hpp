@@ -39,8 +39,6 @@ struct ScoringPolicy {
 /// Top-K: radix select over (score, id) keys, 12 bits a level; a level is refined only while the
 /// boundary digit holds more than `boundary_cap` ads, then the survivors are radix-sorted.
 struct TopKPolicy {
-  int block_threads = 256;
-  static constexpr std::array<int, 1> block_threads_domain{256};  // compile-time variants
   int boundary_cap = 8192;
   static constexpr std::array<int, 4> boundary_cap_domain{2048, 4096, 8192, 16384};  // run time
   friend bool operator==(const TopKPolicy&, const TopKPolicy&) = default;
@@ -71,11 +69,10 @@ inline bool is_legal(const ScoringPolicy& p) {
          detail::in_domain(p.blocks_per_sm, ScoringPolicy::blocks_per_sm_domain) &&
          detail::in_domain(p.tiles_in_flight, ScoringPolicy::tiles_in_flight_domain);
 }
-inline bool is_legal(const TopKPolicy& p) {
-  return detail::in_domain(p.block_threads, TopKPolicy::block_threads_domain) &&
-         detail::in_domain(p.boundary_cap, TopKPolicy::boundary_cap_domain);
+inline bool is_legal(const TopKPolicy& p) { return detail::in_domain(p.boundary_cap, TopKPolicy::boundary_cap_domain); }
+inline bool is_legal(const PipelinePolicy& p) {
+  return is_legal(p.matching) && is_legal(p.scoring) && is_legal(p.topk);
 }
-inline bool is_legal(const PipelinePolicy& p) { return is_legal(p.matching) && is_legal(p.scoring) && is_legal(p.topk); }
 
 inline std::string to_string(const MatchingPolicy& p) {
   return "matching{block_threads=" + std::to_string(p.block_threads) +
@@ -87,8 +84,7 @@ inline std::string to_string(const ScoringPolicy& p) {
          ",tiles_in_flight=" + std::to_string(p.tiles_in_flight) + "}";
 }
 inline std::string to_string(const TopKPolicy& p) {
-  return "topk{block_threads=" + std::to_string(p.block_threads) + ",boundary_cap=" + std::to_string(p.boundary_cap) +
-         "}";
+  return "topk{boundary_cap=" + std::to_string(p.boundary_cap) + "}";
 }
 inline std::string to_string(const PipelinePolicy& p) {
   return to_string(p.matching) + " " + to_string(p.scoring) + " " + to_string(p.topk);
