@@ -327,7 +327,6 @@ int main(int argc, char** argv) {
     const double el = st.eligible;
     const double match_bytes = 4.0 * slots + 4.0 * clauses_in(pool, slots) + 4.0 * el;
     const double score_bytes = el * (row + 4 + (is_int8 ? 4 : 0) + 4 + 4);
-    const double topk_bytes = el * 4;  // each score read once
     const double pipe_bytes = 4.0 * slots + 4.0 * clauses_in(pool, slots) + el * (row + 4 + (is_int8 ? 4 : 0));
     std::printf("| %s | %s | %llu | %.1f%% | %d | %.1f G/s (%.0f%%) | %.1f G/s (%.0f%%) | %.3f ms (%.1f%% of scoring) | %.3f ms | %.2f G/s (%.0f%%) |\n",
                 label, to_string(pool.pipeline->schema().embedding_type), static_cast<unsigned long long>(slots),
@@ -335,7 +334,6 @@ int main(int argc, char** argv) {
                 el / st.scoring * 1e-9, 100 * score_bytes / st.scoring / roofline, st.topk * 1e3,
                 100 * st.topk / st.scoring, st.total * 1e3, slots / st.total * 1e-9,
                 100 * pipe_bytes / st.total / roofline);
-    (void)topk_bytes;
     return st;
   };
   std::puts("## Stages (median of repeats; G/s = ads per second, % = fraction of the streaming roofline)\n");

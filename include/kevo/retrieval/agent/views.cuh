@@ -48,7 +48,7 @@ struct TopKState {
   std::uint32_t k_remaining;        // how many of the K lie at or below the resolved prefix
   std::uint32_t candidate_count;
   std::uint32_t overflow;           // set if the candidate buffer was too small (a bug)
-  std::uint32_t pad;
+  std::uint32_t pad;                // keeps the 64-bit fields 8-byte aligned
   unsigned long long prefix;        // resolved high bits of the K-th ranking key
   unsigned long long threshold;     // candidates are the keys >= threshold
   std::uint32_t histogram[kTopKLevels][kTopKBins];

@@ -90,7 +90,8 @@ class FusedRetrievalPipeline {
 
   DeviceAdIndex& index() { return *index_; }
 
-  /// Swaps the kernels' knobs; results do not change. Temp storage sizes may: ask again.
+  /// Swaps the kernels' knobs; results do not change. Temp storage sizes may: ask again. Not while
+  /// searches are being enqueued from other threads.
   expected<void, Error> set_policy(const PipelinePolicy& policy) {
     if (!is_legal(policy)) return make_error("illegal policy: " + to_string(policy));
     std::lock_guard lock(own_mutex_);
@@ -116,38 +117,6 @@ class FusedRetrievalPipeline {
   /// Phase one of two: the temp storage bytes that search_async needs.
   std::size_t search_temp_bytes() const { return layout_.total; }
 
- private:
-  SearchTempLayout compute_layout() const {
-    auto round = [](std::size_t b) { return (b + 255) & ~std::size_t{255}; };
-    SearchTempLayout l{};
-    const std::size_t n = index_->capacity();
-    const int d = model_.dim;
-    l.chunk_size = 16u * static_cast<std::uint32_t>(options_.policy.scoring.tiles_per_chunk);
-    l.candidate_capacity = static_cast<std::uint32_t>(kMaxK + options_.policy.topk.boundary_cap);
-    l.input_words = static_cast<std::uint32_t>(model_.features + 1 + index_->total_query_bits());
-    std::size_t at = 0;
-    auto take = [&](std::size_t& field, std::size_t bytes) { field = at; at += round(bytes); };
-    take(l.state, sizeof(TopKState));
-    take(l.input, l.input_words * 4ull);
-    take(l.hidden, static_cast<std::size_t>(model_.experts) * model_.hidden * 4);
-    take(l.expert, static_cast<std::size_t>(model_.experts) * d * 4);
-    take(l.vectors, 2ull * kMaxGpuExperts * d * 2);
-    take(l.bitmap, (index_->total_query_bits() + 31) / 32 * 4ull);
-    take(l.eligible, n * 4);
-    take(l.keys, n * 4);
-    take(l.chunk_max, (n / l.chunk_size + 1) * 4);
-    take(l.candidates, l.candidate_capacity * 8ull);
-    take(l.sorted, l.candidate_capacity * 8ull);
-    l.sort_temp_bytes = 0;
-    gpu_cub::DeviceRadixSort::SortKeysDescending(nullptr, l.sort_temp_bytes, static_cast<unsigned long long*>(nullptr),
-                                                 static_cast<unsigned long long*>(nullptr),
-                                                 static_cast<int>(l.candidate_capacity));
-    take(l.sort_temp, l.sort_temp_bytes);
-    l.total = at;
-    return l;
-  }
-
- public:
   /// Enqueues one search on `stream`; the answer lands in `out` when the stream reaches it.
   expected<void, Error> search_async(const Request& request, void* d_temp, std::size_t temp_bytes, SearchOutput out,
                                      gpu_stream_t stream) {
@@ -347,6 +316,37 @@ class FusedRetrievalPipeline {
   }
 
  private:
+  SearchTempLayout compute_layout() const {
+    auto round = [](std::size_t b) { return (b + 255) & ~std::size_t{255}; };
+    SearchTempLayout l{};
+    const std::size_t n = index_->capacity();
+    const int d = model_.dim;
+    l.chunk_size = 16u * static_cast<std::uint32_t>(options_.policy.scoring.tiles_per_chunk);
+    l.candidate_capacity = static_cast<std::uint32_t>(kMaxK + options_.policy.topk.boundary_cap);
+    l.input_words = static_cast<std::uint32_t>(model_.features + 1 + index_->total_query_bits());
+    std::size_t at = 0;
+    auto take = [&](std::size_t& field, std::size_t bytes) { field = at; at += round(bytes); };
+    take(l.state, sizeof(TopKState));
+    take(l.input, l.input_words * 4ull);
+    take(l.hidden, static_cast<std::size_t>(model_.experts) * model_.hidden * 4);
+    take(l.expert, static_cast<std::size_t>(model_.experts) * d * 4);
+    take(l.vectors, 2ull * kMaxGpuExperts * d * 2);
+    take(l.bitmap, (index_->total_query_bits() + 31) / 32 * 4ull);
+    take(l.eligible, n * 4);
+    take(l.keys, n * 4);
+    take(l.chunk_max, (n / l.chunk_size + 1) * 4);
+    take(l.candidates, l.candidate_capacity * 8ull);
+    take(l.sorted, l.candidate_capacity * 8ull);
+    l.sort_temp_bytes = 0;
+    gpu_cub::DeviceRadixSort::SortKeysDescending(nullptr, l.sort_temp_bytes, static_cast<unsigned long long*>(nullptr),
+                                                 static_cast<unsigned long long*>(nullptr),
+                                                 static_cast<int>(l.candidate_capacity));
+    take(l.sort_temp, l.sort_temp_bytes);
+    l.total = at;
+    return l;
+  }
+
+
   template <int V>
   using constant = std::integral_constant<int, V>;
   /// The prebuilt matching variants: every (block_threads, ads_per_thread) in the policy's domain.
