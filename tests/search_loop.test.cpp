@@ -249,3 +249,37 @@ TEST_CASE("a new best is re-timed side by side, so a lucky measurement cannot wi
     retimed += loop.evaluation(n).diagnostics.message.find("re-timed:") != std::string::npos;
   CHECK(retimed > 0);
 }
+
+namespace {
+/// A store whose disk fills up after a few evaluations.
+struct FillingStore {
+  store::SqliteStore inner = store::SqliteStore::open(":memory:").value();
+  int evaluations_left = 5;
+  auto begin_run(const RunInfo& i) { return inner.begin_run(i); }
+  auto add_node(std::int64_t r, NodeKey p, NodeKey m, const Candidate& c, MemoryMode mode) { return inner.add_node(r, p, m, c, mode); }
+  expected<void, Error> add_evaluation(std::int64_t r, NodeKey n, const Evaluation& e) {
+    if (--evaluations_left < 0) return make_error("database or disk is full");
+    return inner.add_evaluation(r, n, e);
+  }
+  auto finish_run(std::int64_t r, const std::string& s, NodeKey k, double v) { return inner.finish_run(r, s, k, v); }
+  auto find_run(std::int64_t r) { return inner.find_run(r); }
+  auto latest_run() { return inner.latest_run(); }
+  auto load_nodes(std::int64_t r) { return inner.load_nodes(r); }
+  auto best_of_earlier_runs(const std::string& p, std::int64_t r, std::size_t n) { return inner.best_of_earlier_runs(p, r, n); }
+};
+static_assert(SearchStore<FillingStore>);
+}  // namespace
+
+TEST_CASE("a store that fails stops the search with its error, after in-flight work settles", "[loop][store]") {
+  const Problem problem = kevo::testing::synthetic_problem();
+  SyntheticEvaluator evaluator;
+  evaluator.delay = std::chrono::milliseconds(5);
+  FillingStore store;
+  SearchLoop<synth::TemplateSynthesizer, search::Mcts, memory::Adaptive, SyntheticEvaluator, knowledge::NullRetriever, FillingStore>
+      loop(problem, synth::TemplateSynthesizer(problem), search::Mcts{}, memory::Adaptive{}, evaluator,
+           knowledge::NullRetriever{}, store, {.jobs = 3, .max_evaluations = 50});
+  auto r = loop.run(synth::TemplateSynthesizer(problem).seed());
+  REQUIRE_FALSE(r);
+  CHECK_THAT(r.error().message, Catch::Contains("disk is full"));
+  CHECK(evaluator.evaluations.load() < 15);  // it stopped launching at once
+}

@@ -370,7 +370,7 @@ class SearchLoop {
     }
     if (!result) {
       Candidate placeholder{{}, {}, result.error().message};
-      if (auto ok = adopt_node(child, keys_[e.parent], std::move(placeholder), request.memory_mode); !ok) return fail(ok.error());
+      if (auto ok = adopt_node(child, keys_[e.parent], std::move(placeholder), request.memory_mode); !ok) return abandon(ok.error());
       Evaluation failed;
       failed.failure = FailureKind::generation_failed;
       failed.diagnostics.message = result.error().message;
@@ -379,7 +379,7 @@ class SearchLoop {
     }
     consecutive_generation_failures_ = 0;
     const NodeKey mate_key = e.mate != no_node ? keys_[e.mate] : no_key;
-    if (auto ok = adopt_node(child, keys_[e.parent], std::move(*result), request.memory_mode, mate_key); !ok) return fail(ok.error());
+    if (auto ok = adopt_node(child, keys_[e.parent], std::move(*result), request.memory_mode, mate_key); !ok) return abandon(ok.error());
     start_evaluation(child);
   }
 
@@ -446,7 +446,7 @@ class SearchLoop {
     tree_.record(id, e.failure, e.speedup, e.diagnostics.bottleneck);
     evaluations_[id] = std::move(e);
     const Evaluation& done = evaluations_[id];
-    if (auto ok = store_->add_evaluation(run_id_, keys_[id], done); !ok) return fail(ok.error());
+    if (auto ok = store_->add_evaluation(run_id_, keys_[id], done); !ok) return abandon(ok.error());
     policy_.on_result(tree_, id);
     if (!done.ok()) ++failures_[done.failure];
     --in_flight_;
@@ -501,10 +501,16 @@ class SearchLoop {
     if (in_flight_ == 0 && done_) boost::asio::post(*io_, [this] { launch(); });
   }
 
+  /// Records the first error and stops launching; the caller still owns its slot, if any.
   void fail(Error error) {
     if (!error_) error_ = std::move(error);
     stopping_ = true;
-    if (in_flight_ > 0) --in_flight_;
+  }
+
+  /// An error in work that held a slot: give the slot back, let in-flight work finish, then stop.
+  void abandon(Error error) {
+    fail(std::move(error));
+    --in_flight_;
     launch();
   }
 
