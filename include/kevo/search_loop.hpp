@@ -248,7 +248,6 @@ class SearchLoop {
       evaluations_.resize(id + 1);
     }
     if (!candidate->source.empty()) hash_to_node_.emplace(candidate->hash(), id);
-    if constexpr (requires { synth_.remember(*candidate); }) synth_.remember(*candidate);
     candidates_[id] = std::move(candidate);
     keys_[id] = key;
   }
@@ -265,6 +264,11 @@ class SearchLoop {
         if (!ec) stop(StopReason::interrupted);
       });
     }
+    // The synthesizer learns what the tree already holds (a resumed run, warm starts) before any
+    // generation starts: afterwards it is only ever called from its own strand.
+    if constexpr (requires { synth_.remember(std::declval<const Candidate&>()); })
+      for (const auto& c : candidates_)
+        if (c && !c->source.empty()) synth_.remember(*c);
     io_ = &io;
     workers_ = &workers;
     synth_strand_ = &synth_strand;
@@ -335,11 +339,11 @@ class SearchLoop {
 
   Attempt attempt(NodeId id) const { return Attempt{id, candidates_[id], evaluations_[id]}; }
 
-  void start_generation(int tries = 0) {
+  void start_generation() {
     const Expansion e = policy_.select(tree_, rng_);
     const NodeId child = tree_.add_child(e.parent);
     policy_.on_expand(tree_, child);
-    generate(child, e, make_request(e, child), tries);
+    generate(child, e, make_request(e, child), 0);
   }
 
   void generate(NodeId child, Expansion e, GenerationRequest request, int tries) {
@@ -404,13 +408,15 @@ class SearchLoop {
     // A new best is only accepted once it beats the old best side by side: noise must not pick it.
     // Its recorded speedup is then re-timed side by side with the reference where the evaluator
     // can, rather than chained through the incumbent's (itself noisy) figure.
-    boost::asio::post(*workers_, [this, id, incumbent, e = std::move(e), seed = detail::mix(args_.seed, ~keys_[id])]() mutable {
+    // The worker gets its own references to both candidates: candidates_ may grow meanwhile.
+    boost::asio::post(*workers_, [this, id, incumbent, e = std::move(e), challenger = candidates_[id],
+                                  holder = candidates_[incumbent], seed = detail::mix(args_.seed, ~keys_[id])]() mutable {
       expected<Comparison, Error> race = make_error("the evaluator threw");
       std::optional<expected<Comparison, Error>> against_reference;
       try {
-        race = evaluator_->compare(*candidates_[id], *candidates_[incumbent], seed);
-        if constexpr (requires { evaluator_->compare_with_reference(*candidates_[id], seed); })
-          if (race) against_reference = evaluator_->compare_with_reference(*candidates_[id], seed);
+        race = evaluator_->compare(*challenger, *holder, seed);
+        if constexpr (requires { evaluator_->compare_with_reference(*challenger, seed); })
+          if (race) against_reference = evaluator_->compare_with_reference(*challenger, seed);
       } catch (const std::exception& ex) {
         race = make_error(ex.what());
       }
