@@ -5,18 +5,13 @@
 
 #include <catch2/catch.hpp>
 
+#include "support/require_prepared.hpp"
+
 #include <filesystem>
 #include <future>
 #include <random>
 #include <string>
 
-// REQUIRE that prepare() succeeds, showing its error when it does not.
-#define REQUIRE_PREPARED(evaluator)                                  \
-  do {                                                               \
-    auto prepared_ = (evaluator).prepare();                          \
-    INFO((prepared_ ? std::string() : prepared_.error().message));   \
-    REQUIRE(prepared_);                                              \
-  } while (false)
 
 namespace {
 
