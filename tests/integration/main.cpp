@@ -16,6 +16,16 @@ struct LandscapeEvaluator {
     return kevo::Comparison{1 / evaluate(a, s).speedup, 1 / evaluate(b, s).speedup};
   }
 };
+/// A user's own policy: always expand the newest correct node (a depth-first walk).
+struct NewestFirst {
+  kevo::NodeId newest = 0;
+  kevo::Expansion select(const kevo::SearchTree&, kevo::Rng&) { return {newest}; }
+  void on_expand(const kevo::SearchTree&, kevo::NodeId) {}
+  void on_result(const kevo::SearchTree& tree, kevo::NodeId n) {
+    if (tree[n].state == kevo::NodeState::evaluated) newest = n;
+  }
+};
+static_assert(kevo::SearchPolicy<NewestFirst>);
 }  // namespace
 
 int main() {
@@ -29,6 +39,17 @@ int main() {
   auto result = loop.run(loop.synthesizer().seed());
   if (!result || result->best_speedup < 6.0) {
     std::puts("consumer: the search did not find x = 5");
+    return 1;
+  }
+  // The same search with the user's own policy plugged in.
+  auto store2 = kevo::store::SqliteStore::open(":memory:").value();
+  kevo::SearchLoop<kevo::synth::TemplateSynthesizer, NewestFirst, kevo::memory::Combined, LandscapeEvaluator,
+                   kevo::knowledge::NullRetriever, kevo::store::SqliteStore>
+      own(problem, kevo::synth::TemplateSynthesizer(problem), NewestFirst{}, kevo::memory::Combined{}, evaluator,
+          kevo::knowledge::NullRetriever{}, store2, {.max_evaluations = 20});
+  auto own_result = own.run(kevo::synth::TemplateSynthesizer(problem).seed());
+  if (!own_result || own_result->evaluations != 21) {
+    std::puts("consumer: the search with a user-defined policy failed");
     return 1;
   }
   std::printf("consumer: kevo %s found %.1fx\n", KEVO_VERSION_STRING, result->best_speedup);
