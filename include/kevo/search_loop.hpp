@@ -218,7 +218,6 @@ class SearchLoop {
       policy_.on_result(tree_, id);
       if (!e.ok()) ++failures_[e.failure];
     }
-    resumed_evaluations_ = finish_order.size();
     rng_.seed(detail::mix(args_.seed, finish_order.size()));
     return drive();
   }
@@ -231,8 +230,6 @@ class SearchLoop {
   const Evaluation& evaluation(NodeId id) const { return evaluations_.at(id); }
 
  private:
-  using Executor = boost::asio::io_context::executor_type;
-
   expected<void, Error> adopt_node(NodeId id, NodeKey parent_key, Candidate candidate, MemoryMode mode,
                                    NodeKey mate_key = no_key) {
     auto key = store_->add_node(run_id_, parent_key, mate_key, candidate, mode);
@@ -580,7 +577,6 @@ class SearchLoop {
   std::size_t started_ = 0;        // children of the seed created or being generated: the budget
   std::size_t in_flight_ = 0;
   std::size_t finished_here_ = 0;  // finished in this process (the rate excludes resumed work)
-  std::size_t resumed_evaluations_ = 0;
   std::size_t consecutive_generation_failures_ = 0;
   bool stopping_ = false;
   std::optional<StopReason> stop_reason_;
