@@ -8,18 +8,19 @@
 // so they search one landscape and its noise cannot favour one of them.
 // Part 2 measures the loop itself: its overhead per evaluation, the cost of a policy decision,
 // and the memory a tree of 100,000 nodes takes, since searches run for days at scale.
+#include <kevo/detail/sqlite.hpp>
 #include <kevo/eval/cpu_evaluator.hpp>
 #include <kevo/kevo.hpp>
 
 #include "support/synthetic_evaluator.hpp"
 
 #include <fmt/format.h>
-#include <sqlite3.h>
 
 #include <algorithm>
 #include <chrono>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <unordered_map>
 
 namespace {
@@ -34,23 +35,23 @@ class SharedMeasurements {
   SharedMeasurements(kevo::eval::CpuEvaluator& inner, const std::string& cache_path, const std::string& problem)
       : inner_(&inner), problem_(problem) {
     if (cache_path.empty()) return;
-    if (sqlite3_open(cache_path.c_str(), &cache_db_) != SQLITE_OK) return;
-    sqlite3_exec(cache_db_, "CREATE TABLE IF NOT EXISTS measured(problem TEXT, hash TEXT, failure TEXT, speedup REAL,"
-                            " seconds REAL, PRIMARY KEY(problem, hash))", nullptr, nullptr, nullptr);
-    sqlite3_stmt* st = nullptr;
-    sqlite3_prepare_v2(cache_db_, "SELECT hash, failure, speedup, seconds FROM measured WHERE problem = ?1", -1, &st, nullptr);
-    sqlite3_bind_text(st, 1, problem_.c_str(), -1, SQLITE_TRANSIENT);
-    while (sqlite3_step(st) == SQLITE_ROW) {
-      kevo::Evaluation e;
-      e.failure = kevo::failure_kind_from_string(reinterpret_cast<const char*>(sqlite3_column_text(st, 1)));
-      e.speedup = sqlite3_column_double(st, 2);
-      e.seconds = sqlite3_column_double(st, 3);
-      cache_[std::stoull(reinterpret_cast<const char*>(sqlite3_column_text(st, 0)), nullptr, 16)] = e;
+    auto db = kevo::detail::SqliteHandle::open(cache_path);
+    if (!db || !db->exec("CREATE TABLE IF NOT EXISTS measured(problem TEXT, hash TEXT, failure TEXT, speedup REAL,"
+                         " seconds REAL, PRIMARY KEY(problem, hash))")) {
+      fmt::print(stderr, "measurement cache {} unusable; measuring everything\n", cache_path);
+      return;
     }
-    sqlite3_finalize(st);
-  }
-  ~SharedMeasurements() {
-    if (cache_db_) sqlite3_close(cache_db_);
+    auto st = db->prepare("SELECT hash, failure, speedup, seconds FROM measured WHERE problem = ?1");
+    if (!st) return;
+    st->bind(1, problem_);
+    while (st->step() == SQLITE_ROW) {
+      kevo::Evaluation e;
+      e.failure = kevo::failure_kind_from_string(st->text(1));
+      e.speedup = st->real(2);
+      e.seconds = st->real(3);
+      cache_[std::stoull(std::string(st->text(0)), nullptr, 16)] = e;
+    }
+    cache_db_ = std::move(*db);
   }
 
   kevo::Evaluation evaluate(const kevo::Candidate& c, std::uint64_t seed) {
@@ -62,17 +63,14 @@ class SharedMeasurements {
     std::lock_guard lock(mutex_);
     ++measured_;
     if (cache_db_) {
-      sqlite3_stmt* st = nullptr;
-      sqlite3_prepare_v2(cache_db_, "INSERT OR REPLACE INTO measured VALUES (?1, ?2, ?3, ?4, ?5)", -1, &st, nullptr);
-      const std::string hash = fmt::format("{:016x}", c.hash());
-      const std::string failure(kevo::to_string(e.failure));
-      sqlite3_bind_text(st, 1, problem_.c_str(), -1, SQLITE_TRANSIENT);
-      sqlite3_bind_text(st, 2, hash.c_str(), -1, SQLITE_TRANSIENT);
-      sqlite3_bind_text(st, 3, failure.c_str(), -1, SQLITE_TRANSIENT);
-      sqlite3_bind_double(st, 4, e.speedup);
-      sqlite3_bind_double(st, 5, e.seconds);
-      sqlite3_step(st);
-      sqlite3_finalize(st);
+      if (auto st = cache_db_->prepare("INSERT OR REPLACE INTO measured VALUES (?1, ?2, ?3, ?4, ?5)")) {
+        st->bind(1, problem_);
+        st->bind(2, fmt::format("{:016x}", c.hash()));
+        st->bind(3, kevo::to_string(e.failure));
+        st->bind(4, e.speedup);
+        st->bind(5, e.seconds);
+        st->step();
+      }
     }
     return cache_.emplace(c.hash(), e).first->second;
   }
@@ -85,7 +83,7 @@ class SharedMeasurements {
  private:
   kevo::eval::CpuEvaluator* inner_;
   std::string problem_;
-  sqlite3* cache_db_ = nullptr;
+  std::optional<kevo::detail::SqliteHandle> cache_db_;
   std::mutex mutex_;
   std::unordered_map<std::uint64_t, kevo::Evaluation> cache_;
   std::size_t measured_ = 0;
