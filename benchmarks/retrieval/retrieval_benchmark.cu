@@ -3,6 +3,7 @@
 //
 //   retrieval_benchmark [--n 100000000] [--quick]     (prints markdown tables; run on the device)
 #include <algorithm>
+#include <bit>
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -42,6 +43,32 @@ __global__ void stream_read(const uint4* data, std::size_t count, unsigned* sink
     acc ^= v.x ^ v.y ^ v.z ^ v.w;
   }
   if (acc == 0x12345678u) *sink = acc;  // keeps the loads alive
+}
+
+/// The memory side of scoring alone: reads every eligible ad's row and bias in the order scoring
+/// does and writes one word per ad, with no arithmetic. Its speed is the ceiling for this gather.
+__global__ void gather_probe(IndexView index, const std::uint32_t* eligible_list, const TopKState* state,
+                             int row_pieces_log2, std::uint32_t* out) {
+  const int row_pieces = 1 << row_pieces_log2;
+  const std::uint64_t count = state->eligible_count, pieces = count * row_pieces;
+  const std::uint64_t stride = static_cast<std::uint64_t>(gridDim.x) * blockDim.x;
+  for (std::uint64_t i = blockIdx.x * blockDim.x + threadIdx.x; i < pieces; i += 4 * stride) {
+    uint4 v[4];
+    float b[4];
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      const std::uint64_t at = i + u * stride;
+      const std::uint32_t slot = at < pieces ? eligible_list[at >> row_pieces_log2] : 0u;
+      v[u] = at < pieces ? gpu_load_streaming(static_cast<const uint4*>(index.embeddings) + (static_cast<std::uint64_t>(slot) << row_pieces_log2) + (at & (row_pieces - 1)))
+                         : make_uint4(0, 0, 0, 0);
+      b[u] = at < pieces && (at & (row_pieces - 1)) == 0 ? index.bias[slot] : 0.0f;
+    }
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      const std::uint64_t at = i + u * stride;
+      if (at < pieces && (at & (row_pieces - 1)) == 0) out[at >> row_pieces_log2] = v[u].x ^ v[u].w ^ __float_as_uint(b[u]);
+    }
+  }
 }
 
 /// Counter-hash normal values: the embedding of (ad, k) for the device-filled pools.
@@ -265,6 +292,37 @@ double time_scoring_only(Pool& pool, const Request& request, std::uint64_t slots
   return median(times);
 }
 
+/// The gather probe over the request's eligible list (after matching), back to back.
+double time_gather_probe(Pool& pool, const Request& request, std::uint64_t slots, int repeats, cudaStream_t stream) {
+  FusedRetrievalPipeline& p = *pool.pipeline;
+  pool.ensure_temp();
+  auto* temp = static_cast<unsigned char*>(pool.temp);
+  auto lock = p.index().search_lock();
+  auto view = p.index().before_search(stream);
+  CHECK_OK(view);
+  view->slots = static_cast<std::uint32_t>(slots);
+  CHECK_OK(p.enqueue_prepare(request, temp, stream));
+  CHECK_OK(p.enqueue_matching(*view, temp, stream));
+  const SearchTempLayout& l = p.temp_layout();
+  const int pieces_log2 = std::countr_zero(p.index().row_bytes() / 16);
+  Timer t;
+  std::vector<double> times;
+  for (int r = 0; r < repeats + 2; ++r) {
+    cudaEventRecord(t.a, stream);
+    gather_probe<<<p.multiprocessors() * 8, 256, 0, stream>>>(
+        *view, reinterpret_cast<const std::uint32_t*>(temp + l.eligible), reinterpret_cast<const TopKState*>(temp + l.state),
+        pieces_log2, reinterpret_cast<std::uint32_t*>(temp + l.keys));
+    cudaEventRecord(t.b, stream);
+    cudaEventSynchronize(t.b);
+    float ms;
+    cudaEventElapsedTime(&ms, t.a, t.b);
+    if (r >= 2) times.push_back(ms * 1e-3);
+  }
+  KEVO_GPU_ASSERT(cudaGetLastError());
+  CHECK_OK(p.index().after_search(stream));
+  return median(times);
+}
+
 std::vector<ScoredAd> top_k(Pool& pool, const Request& request) {
   auto r = pool.pipeline->search(request);
   CHECK_OK(r);
@@ -357,20 +415,29 @@ int main(int argc, char** argv) {
     }
   }
 
-  std::puts("\n## Scoring policy sweep (typical, fp16 and int8, K = 1000)\n");
+  std::puts("\n## Scoring policy sweep (typical, fp16 and int8, K = 1000; scoring alone)\n");
   for (Pool* p : {&fp16, &int8}) {
     const PipelinePolicy original = p->pipeline->policy();
-    for (int threads : {128, 256})
-      for (int in_flight : {1, 2})
-        for (int blocks : {2, 4, 8}) {
-          PipelinePolicy policy = original;
-          policy.scoring = {threads, 16, blocks, in_flight};
-          CHECK_OK(p->pipeline->set_policy(policy));
-          const double t = time_scoring_only(*p, typical, n, repeats, stream);
-          const StageTimes st = time_stages(*p, typical, n, 3, out, stream);
-          std::printf("%s %s: scoring %.2f G ads/s\n", to_string(p->pipeline->schema().embedding_type),
-                      to_string(policy.scoring).c_str(), st.eligible / t * 1e-9);
-        }
+    const double bytes_per_ad = p->pipeline->index().row_bytes() + 4.0 +
+                                (p->pipeline->schema().embedding_type == EmbeddingType::int8 ? 4 : 0) + 8;
+    const std::uint32_t eligible = time_stages(*p, typical, n, 1, out, stream).eligible;
+    const double probe = time_gather_probe(*p, typical, n, repeats, stream);
+    std::printf("%s gather probe (rows + bias read, one word written, no arithmetic): %.2f G ads/s (%.0f%%)\n",
+                to_string(p->pipeline->schema().embedding_type), eligible / probe * 1e-9,
+                100 * eligible * bytes_per_ad / probe / roofline);
+    for (int stages : {0, 2, 3, 4})
+      for (int threads : {128, 256})
+        for (int tiles : {16, 32})
+          for (int blocks : {1, 2, 3, 4, 8}) {
+            if (stages == 0 && (tiles == 32 || blocks < 4)) continue;
+            PipelinePolicy policy = original;
+            policy.scoring = {threads, tiles, blocks, 2, stages};
+            if (auto ok = p->pipeline->set_policy(policy); !ok) continue;  // ring too deep for shared memory
+            const double t = time_scoring_only(*p, typical, n, repeats, stream);
+            std::printf("%s %s: scoring %.2f G ads/s (%.0f%%)\n", to_string(p->pipeline->schema().embedding_type),
+                        to_string(policy.scoring).c_str(), eligible / t * 1e-9,
+                        100 * eligible * bytes_per_ad / t / roofline);
+          }
     CHECK_OK(p->pipeline->set_policy(original));
   }
 

@@ -65,6 +65,24 @@ __device__ __forceinline__ uint4 gpu_load_streaming(const void* address) {
   return v;
 }
 
+/// Asynchronous global-to-shared copies (cp.async): each thread's copies form groups that it commits
+/// and later waits for, so loads stay in flight while the thread computes on earlier ones. A copy
+/// with `valid` false reads nothing and fills its destination with zeros.
+__device__ __forceinline__ void gpu_copy_async_16(void* shared_dst, const void* src, unsigned valid_bytes) {
+  const auto dst = static_cast<std::uint32_t>(__cvta_generic_to_shared(shared_dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid_bytes));
+}
+__device__ __forceinline__ void gpu_copy_async_4(void* shared_dst, const void* src, bool valid) {
+  const auto dst = static_cast<std::uint32_t>(__cvta_generic_to_shared(shared_dst));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 4u : 0u));
+}
+__device__ __forceinline__ void gpu_copy_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+/// Waits until at most `Pending` of this thread's most recently committed groups are still in flight.
+template <int Pending>
+__device__ __forceinline__ void gpu_copy_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(Pending));
+}
+
 /// Bytes picked from the pair (a, b) by selector nibbles, as PTX prmt does.
 __device__ __forceinline__ std::uint32_t gpu_byte_perm(std::uint32_t a, std::uint32_t b, std::uint32_t selector) {
   return __byte_perm(a, b, selector);

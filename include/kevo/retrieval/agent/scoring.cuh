@@ -106,6 +106,18 @@ __device__ __forceinline__ void int8x4_to_half2x2(std::uint32_t q, std::uint32_t
   hi = *reinterpret_cast<const std::uint32_t*>(&h);
 }
 
+/// One stage of a warp's shared-memory ring: a pair of 16-ad tiles as cp.async left them. Entry
+/// [piece][lane] is the lane's piece-th 16-byte copy (tile 0 rows lo/hi, then tile 1 rows lo/hi), so
+/// a lane reads back only what it copied itself (no waiting on other lanes) and a warp's reads of
+/// one piece touch 32 consecutive 16-byte words (no bank conflicts).
+template <int Dim, EmbeddingType Type>
+struct StagedPair {
+  static constexpr int pieces = 4 * ScoringShape<Dim, Type>::slice_loads;
+  uint4 rows[pieces][32];
+  float bias[32];   // of the row this lane scores
+  float scale[32];  // int8 only
+};
+
 template <int Dim, EmbeddingType Type>
 struct AgentScoring {
   using Shape = ScoringShape<Dim, Type>;
@@ -138,11 +150,52 @@ struct AgentScoring {
     return t;
   }
 
+  /// Issues the cp.async copies of a pair of tiles into `stage`: rows first .. first + 31 of a chunk
+  /// whose `length` slots are staged in `slots` (shared memory). Rows past the end read nothing and
+  /// come out as zeros. Commit and wait are the caller's.
+  __device__ __forceinline__ void stage_pair(int lane, StagedPair<Dim, Type>& stage, const std::uint32_t* slots,
+                                             std::uint32_t first, std::uint32_t length) const {
+    const int group = lane >> 2, quad = lane & 3;
+#pragma unroll
+    for (int h = 0; h < 4; ++h) {  // h = 2 * tile + (row group + 8 ? 1 : 0)
+      const std::uint32_t row = first + 16u * (h >> 1) + group + 8u * (h & 1);
+      const bool valid = row < length;
+      const char* base = static_cast<const char*>(index.embeddings) +
+                         static_cast<std::uint64_t>(valid ? slots[row] : 0u) * Shape::row_bytes + 16 * quad;
+#pragma unroll
+      for (int i = 0; i < Shape::slice_loads; ++i)
+        gpu_copy_async_16(&stage.rows[h * Shape::slice_loads + i][lane], base + 64 * i, valid ? 16u : 0u);
+    }
+    // The row this lane scores in score_tile_pair: tile quad / 2, row group (+ 8 on odd quads).
+    const std::uint32_t mine = first + 16u * (quad >> 1) + group + 8u * (quad & 1);
+    const bool valid = mine < length;
+    const std::uint32_t slot = valid ? slots[mine] : 0u;
+    gpu_copy_async_4(&stage.bias[lane], index.bias + slot, valid);
+    if constexpr (Type == EmbeddingType::int8) gpu_copy_async_4(&stage.scale[lane], index.scale + slot, valid);
+  }
+
+  /// Tile 0 or 1 of a stage whose copies have landed, as load_tile would have returned it (bias and
+  /// scale are those of the row this lane scores, which is what score_tile_pair reads).
+  __device__ __forceinline__ Tile staged_tile(int lane, const StagedPair<Dim, Type>& stage, int tile) const {
+    Tile t;
+#pragma unroll
+    for (int i = 0; i < Shape::slice_loads; ++i) {
+      t.lo.v[i] = stage.rows[(2 * tile) * Shape::slice_loads + i][lane];
+      t.hi.v[i] = stage.rows[(2 * tile + 1) * Shape::slice_loads + i][lane];
+    }
+    t.bias = stage.bias[lane];
+    t.scale = Type == EmbeddingType::int8 ? stage.scale[lane] : 1.0f;
+    return t;
+  }
+
   /// The tile's expert scores and gate logits on tensor cores: acc[0..1] hold row `group`, experts
   /// 2 quad and 2 quad + 1; acc[2..3] the same experts of row `group + 8`.
+  /// Even and odd k-steps accumulate separately and are summed at the end: two independent mma
+  /// chains of half the length, so the tensor-core latency of one hides behind the other.
   __device__ __forceinline__ void accumulate(int lane, const Tile& tile, float (&acc_u)[4], float (&acc_g)[4]) const {
+    float u2[2][4], g2[2][4];
 #pragma unroll
-    for (int i = 0; i < 4; ++i) acc_u[i] = acc_g[i] = 0.0f;
+    for (int i = 0; i < 4; ++i) u2[0][i] = u2[1][i] = g2[0][i] = g2[1][i] = 0.0f;
 #pragma unroll
     for (int s = 0; s < Shape::k_steps; ++s) {
       std::uint32_t a0, a1, a2, a3;
@@ -157,8 +210,13 @@ struct AgentScoring {
       }
       const uint2 bu = fragments->b[0][s][lane];
       const uint2 bg = fragments->b[1][s][lane];
-      gpu_mma_m16n8k16(acc_u, a0, a1, a2, a3, bu.x, bu.y);
-      gpu_mma_m16n8k16(acc_g, a0, a1, a2, a3, bg.x, bg.y);
+      gpu_mma_m16n8k16(u2[s & 1], a0, a1, a2, a3, bu.x, bu.y);
+      gpu_mma_m16n8k16(g2[s & 1], a0, a1, a2, a3, bg.x, bg.y);
+    }
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      acc_u[i] = u2[0][i] + u2[1][i];
+      acc_g[i] = g2[0][i] + g2[1][i];
     }
   }
 

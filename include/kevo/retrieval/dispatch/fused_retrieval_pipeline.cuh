@@ -94,6 +94,7 @@ class FusedRetrievalPipeline {
   /// searches are being enqueued from other threads.
   expected<void, Error> set_policy(const PipelinePolicy& policy) {
     if (!is_legal(policy)) return make_error("illegal policy: " + to_string(policy));
+    if (auto ok = check_shared_memory(policy.scoring); !ok) return ok;
     std::lock_guard lock(own_mutex_);
     options_.policy = policy;
     layout_ = compute_layout();
@@ -249,33 +250,31 @@ class FusedRetrievalPipeline {
     auto* keys = reinterpret_cast<std::uint32_t*>(t + l.keys);
     auto* chunk_max = reinterpret_cast<std::uint32_t*>(t + l.chunk_max);
     bool launched = false;
-    auto launch = [&]<int Threads, int Dim, EmbeddingType Type, int InFlight>() {
-      auto* kernel = kernels::scoring<Threads, Dim, Type, InFlight>;
-      // No more blocks than are resident at once: a partial second wave would idle most SMs.
+    auto launch = [&](auto* kernel, int threads, std::size_t dynamic_shared) {
       int resident = 0;
-      if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, kernel, Threads, 0) != cudaSuccess) return;
-      const auto grid = static_cast<unsigned>(multiprocessors_ * std::max(1, std::min(p.blocks_per_sm, resident)));
-      kernel<<<grid, Threads, 0, stream>>>(view, vectors, list, state, keys, chunk_max, routing, model_.experts,
-                                           p.tiles_per_chunk);
+      if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(dynamic_shared)) !=
+              cudaSuccess ||
+          cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, kernel, threads, dynamic_shared) != cudaSuccess ||
+          resident == 0)
+        return;
+      // No more blocks than are resident at once: a partial second wave would idle most SMs.
+      const auto grid = static_cast<unsigned>(multiprocessors_ * std::min(p.blocks_per_sm, resident));
+      kernel<<<grid, threads, dynamic_shared, stream>>>(view, vectors, list, state, keys, chunk_max, routing,
+                                                       model_.experts, p.tiles_per_chunk);
       launched = true;
     };
-    const bool fp16 = schema().embedding_type == EmbeddingType::fp16;
-    const int d = model_.dim;
-    auto by_flight = [&]<int Threads, int Dim, EmbeddingType Type>() {
-      if (p.tiles_in_flight == 1) launch.template operator()<Threads, Dim, Type, 1>();
-      else if (p.tiles_in_flight == 2) launch.template operator()<Threads, Dim, Type, 2>();
-    };
-    auto by_type = [&]<int Threads, int Dim>() {
-      if (fp16) by_flight.template operator()<Threads, Dim, EmbeddingType::fp16>();
-      else by_flight.template operator()<Threads, Dim, EmbeddingType::int8>();
-    };
-    auto by_dim = [&]<int Threads>() {
-      if (d == 64) by_type.template operator()<Threads, 64>();
-      else if (d == 128) by_type.template operator()<Threads, 128>();
-      else if (d == 256) by_type.template operator()<Threads, 256>();
-    };
-    if (p.block_threads == 128) by_dim.template operator()<128>();
-    else if (p.block_threads == 256) by_dim.template operator()<256>();
+    for_each_scoring_variant([&]<int Threads, int Dim, EmbeddingType Type>() {
+      if (p.block_threads != Threads || model_.dim != Dim || schema().embedding_type != Type) return;
+      if (p.stages == 0) {
+        if (p.tiles_in_flight == 1) launch(kernels::scoring<Threads, Dim, Type, 1>, Threads, 0);
+        else if (p.tiles_in_flight == 2) launch(kernels::scoring<Threads, Dim, Type, 2>, Threads, 0);
+        return;
+      }
+      const std::size_t bytes = kernels::scoring_staged_dynamic_bytes<Dim, Type>(Threads / 32, p.stages, l.chunk_size);
+      if (p.stages == 2) launch(kernels::scoring_staged<Threads, Dim, Type, 2>, Threads, bytes);
+      else if (p.stages == 3) launch(kernels::scoring_staged<Threads, Dim, Type, 3>, Threads, bytes);
+      else if (p.stages == 4) launch(kernels::scoring_staged<Threads, Dim, Type, 4>, Threads, bytes);
+    });
     if (!launched) return make_error("no prebuilt scoring variant for " + to_string(p));
     KEVO_GPU_TRY(cudaGetLastError());
     return {};
@@ -315,6 +314,27 @@ class FusedRetrievalPipeline {
     return {};
   }
 
+  /// Shared memory one scoring block needs (static and dynamic) under `p`, for this pool's d and type.
+  std::size_t scoring_shared_bytes(const ScoringPolicy& p) const {
+    std::size_t bytes = 0;
+    for_each_scoring_variant([&]<int Threads, int Dim, EmbeddingType Type>() {
+      if (p.block_threads != Threads || model_.dim != Dim || schema().embedding_type != Type) return;
+      bytes = sizeof(ScoringFragments<Dim>) + 4 * kTopKBins;
+      if (p.stages == 0) bytes += sizeof(std::uint32_t) * (Threads / 32) * kernels::kMaxChunkSlots;
+      else bytes += kernels::scoring_staged_dynamic_bytes<Dim, Type>(Threads / 32, p.stages, 16u * p.tiles_per_chunk);
+    });
+    return bytes;
+  }
+
+  /// A staged policy whose ring does not fit one block's shared memory is refused up front.
+  expected<void, Error> check_shared_memory(const ScoringPolicy& p) const {
+    const std::size_t need = scoring_shared_bytes(p);
+    if (need > max_shared_per_block_)
+      return make_error(to_string(p) + " needs " + std::to_string(need) + " bytes of shared memory per block; this GPU allows " +
+                        std::to_string(max_shared_per_block_) + " (use fewer stages or threads)");
+    return {};
+  }
+
  private:
   SearchTempLayout compute_layout() const {
     auto round = [](std::size_t b) { return (b + 255) & ~std::size_t{255}; };
@@ -347,6 +367,22 @@ class FusedRetrievalPipeline {
   }
 
 
+  /// Calls f.template operator()<Threads, Dim, Type>() for every prebuilt scoring shape.
+  template <class F>
+  static void for_each_scoring_variant(F&& f) {
+    auto per_dim = [&]<int Threads, int Dim>() {
+      f.template operator()<Threads, Dim, EmbeddingType::fp16>();
+      f.template operator()<Threads, Dim, EmbeddingType::int8>();
+    };
+    auto per_threads = [&]<int Threads>() {
+      per_dim.template operator()<Threads, 64>();
+      per_dim.template operator()<Threads, 128>();
+      per_dim.template operator()<Threads, 256>();
+    };
+    per_threads.template operator()<128>();
+    per_threads.template operator()<256>();
+  }
+
   template <int V>
   using constant = std::integral_constant<int, V>;
   /// The prebuilt matching variants: every (block_threads, ads_per_thread) in the policy's domain.
@@ -370,6 +406,10 @@ class FusedRetrievalPipeline {
     int device = 0;
     KEVO_GPU_TRY(cudaGetDevice(&device));
     KEVO_GPU_TRY(cudaDeviceGetAttribute(&multiprocessors_, cudaDevAttrMultiProcessorCount, device));
+    int max_shared = 0;
+    KEVO_GPU_TRY(cudaDeviceGetAttribute(&max_shared, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+    max_shared_per_block_ = static_cast<std::size_t>(max_shared);
+    if (auto ok = check_shared_memory(options_.policy.scoring); !ok) return ok;
     auto upload = [](float*& d, const std::vector<float>& h) -> expected<void, Error> {
       KEVO_GPU_TRY(cudaMalloc(&d, h.size() * 4));
       KEVO_GPU_TRY(cudaMemcpy(d, h.data(), h.size() * 4, cudaMemcpyHostToDevice));
@@ -405,6 +445,7 @@ class FusedRetrievalPipeline {
   Options options_;
   SearchTempLayout layout_{};
   int multiprocessors_ = 0;
+  std::size_t max_shared_per_block_ = 0;
   float *w1_ = nullptr, *c1_ = nullptr, *w2_ = nullptr, *c2_ = nullptr, *projection_ = nullptr;
   std::vector<Upload> uploads_ = std::vector<Upload>(4);
   std::size_t next_upload_ = 0;

@@ -2,6 +2,7 @@
 // the agents' linear ids. Launch them through the pipeline (fused_retrieval_pipeline.cuh).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 #include "kevo/retrieval/agent/matching.cuh"
@@ -152,6 +153,106 @@ __global__ void __launch_bounds__(BlockThreads)
     __syncwarp();  // the next chunk overwrites the staged slots
     largest = __reduce_max_sync(0xffffffffu, largest);
     if (lane == 0) chunk_max[chunk] = largest;
+  }
+  __syncthreads();
+  for (int i = rank; i < kTopKBins; i += BlockThreads)
+    if (histogram[i]) atomicAdd(&state->histogram[0][i], histogram[i]);
+}
+
+/// The dynamic shared memory of scoring_staged: per warp, its ring of stages and two chunk-slot buffers.
+template <int Dim, EmbeddingType Type>
+constexpr std::size_t scoring_staged_dynamic_bytes(int warps, int stages, std::uint32_t chunk_size) {
+  return static_cast<std::size_t>(warps) * (stages * sizeof(StagedPair<Dim, Type>) + 2 * chunk_size * 4);
+}
+
+/// The same contract as `scoring`, with the rows streamed by cp.async into a per-warp ring of
+/// `Stages` pairs of tiles in shared memory: while the warp scores pair c, pairs c + 1 .. c + Stages - 1
+/// are in flight, and the slot list of its next chunk is fetched the same way one chunk ahead, so
+/// the warp never stops issuing loads to wait for its own compute, nor computes while waiting on a
+/// slot list. Rows never pass through registers until they are scored.
+template <int BlockThreads, int Dim, EmbeddingType Type, int Stages>
+__global__ void __launch_bounds__(BlockThreads)
+    scoring_staged(IndexView index, const __half* vectors, const std::uint32_t* eligible_list, TopKState* state,
+                   std::uint32_t* keys, std::uint32_t* chunk_max, int routing, int experts, int tiles_per_chunk) {
+  static_assert(Stages >= 2, "one stage computing, at least one in flight");
+  constexpr int warps = BlockThreads / 32;
+  using Agent = AgentScoring<Dim, Type>;
+  using Stage = StagedPair<Dim, Type>;
+  __shared__ ScoringFragments<Dim> fragments;
+  __shared__ std::uint32_t histogram[kTopKBins];
+  extern __shared__ uint4 staged_shared[];  // scoring_staged_dynamic_bytes
+  const int rank = static_cast<int>(threadIdx.x);
+  const int lane = rank % 32, warp = rank / 32, group = lane / 4, quad = lane % 4;
+  const std::uint32_t chunk_size = 16u * static_cast<std::uint32_t>(tiles_per_chunk);
+  const std::uint32_t pairs_per_chunk = chunk_size / 32;
+  Stage* ring = reinterpret_cast<Stage*>(staged_shared) + warp * Stages;
+  std::uint32_t* slot_buffers =
+      reinterpret_cast<std::uint32_t*>(reinterpret_cast<Stage*>(staged_shared) + warps * Stages) + warp * 2 * chunk_size;
+  for (int i = rank; i < kTopKBins; i += BlockThreads) histogram[i] = 0;
+  load_scoring_fragments<Dim, Type>(fragments, vectors, rank, BlockThreads);
+  __syncthreads();
+
+  const Agent agent{index, &fragments, routing, experts};
+  const std::uint32_t count = state->eligible_count;
+  const std::uint32_t chunks = (count + chunk_size - 1) / chunk_size;
+  const std::uint32_t first_chunk = blockIdx.x * warps + warp, stride = gridDim.x * warps;
+  const std::uint32_t my_chunks = first_chunk < chunks ? (chunks - first_chunk + stride - 1) / stride : 0u;
+  const std::uint32_t total_pairs = my_chunks * pairs_per_chunk;
+  auto chunk_begin = [&](std::uint32_t j) { return (first_chunk + j * stride) * chunk_size; };
+  auto chunk_length = [&](std::uint32_t j) { return min(count - chunk_begin(j), chunk_size); };
+  // The slot list of the warp's j-th chunk, 16 bytes a copy, into buffer j % 2.
+  auto fetch_slots = [&](std::uint32_t j) {
+    if (j >= my_chunks) return;
+    const std::uint32_t begin = chunk_begin(j), length = chunk_length(j);
+    std::uint32_t* buffer = slot_buffers + (j & 1u) * chunk_size;
+    for (std::uint32_t i = 4u * lane; i < length; i += 128u)
+      gpu_copy_async_16(buffer + i, eligible_list + begin + i, min(16u, (length - i) * 4u));
+  };
+  // Issues pair q of the warp's sequence (one commit group, empty past the end).
+  auto produce = [&](std::uint32_t q) {
+    if (q < total_pairs) {
+      const std::uint32_t j = q / pairs_per_chunk, pair = q % pairs_per_chunk;
+      if (pair == 0) {
+        // Chunk j's slots were fetched with the first pair of chunk j - 1, which the caller's wait
+        // already covers when a chunk has at least Stages - 1 pairs; otherwise wait for them here.
+        if (pairs_per_chunk + 1 < static_cast<std::uint32_t>(Stages)) gpu_copy_async_wait<0>();
+        __syncwarp();
+        fetch_slots(j + 1);  // buffer (j + 1) % 2 was last read while issuing chunk j - 1
+      }
+      agent.stage_pair(lane, ring[q % Stages], slot_buffers + (j & 1u) * chunk_size, pair * 32u, chunk_length(j));
+    }
+    gpu_copy_async_commit();
+  };
+
+  fetch_slots(0);
+  gpu_copy_async_commit();
+  gpu_copy_async_wait<0>();
+  __syncwarp();
+#pragma unroll
+  for (int q = 0; q < Stages - 1; ++q) produce(static_cast<std::uint32_t>(q));
+  std::uint32_t largest = 0;
+  for (std::uint32_t c = 0; c < total_pairs; ++c) {
+    gpu_copy_async_wait<Stages - 2>();  // pair c has landed (the newest commit is pair c + Stages - 2)
+    __syncwarp();
+    produce(c + Stages - 1);
+    const std::uint32_t j = c / pairs_per_chunk, pair = c % pairs_per_chunk;
+    const std::uint32_t begin = chunk_begin(j), length = chunk_length(j);
+    if (pair * 32u < length) {
+      const Stage& stage = ring[c % Stages];
+      const float score = agent.score_tile_pair(lane, agent.staged_tile(lane, stage, 0), agent.staged_tile(lane, stage, 1));
+      const std::uint32_t local = pair * 32u + 16u * (quad >> 1) + group + ((quad & 1) ? 8u : 0u);
+      if (local < length) {
+        const std::uint32_t key = score_key(score);
+        keys[begin + local] = key;
+        atomicAdd(&histogram[key >> 20], 1u);  // (warp-aggregating by bin with match_any measured slower)
+        largest = max(largest, key);
+      }
+    }
+    if (pair + 1 == pairs_per_chunk) {
+      largest = __reduce_max_sync(0xffffffffu, largest);
+      if (lane == 0) chunk_max[begin / chunk_size] = largest;
+      largest = 0;
+    }
   }
   __syncthreads();
   for (int i = rank; i < kTopKBins; i += BlockThreads)

@@ -25,14 +25,16 @@ struct MatchingPolicy {
 /// Fused MoE-gated scoring: each warp scores tiles of 16 eligible ads with mma.sync; a chunk of
 /// `tiles_per_chunk` tiles shares one maximum that top-K uses to skip whole chunks.
 struct ScoringPolicy {
-  int block_threads = 128;
+  int block_threads = 256;
   static constexpr std::array<int, 2> block_threads_domain{128, 256};  // compile-time variants
   int tiles_per_chunk = 16;
   static constexpr std::array<int, 4> tiles_per_chunk_domain{4, 8, 16, 32};  // run time
   int blocks_per_sm = 8;  // capped by what is resident at once
   static constexpr std::array<int, 6> blocks_per_sm_domain{1, 2, 3, 4, 6, 8};  // run time (grid size)
-  int tiles_in_flight = 2;
+  int tiles_in_flight = 2;  // with stages = 0: tiles whose loads a warp holds in registers at once
   static constexpr std::array<int, 2> tiles_in_flight_domain{1, 2};  // compile-time variants
+  int stages = 2;  // > 0: pairs of tiles a warp streams into shared memory ahead of scoring (cp.async)
+  static constexpr std::array<int, 4> stages_domain{0, 2, 3, 4};  // compile-time variants
   friend bool operator==(const ScoringPolicy&, const ScoringPolicy&) = default;
 };
 
@@ -67,7 +69,8 @@ inline bool is_legal(const ScoringPolicy& p) {
   return detail::in_domain(p.block_threads, ScoringPolicy::block_threads_domain) &&
          detail::in_domain(p.tiles_per_chunk, ScoringPolicy::tiles_per_chunk_domain) &&
          detail::in_domain(p.blocks_per_sm, ScoringPolicy::blocks_per_sm_domain) &&
-         detail::in_domain(p.tiles_in_flight, ScoringPolicy::tiles_in_flight_domain);
+         detail::in_domain(p.tiles_in_flight, ScoringPolicy::tiles_in_flight_domain) &&
+         detail::in_domain(p.stages, ScoringPolicy::stages_domain);
 }
 inline bool is_legal(const TopKPolicy& p) { return detail::in_domain(p.boundary_cap, TopKPolicy::boundary_cap_domain); }
 inline bool is_legal(const PipelinePolicy& p) {
@@ -81,7 +84,7 @@ inline std::string to_string(const MatchingPolicy& p) {
 inline std::string to_string(const ScoringPolicy& p) {
   return "scoring{block_threads=" + std::to_string(p.block_threads) + ",tiles_per_chunk=" +
          std::to_string(p.tiles_per_chunk) + ",blocks_per_sm=" + std::to_string(p.blocks_per_sm) +
-         ",tiles_in_flight=" + std::to_string(p.tiles_in_flight) + "}";
+         ",tiles_in_flight=" + std::to_string(p.tiles_in_flight) + ",stages=" + std::to_string(p.stages) + "}";
 }
 inline std::string to_string(const TopKPolicy& p) {
   return "topk{boundary_cap=" + std::to_string(p.boundary_cap) + "}";
