@@ -270,6 +270,27 @@ __global__ void __launch_bounds__(BlockThreads) topk_select(TopKState* state, in
   Agent::select(static_cast<int>(threadIdx.x), state, level, k, cap, storage);
 }
 
+/// Calls visit(chunk) block-wide (every thread, same chunk) for each chunk whose largest key passes
+/// `hot`. Few chunks pass once the threshold is near the K-th key, so each thread tests a different
+/// chunk's maximum (one coalesced read of chunk_max) and only the hot ones are walked.
+template <int BlockThreads, class Hot, class Visit>
+__device__ __forceinline__ void for_each_hot_chunk(const std::uint32_t* chunk_max, std::uint32_t chunks, Hot hot,
+                                                   Visit visit) {
+  __shared__ std::uint32_t hot_chunks[BlockThreads];
+  __shared__ std::uint32_t hot_count;
+  const auto rank = static_cast<std::uint32_t>(threadIdx.x);
+  for (std::uint32_t base = blockIdx.x * BlockThreads; base < chunks; base += gridDim.x * BlockThreads) {
+    if (rank == 0) hot_count = 0;
+    __syncthreads();
+    const std::uint32_t chunk = base + rank;
+    if (chunk < chunks && hot(chunk_max[chunk])) hot_chunks[atomicAdd(&hot_count, 1u)] = chunk;
+    __syncthreads();
+    const std::uint32_t count = hot_count;
+    for (std::uint32_t i = 0; i < count; ++i) visit(hot_chunks[i]);
+    __syncthreads();  // hot_chunks and hot_count are reused by the next batch
+  }
+}
+
 /// Histograms the next digit of the ads that share the resolved prefix (skipped once done).
 template <int BlockThreads>
 __global__ void __launch_bounds__(BlockThreads)
@@ -285,18 +306,18 @@ __global__ void __launch_bounds__(BlockThreads)
   const std::uint64_t digit_mask = (1ull << topk_level_bits(level)) - 1ull;
   const std::uint32_t count = state->eligible_count;
   const std::uint32_t chunks = (count + chunk_size - 1) / chunk_size;
-  for (std::uint32_t chunk = blockIdx.x; chunk < chunks; chunk += gridDim.x) {
-    if ((chunk_ranking_bound(chunk_max[chunk]) >> prefix_shift) < prefix) continue;
-    const std::uint32_t end = min(count, (chunk + 1) * chunk_size);
-    for (std::uint32_t pos = chunk * chunk_size + rank; pos < end; pos += BlockThreads) {
-      const std::uint32_t key = keys[pos];
-      if ((chunk_ranking_bound(key) >> prefix_shift) < prefix) continue;
-      const std::uint64_t ranking =
-          shift < 32 ? ranking_key(key, index.ids[eligible_list[pos]]) : static_cast<std::uint64_t>(key) << 32;
-      if ((ranking >> prefix_shift) == prefix) atomicAdd(&histogram[(ranking >> shift) & digit_mask], 1u);
-    }
-  }
-  __syncthreads();
+  for_each_hot_chunk<BlockThreads>(
+      chunk_max, chunks, [&](std::uint32_t largest) { return (chunk_ranking_bound(largest) >> prefix_shift) >= prefix; },
+      [&](std::uint32_t chunk) {
+        const std::uint32_t end = min(count, (chunk + 1) * chunk_size);
+        for (std::uint32_t pos = chunk * chunk_size + rank; pos < end; pos += BlockThreads) {
+          const std::uint32_t key = keys[pos];
+          if ((chunk_ranking_bound(key) >> prefix_shift) < prefix) continue;
+          const std::uint64_t ranking =
+              shift < 32 ? ranking_key(key, index.ids[eligible_list[pos]]) : static_cast<std::uint64_t>(key) << 32;
+          if ((ranking >> prefix_shift) == prefix) atomicAdd(&histogram[(ranking >> shift) & digit_mask], 1u);
+        }
+      });
   for (int i = rank; i < kTopKBins; i += BlockThreads)
     if (histogram[i]) atomicAdd(&state->histogram[level][i], histogram[i]);
 }
@@ -310,20 +331,21 @@ __global__ void __launch_bounds__(BlockThreads)
   const unsigned long long threshold = state->threshold;
   const std::uint32_t count = state->eligible_count;
   const std::uint32_t chunks = (count + chunk_size - 1) / chunk_size;
-  const int rank = static_cast<int>(threadIdx.x);
-  for (std::uint32_t chunk = blockIdx.x; chunk < chunks; chunk += gridDim.x) {
-    if (chunk_ranking_bound(chunk_max[chunk]) < threshold) continue;
-    const std::uint32_t end = min(count, (chunk + 1) * chunk_size);
-    for (std::uint32_t pos = chunk * chunk_size + rank; pos < end; pos += BlockThreads) {
-      const std::uint32_t key = keys[pos];
-      if (chunk_ranking_bound(key) < threshold) continue;
-      const std::uint64_t ranking = ranking_key(key, index.ids[eligible_list[pos]]);
-      if (ranking < threshold) continue;
-      const std::uint32_t at = atomicAdd(&state->candidate_count, 1u);
-      if (at < capacity) candidates[at] = ranking;
-      else state->overflow = 1;
-    }
-  }
+  const auto rank = static_cast<std::uint32_t>(threadIdx.x);
+  for_each_hot_chunk<BlockThreads>(
+      chunk_max, chunks, [&](std::uint32_t largest) { return chunk_ranking_bound(largest) >= threshold; },
+      [&](std::uint32_t chunk) {
+        const std::uint32_t end = min(count, (chunk + 1) * chunk_size);
+        for (std::uint32_t pos = chunk * chunk_size + rank; pos < end; pos += BlockThreads) {
+          const std::uint32_t key = keys[pos];
+          if (chunk_ranking_bound(key) < threshold) continue;
+          const std::uint64_t ranking = ranking_key(key, index.ids[eligible_list[pos]]);
+          if (ranking < threshold) continue;
+          const std::uint32_t at = atomicAdd(&state->candidate_count, 1u);
+          if (at < capacity) candidates[at] = ranking;
+          else state->overflow = 1;
+        }
+      });
 }
 
 /// Decodes the first min(K, eligible) sorted keys into (id, score); count is ~0u if top-K overflowed.
