@@ -27,7 +27,7 @@ struct Loaded {
   Workload workload;
   HostAdPool host;
   std::unique_ptr<FusedRetrievalPipeline> pipeline;
-  Loaded(WorkloadOptions options, int n, PipelinePolicy policy = {})
+  Loaded(WorkloadOptions options, int n, std::optional<PipelinePolicy> policy = std::nullopt)
       : workload(options), host(workload.schema()) {
     auto p = FusedRetrievalPipeline::create(workload.schema(), workload.model(),
                                             {.capacity = static_cast<std::size_t>(n) + 1024, .policy = policy});
@@ -176,6 +176,25 @@ TEST_CASE("fused scoring agrees with the reference for every eligible ad", "[cud
     const auto end = keys.begin() + static_cast<std::ptrdiff_t>(std::min<std::size_t>(keys.size(), (c + 1) * chunk));
     REQUIRE(chunk_max[c] == *std::max_element(begin, end));
   }
+}
+
+TEST_CASE("the default policy fits every shape, and an explicit one that does not is refused", "[cuda][policy]") {
+  for (int dim : {64, 128, 256})
+    for (EmbeddingType type : {EmbeddingType::fp16, EmbeddingType::int8}) {
+      const Workload w(small_options(1, type, dim));
+      auto by_default = FusedRetrievalPipeline::create(w.schema(), w.model(), {.capacity = 1024});
+      INFO("d " << dim << " " << to_string(type));
+      REQUIRE(by_default);
+      // Only fp16 at d = 256 needs more shared memory for the default ring than a block may have.
+      const bool kept_default = (*by_default)->policy() == PipelinePolicy{};
+      REQUIRE(kept_default == !(type == EmbeddingType::fp16 && dim == 256));
+      if (!kept_default) REQUIRE((*by_default)->policy().scoring.stages == 0);
+      auto explicit_default =
+          FusedRetrievalPipeline::create(w.schema(), w.model(), {.capacity = 1024, .policy = PipelinePolicy{}});
+      REQUIRE(static_cast<bool>(explicit_default) == kept_default);
+      if (!explicit_default)
+        REQUIRE(explicit_default.error().message.find("bytes of shared memory per block") != std::string::npos);
+    }
 }
 
 TEST_CASE("the whole pipeline agrees with the reference", "[cuda][pipeline]") {

@@ -17,6 +17,7 @@
 #include <cstring>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -49,7 +50,9 @@ class FusedRetrievalPipeline {
   struct Options {
     std::size_t capacity = 1u << 20;
     std::size_t clause_capacity = 0;
-    PipelinePolicy policy{};
+    /// Empty: the defaults, except that a pool whose d and dtype make the default ring too big for
+    /// shared memory (fp16 at d = 256) scores with register loads instead.
+    std::optional<PipelinePolicy> policy{};
   };
 
   static expected<std::unique_ptr<FusedRetrievalPipeline>, Error> create(const Schema& schema, Model model,
@@ -57,7 +60,7 @@ class FusedRetrievalPipeline {
     if (auto ok = validate_model(model); !ok) return unexpected(ok.error());
     if (model.dim != schema.dim) return make_error("the model's d differs from the pool's");
     if (model.experts > kMaxGpuExperts) return make_error("the GPU pipeline takes at most 8 experts");
-    if (!is_legal(options.policy)) return make_error("illegal policy: " + to_string(options.policy));
+    if (options.policy && !is_legal(*options.policy)) return make_error("illegal policy: " + to_string(*options.policy));
     auto index = DeviceAdIndex::create(schema, {options.capacity, options.clause_capacity});
     if (!index) return unexpected(index.error());
     std::unique_ptr<FusedRetrievalPipeline> p(new FusedRetrievalPipeline(std::move(*index), std::move(model), options));
@@ -96,7 +99,7 @@ class FusedRetrievalPipeline {
     if (!is_legal(policy)) return make_error("illegal policy: " + to_string(policy));
     if (auto ok = check_shared_memory(policy.scoring); !ok) return ok;
     std::lock_guard lock(own_mutex_);
-    options_.policy = policy;
+    policy_ = policy;
     layout_ = compute_layout();
     if (search_temp_bytes() > own_temp_bytes_) {
       KEVO_GPU_TRY(cudaStreamSynchronize(own_stream_));
@@ -109,7 +112,7 @@ class FusedRetrievalPipeline {
   }
   const Schema& schema() const { return index_->schema(); }
   const Model& model() const { return model_; }
-  const PipelinePolicy& policy() const { return options_.policy; }
+  const PipelinePolicy& policy() const { return policy_; }
   int multiprocessors() const { return multiprocessors_; }
 
   /// The temp storage layout for the current policy (computed when the policy is set).
@@ -209,7 +212,7 @@ class FusedRetrievalPipeline {
     const SearchTempLayout& l = layout_;
     auto* t = static_cast<unsigned char*>(d_temp);
     const QueryView query{reinterpret_cast<const std::uint32_t*>(t + l.bitmap), index_->category_offsets()};
-    const MatchingPolicy& p = options_.policy.matching;
+    const MatchingPolicy& p = policy_.matching;
     const std::uint64_t tile = static_cast<std::uint64_t>(p.block_threads) * p.ads_per_thread;
     auto* list = reinterpret_cast<std::uint32_t*>(t + l.eligible);
     auto* state = reinterpret_cast<TopKState*>(t + l.state);
@@ -243,7 +246,7 @@ class FusedRetrievalPipeline {
   expected<void, Error> enqueue_scoring(const IndexView& view, void* d_temp, int routing, gpu_stream_t stream) {
     const SearchTempLayout& l = layout_;
     auto* t = static_cast<unsigned char*>(d_temp);
-    const ScoringPolicy& p = options_.policy.scoring;
+    const ScoringPolicy& p = policy_.scoring;
     const auto* vectors = reinterpret_cast<const __half*>(t + l.vectors);
     const auto* list = reinterpret_cast<const std::uint32_t*>(t + l.eligible);
     auto* state = reinterpret_cast<TopKState*>(t + l.state);
@@ -284,7 +287,7 @@ class FusedRetrievalPipeline {
   expected<void, Error> enqueue_topk(const IndexView& view, void* d_temp, int k, SearchOutput out, gpu_stream_t stream) {
     const SearchTempLayout& l = layout_;
     auto* t = static_cast<unsigned char*>(d_temp);
-    const TopKPolicy& p = options_.policy.topk;
+    const TopKPolicy& p = policy_.topk;
     constexpr int threads = 256;
     auto* state = reinterpret_cast<TopKState*>(t + l.state);
     const auto* list = reinterpret_cast<const std::uint32_t*>(t + l.eligible);
@@ -341,8 +344,8 @@ class FusedRetrievalPipeline {
     SearchTempLayout l{};
     const std::size_t n = index_->capacity();
     const int d = model_.dim;
-    l.chunk_size = 16u * static_cast<std::uint32_t>(options_.policy.scoring.tiles_per_chunk);
-    l.candidate_capacity = static_cast<std::uint32_t>(kMaxK + options_.policy.topk.boundary_cap);
+    l.chunk_size = 16u * static_cast<std::uint32_t>(policy_.scoring.tiles_per_chunk);
+    l.candidate_capacity = static_cast<std::uint32_t>(kMaxK + policy_.topk.boundary_cap);
     l.input_words = static_cast<std::uint32_t>(model_.features + 1 + index_->total_query_bits());
     std::size_t at = 0;
     auto take = [&](std::size_t& field, std::size_t bytes) { field = at; at += round(bytes); };
@@ -409,7 +412,9 @@ class FusedRetrievalPipeline {
     int max_shared = 0;
     KEVO_GPU_TRY(cudaDeviceGetAttribute(&max_shared, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
     max_shared_per_block_ = static_cast<std::size_t>(max_shared);
-    if (auto ok = check_shared_memory(options_.policy.scoring); !ok) return ok;
+    policy_ = options_.policy.value_or(PipelinePolicy{});
+    if (!options_.policy && !check_shared_memory(policy_.scoring)) policy_.scoring = kRegisterScoringPolicy;
+    if (auto ok = check_shared_memory(policy_.scoring); !ok) return ok;
     auto upload = [](float*& d, const std::vector<float>& h) -> expected<void, Error> {
       KEVO_GPU_TRY(cudaMalloc(&d, h.size() * 4));
       KEVO_GPU_TRY(cudaMemcpy(d, h.data(), h.size() * 4, cudaMemcpyHostToDevice));
@@ -444,6 +449,9 @@ class FusedRetrievalPipeline {
   Model model_;
   Options options_;
   SearchTempLayout layout_{};
+  /// The fallback scoring policy where the default ring does not fit (measured best of the register path).
+  static constexpr ScoringPolicy kRegisterScoringPolicy{128, 16, 4, 2, 0};
+  PipelinePolicy policy_{};
   int multiprocessors_ = 0;
   std::size_t max_shared_per_block_ = 0;
   float *w1_ = nullptr, *c1_ = nullptr, *w2_ = nullptr, *c2_ = nullptr, *projection_ = nullptr;

@@ -272,17 +272,18 @@ __global__ void __launch_bounds__(BlockThreads) topk_select(TopKState* state, in
 
 /// Calls visit(chunk) block-wide (every thread, same chunk) for each chunk whose largest key passes
 /// `hot`. Few chunks pass once the threshold is near the K-th key, so each thread tests a different
-/// chunk's maximum (one coalesced read of chunk_max) and only the hot ones are walked.
+/// chunk's maximum and only the hot ones are walked. Block b takes chunks b, b + grid, b + 2 grid...
+/// so that where many chunks are hot (small pools) they spread evenly over the blocks.
 template <int BlockThreads, class Hot, class Visit>
 __device__ __forceinline__ void for_each_hot_chunk(const std::uint32_t* chunk_max, std::uint32_t chunks, Hot hot,
                                                    Visit visit) {
   __shared__ std::uint32_t hot_chunks[BlockThreads];
   __shared__ std::uint32_t hot_count;
   const auto rank = static_cast<std::uint32_t>(threadIdx.x);
-  for (std::uint32_t base = blockIdx.x * BlockThreads; base < chunks; base += gridDim.x * BlockThreads) {
+  for (std::uint32_t base = 0; blockIdx.x + base * gridDim.x < chunks; base += BlockThreads) {
     if (rank == 0) hot_count = 0;
     __syncthreads();
-    const std::uint32_t chunk = base + rank;
+    const std::uint32_t chunk = blockIdx.x + (base + rank) * gridDim.x;
     if (chunk < chunks && hot(chunk_max[chunk])) hot_chunks[atomicAdd(&hot_count, 1u)] = chunk;
     __syncthreads();
     const std::uint32_t count = hot_count;

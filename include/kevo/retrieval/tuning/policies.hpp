@@ -17,7 +17,7 @@ namespace kevo::retrieval {
 struct MatchingPolicy {
   int block_threads = 512;
   static constexpr std::array<int, 3> block_threads_domain{128, 256, 512};  // compile-time variants
-  int ads_per_thread = 4;
+  int ads_per_thread = 8;
   static constexpr std::array<int, 4> ads_per_thread_domain{1, 2, 4, 8};  // compile-time variants
   friend bool operator==(const MatchingPolicy&, const MatchingPolicy&) = default;
 };
