@@ -243,6 +243,53 @@ TEST_CASE("ties are broken by lower id, through every radix-select level", "[cud
   }
 }
 
+TEST_CASE("replaced and expired ads' clause runs are reclaimed", "[cuda][updates]") {
+  const Workload w(small_options(13, EmbeddingType::fp16));
+  HostAdPool host(w.schema());
+  constexpr std::uint32_t ads = 3000;
+  constexpr std::size_t clause_capacity = 4096 * 8;
+  auto p = FusedRetrievalPipeline::create(w.schema(), w.model(), {.capacity = 4096, .clause_capacity = clause_capacity});
+  REQUIRE(p);
+  DeviceAdIndex& index = (*p)->index();
+  std::size_t written = 0;  // packed clauses every batch appended, padded as the arena stores them
+  for (int round = 0; round < 10; ++round) {
+    std::vector<AdRecord> batch;
+    for (std::uint32_t i = 0; i < ads; ++i) {
+      AdRecord ad = w.ad(static_cast<std::uint64_t>(round) * 100000 + i);  // new targeting each round
+      ad.id = i;
+      ad.live = ad.live && !(round % 3 == 2 && i % 3 == 0);  // now and then a third of them expire
+      written += (ad.clauses.size() + 3) / 4 * 4;
+      batch.push_back(ad);
+      if (ad.live) REQUIRE(host.upsert(ad));
+      else host.expire(ad.id);
+    }
+    auto ok = index.upsert(batch);
+    INFO("round " << round << ": " << (ok ? "" : ok.error().message));
+    REQUIRE(ok);
+    REQUIRE(index.clause_arena_used() <= clause_capacity);
+    REQUIRE(index.live_count() == host.live_count());
+  }
+  REQUIRE(written > 2 * clause_capacity);  // without reclaiming, the arena would have overflowed
+  for (RequestKind kind : {RequestKind::typical, RequestKind::broad, RequestKind::narrow}) {
+    const Request request = w.request(static_cast<std::uint64_t>(kind) + 40, kind, 500);
+    auto top = (*p)->search(request);
+    REQUIRE(top);
+    auto ok = compare_with_reference(host, compute_request_vectors(w.model(), request.features), request, *top);
+    INFO((ok ? "" : ok.error().message));
+    REQUIRE(ok);
+  }
+  // Live clauses that cannot fit even after packing: a clear error, and the index is unchanged.
+  auto small = FusedRetrievalPipeline::create(w.schema(), w.model(), {.capacity = 4096, .clause_capacity = 64});
+  REQUIRE(small);
+  std::vector<AdRecord> many;
+  for (std::uint32_t i = 0; many.size() < 40; ++i)
+    if (AdRecord ad = w.ad(i); !ad.clauses.empty()) many.push_back(ad);
+  auto full = (*small)->index().upsert(many);
+  REQUIRE(!full);
+  CHECK_THAT(full.error().message, Catch::Contains("clause arena is full"));
+  REQUIRE((*small)->index().live_count() == 0);
+}
+
 TEST_CASE("bad requests come back as errors", "[cuda][pipeline]") {
   Loaded pool(small_options(5, EmbeddingType::fp16), 100);
   Request r = pool.workload.request(0);

@@ -258,6 +258,40 @@ struct AgentScoring {
       score[p] *= scale;
       logit[p] = expert[p] < experts ? logit[p] * scale : -INFINITY;
     }
+    // Order: larger logit first, then lower expert index (experts >= E sit at -inf, last).
+    if (routing >= experts) {  // dense softmax gating: every expert, no selection
+      float top_logit = logit[0];
+#pragma unroll
+      for (int p = 1; p < 8; ++p) top_logit = fmaxf(top_logit, logit[p]);
+      float weighted = 0.0f, total = 0.0f;
+#pragma unroll
+      for (int p = 0; p < 8; ++p) {
+        if (expert[p] < experts) {
+          const float w = __expf(logit[p] - top_logit);
+          weighted += w * score[p];
+          total += w;
+        }
+      }
+      return weighted / total + bias;
+    }
+    if (routing <= 2) {  // the usual widths: one pass keeping the best two (by value: no indexing)
+      float l1 = logit[0], s1 = score[0], l2 = -INFINITY, s2 = 0.0f;
+      int e1 = expert[0], e2 = kMaxGpuExperts;
+#pragma unroll
+      for (int p = 1; p < 8; ++p) {
+        const bool beats_first = logit[p] > l1 || (logit[p] == l1 && expert[p] < e1);
+        const bool beats_second = logit[p] > l2 || (logit[p] == l2 && expert[p] < e2);
+        if (beats_first) {
+          l2 = l1, s2 = s1, e2 = e1;
+          l1 = logit[p], s1 = score[p], e1 = expert[p];
+        } else if (beats_second) {
+          l2 = logit[p], s2 = score[p], e2 = expert[p];
+        }
+      }
+      if (routing == 1) return s1 + bias;
+      const float w = __expf(l2 - l1);
+      return (s1 + w * s2) / (1.0f + w) + bias;
+    }
     std::uint32_t chosen = 0;
     float top_logit = 0.0f;
     for (int r = 0; r < routing; ++r) {

@@ -6,6 +6,9 @@
 // to 16 bytes. Matching reads the targeting word and,
 // only for ads that restrict something, one contiguous clause run.
 //
+// Replacing or expiring an ad leaves its old clause run in the arena; when a batch does not fit, the
+// live runs are packed into a fresh arena (compact_clause_arena), as one more ordered update.
+//
 // No torn reads: updates and searches are ordered on the device by events. An update waits for
 // every search enqueued before it, and every search enqueued after it waits for the update, so a
 // search sees each ad wholly before or wholly after an update; the update call returns only once
@@ -154,8 +157,23 @@ class DeviceAdIndex {
     for (std::size_t i = 0; i < n; ++i)
       padded_begin[i + 1] = padded_begin[i] + ((ads.clause_begin[i + 1] - ads.clause_begin[i] + 3u) & ~3u);
     const std::size_t padded_clauses = padded_begin[n];
-    if (arena_tail_ + padded_clauses > options_.clause_capacity)
-      return make_error("the clause arena is full (replaced and expired ads' clauses are not reclaimed yet)");
+    if (arena_tail_ + padded_clauses > options_.clause_capacity) {
+      // Replaced and expired ads left their runs behind. Count what stays live once this batch is in
+      // (its own replaced ads' runs become garbage too); if that fits, pack it and go on, else refuse
+      // the batch with nothing changed.
+      std::vector<std::uint32_t> replaced;
+      std::size_t kept = live_clauses_;
+      for (std::size_t i = 0; i < n; ++i)
+        if (auto it = id_to_slot_.find(ads.ids[i]); last_entry[ads.ids[i]] == i && it != id_to_slot_.end()) {
+          replaced.push_back(it->second);
+          kept -= run_clauses_[it->second];
+        }
+      if (kept + padded_clauses > options_.clause_capacity)
+        return make_error("the clause arena is full: live ads hold " + std::to_string(kept) + " of " +
+                          std::to_string(options_.clause_capacity) + " packed clauses and this batch needs " +
+                          std::to_string(padded_clauses) + " more (create the index with a larger clause_capacity)");
+      if (auto ok = compact_clause_arena(replaced); !ok) return ok;
+    }
 
     const bool with_rows = !ads.embeddings.empty();
     Staging s = staging_layout(n, padded_clauses, with_rows);
@@ -196,6 +214,7 @@ class DeviceAdIndex {
       entries.emplace_back(i, slot);
     }
     const std::size_t written = entries.size();
+    for (const auto& [i, slot] : entries) live_clauses_ -= run_clauses_[slot];
     const auto parts = static_cast<unsigned>(std::clamp<std::size_t>(written / 2048, 1, default_thread_count()));
     parallel_for_ranges(written, parts, [&](unsigned, std::size_t begin, std::size_t end) {
       for (std::size_t w = begin; w < end; ++w) {
@@ -204,6 +223,7 @@ class DeviceAdIndex {
         ids[w] = ads.ids[i];
         bias[w] = ads.bias[i];
         const bool has_clauses = ads.clause_begin[i + 1] > ads.clause_begin[i];
+        run_clauses_[slot] = ads.live[i] ? padded_begin[i + 1] - padded_begin[i] : 0u;  // distinct slots: no race
         targeting[w] = (ads.live[i] ? targeting_bits::live : 0u) |
                        (has_clauses ? targeting_bits::has_clauses |
                                           static_cast<std::uint32_t>((arena_tail_ + padded_begin[i]) / 4) : 0u);
@@ -211,6 +231,7 @@ class DeviceAdIndex {
         else scale[w] = 0.0f;
       }
     });
+    for (const auto& [i, slot] : entries) live_clauses_ += run_clauses_[slot];
     free_slots_.insert(free_slots_.end(), freed.begin(), freed.end());
     KEVO_GPU_TRY(wait_for_searches());
     KEVO_GPU_TRY(cudaMemcpyAsync(device_staging_, host_staging_, s.total, cudaMemcpyHostToDevice, update_stream_));
@@ -230,6 +251,14 @@ class DeviceAdIndex {
     return finish_update();
   }
 
+  /// Packed clauses in use in the arena (live runs plus those that replaced or expired ads left
+  /// behind until the next compaction), and its capacity.
+  std::size_t clause_arena_used() const {
+    std::lock_guard lock(mutex_);
+    return arena_tail_;
+  }
+  std::size_t clause_arena_capacity() const { return options_.clause_capacity; }
+
   /// Takes ads out of every later search; returns how many of the ids were live.
   expected<std::size_t, Error> expire(std::span<const std::uint32_t> ids) {
     std::lock_guard lock(mutex_);
@@ -243,6 +272,8 @@ class DeviceAdIndex {
       if (it == id_to_slot_.end()) continue;
       slots[n] = it->second;
       targeting[n] = 0;  // not live
+      live_clauses_ -= run_clauses_[it->second];
+      run_clauses_[it->second] = 0;
       free_slots_.push_back(it->second);
       id_to_slot_.erase(it);
       ++n;
@@ -282,6 +313,7 @@ class DeviceAdIndex {
  private:
   DeviceAdIndex(Schema schema, Options options) : schema_(std::move(schema)), options_(options) {
     id_to_slot_.reserve(options.capacity);
+    run_clauses_.assign(options.capacity, 0);
   }
 
   expected<void, Error> allocate() {
@@ -350,6 +382,62 @@ class DeviceAdIndex {
       scale = q.scale;
     }
   }
+  /// Moves the live ads' clause runs to the front of a fresh arena, ordered like any update: after
+  /// every search enqueued before, before any enqueued after. Upsert calls it, with the lock held,
+  /// when a batch does not fit, naming the slots the batch is about to overwrite (their runs are
+  /// dropped; no search runs between this and the overwrite). The fresh arena is allocated beside
+  /// the old one for the copy.
+  expected<void, Error> compact_clause_arena(const std::vector<std::uint32_t>& overwritten) {
+    const auto n = static_cast<std::uint32_t>(slots_);
+    std::uint32_t *quads = nullptr, *offsets = nullptr, *fresh = nullptr, *dropped = nullptr;
+    void* scan_temp = nullptr;
+    std::size_t scan_bytes = 0;
+    auto release = [&] {
+      for (void* p : {static_cast<void*>(quads), static_cast<void*>(offsets), scan_temp, static_cast<void*>(fresh),
+                      static_cast<void*>(dropped)})
+        if (p) cudaFree(p);
+    };
+    auto run = [&]() -> expected<void, Error> {
+      KEVO_GPU_TRY(gpu_cub::DeviceScan::ExclusiveSum(nullptr, scan_bytes, quads, offsets, n + 1));
+      KEVO_GPU_TRY(cudaMalloc(&quads, (n + 1) * 4ull));
+      KEVO_GPU_TRY(cudaMalloc(&offsets, (n + 1) * 4ull));
+      KEVO_GPU_TRY(cudaMalloc(&scan_temp, scan_bytes));
+      KEVO_GPU_TRY(cudaMalloc(&fresh, options_.clause_capacity * 4));
+      KEVO_GPU_TRY(wait_for_searches());
+      const unsigned grid = std::max(1u, std::min(4096u, (n + 255) / 256));
+      if (!overwritten.empty()) {
+        KEVO_GPU_TRY(cudaMalloc(&dropped, overwritten.size() * 4));
+        KEVO_GPU_TRY(cudaMemcpyAsync(dropped, overwritten.data(), overwritten.size() * 4, cudaMemcpyHostToDevice,
+                                     update_stream_));
+        const auto count = static_cast<std::uint32_t>(overwritten.size());
+        kernels::drop_clause_runs<<<std::max(1u, std::min(4096u, (count + 255) / 256)), 256, 0, update_stream_>>>(
+            dropped, count, targeting_);
+      }
+      KEVO_GPU_TRY(cudaMemsetAsync(quads + n, 0, 4, update_stream_));
+      if (n > 0)
+        kernels::arena_run_quads<<<grid, 256, 0, update_stream_>>>(targeting_, reinterpret_cast<const uint4*>(clauses_),
+                                                                    n, quads);
+      KEVO_GPU_TRY(gpu_cub::DeviceScan::ExclusiveSum(scan_temp, scan_bytes, quads, offsets, n + 1, update_stream_));
+      if (n > 0)
+        kernels::arena_move_runs<<<grid, 256, 0, update_stream_>>>(
+            targeting_, reinterpret_cast<const uint4*>(clauses_), reinterpret_cast<uint4*>(fresh), quads, offsets, n);
+      KEVO_GPU_TRY(cudaGetLastError());
+      std::uint32_t total_quads = 0;
+      KEVO_GPU_TRY(cudaMemcpyAsync(&total_quads, offsets + n, 4, cudaMemcpyDeviceToHost, update_stream_));
+      KEVO_GPU_TRY(cudaStreamSynchronize(update_stream_));  // searches that read the old arena are done too
+      std::swap(clauses_, fresh);  // `fresh` now holds the old arena and is released below
+      arena_tail_ = static_cast<std::size_t>(total_quads) * 4;
+      for (std::uint32_t slot : overwritten) {
+        live_clauses_ -= run_clauses_[slot];
+        run_clauses_[slot] = 0;
+      }
+      return finish_update();
+    };
+    auto ok = run();
+    release();
+    return ok;
+  }
+
   gpu_error_t wait_for_searches() {
     for (auto& [stream, event] : search_events_)
       if (gpu_error_t e = cudaStreamWaitEvent(update_stream_, event, 0); e != gpu_success) return e;
@@ -375,6 +463,8 @@ class DeviceAdIndex {
   std::uint32_t total_query_bits_ = 0;
   std::size_t slots_ = 0;
   std::size_t arena_tail_ = 0;
+  std::vector<std::uint32_t> run_clauses_;  // (capacity) padded clauses of each slot's live run
+  std::size_t live_clauses_ = 0;            // their sum: what a compaction keeps
   std::unordered_map<std::uint32_t, std::uint32_t> id_to_slot_;
   std::vector<std::uint32_t> free_slots_;
   unsigned char* host_staging_ = nullptr;

@@ -384,4 +384,45 @@ __global__ void scatter_ads(std::uint32_t count, const std::uint32_t* slots, con
   }
 }
 
+/// Clause-arena compaction, step 0: slots a batch is about to overwrite keep their live bit but
+/// drop their run (the batch writes their new targeting word before any search sees them).
+__global__ void drop_clause_runs(const std::uint32_t* slots, std::uint32_t count, std::uint32_t* targeting) {
+  for (std::uint32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < count; i += gridDim.x * blockDim.x)
+    targeting[slots[i]] &= targeting_bits::live;
+}
+
+/// Clause-arena compaction, step 1: the length in 16-byte quads of each live slot's clause run (0
+/// where the slot has none or is not live). A run ends in the quad that holds its `last` clause.
+__global__ void arena_run_quads(const std::uint32_t* targeting, const uint4* arena, std::uint32_t slots,
+                                std::uint32_t* quads) {
+  for (std::uint32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < slots; i += gridDim.x * blockDim.x) {
+    const std::uint32_t word = targeting[i];
+    std::uint32_t length = 0;
+    if ((word & targeting_bits::live) && (word & targeting_bits::has_clauses)) {
+      const uint4* run = arena + (word & targeting_bits::offset_mask);
+      for (;;) {
+        const uint4 quad = run[length++];
+        if ((quad.x | quad.y | quad.z | quad.w) & clause_bits::last) break;  // padding words are zero
+      }
+    }
+    quads[i] = length;
+  }
+}
+
+/// Step 2: copies each kept run to its offset in the new arena and points the slot at it; slots
+/// whose run is dropped lose their has-clauses bit.
+__global__ void arena_move_runs(std::uint32_t* targeting, const uint4* old_arena, uint4* new_arena,
+                                const std::uint32_t* quads, const std::uint32_t* offsets, std::uint32_t slots) {
+  for (std::uint32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < slots; i += gridDim.x * blockDim.x) {
+    const std::uint32_t word = targeting[i], length = quads[i];
+    if (length == 0) {
+      targeting[i] = word & ~(targeting_bits::has_clauses | targeting_bits::offset_mask);
+      continue;
+    }
+    const uint4* from = old_arena + (word & targeting_bits::offset_mask);
+    for (std::uint32_t q = 0; q < length; ++q) new_arena[offsets[i] + q] = from[q];
+    targeting[i] = (word & ~targeting_bits::offset_mask) | offsets[i];
+  }
+}
+
 }  // namespace kevo::retrieval::kernels
