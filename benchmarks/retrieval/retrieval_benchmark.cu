@@ -329,17 +329,57 @@ std::vector<ScoredAd> top_k(Pool& pool, const Request& request) {
   return std::move(*r);
 }
 
+/// Replaces random live ads (new embeddings and targeting) in batches of 10,000, alone and while
+/// another thread searches back to back.
+void run_updates(Pool& fp16, const Workload& fp16_workload, const Request& typical, std::uint64_t n, bool quick) {
+  std::puts("\n## Ad updates (replacing live ads with new embeddings, batches of 10000)\n");
+  for (bool with_search : {false, true}) {
+    std::atomic<bool> stop{false};
+    std::atomic<int> searches{0};
+    std::thread searcher;
+    if (with_search)
+      searcher = std::thread([&] {
+        while (!stop) {
+          top_k(fp16, typical);
+          ++searches;
+        }
+      });
+    Rng rng(7);
+    const int batch = 10000, batches = quick ? 20 : 60;
+    std::vector<std::vector<AdRecord>> prepared(static_cast<std::size_t>(batches), std::vector<AdRecord>(batch));
+    for (auto& ads : prepared)
+      for (AdRecord& ad : ads) {
+        const std::uint64_t id = rng.next() % n;
+        ad.id = static_cast<std::uint32_t>(id);
+        ad.embedding.resize(128);
+        for (float& x : ad.embedding) x = static_cast<float>(rng.normal() * 0.088);
+        ad.bias = fp16_workload.ad_bias(id);
+        ad.clauses = fp16_workload.ad_targeting(id);
+        ad.live = true;
+      }
+    const auto a = std::chrono::steady_clock::now();
+    for (const auto& ads : prepared) CHECK_OK(fp16.pipeline->index().upsert(ads));
+    const double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - a).count();
+    stop = true;
+    if (searcher.joinable()) searcher.join();
+    std::printf("%s: %.2f M ads/s applied (%d searches alongside)\n",
+                with_search ? "while searching" : "alone", batch * batches / t * 1e-6, searches.load());
+  }
+
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   std::uint64_t n = 100'000'000;
-  bool quick = false, stages_only = false;
+  bool quick = false, stages_only = false, updates_only = false;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--n") && i + 1 < argc) n = std::strtoull(argv[++i], nullptr, 10);
     else if (!std::strcmp(argv[i], "--quick")) quick = true;
     else if (!std::strcmp(argv[i], "--stages-only")) stages_only = true;
+    else if (!std::strcmp(argv[i], "--updates-only")) updates_only = true;
     else {
-      std::fprintf(stderr, "usage: %s [--n ADS] [--quick] [--stages-only]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--n ADS] [--quick] [--stages-only | --updates-only]\n", argv[0]);
       return 2;
     }
   }
@@ -363,7 +403,7 @@ int main(int argc, char** argv) {
   auto t1 = std::chrono::steady_clock::now();
   std::printf("loaded %llu fp16 ads in %.1f s\n", static_cast<unsigned long long>(n),
               std::chrono::duration<double>(t1 - t0).count());
-  Pool int8 = build_pool(int8_workload, n, 99, &targeting);
+  Pool int8 = build_pool(int8_workload, updates_only ? 1024 : n, 99, &targeting);
   std::printf("loaded %llu int8 ads in %.1f s\n\n", static_cast<unsigned long long>(n),
               std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count());
 
@@ -394,10 +434,14 @@ int main(int argc, char** argv) {
                 100 * pipe_bytes / st.total / roofline);
     return st;
   };
+  const Request typical = fp16_workload.request(1, RequestKind::typical, 1000);
+  if (updates_only) {
+    run_updates(fp16, fp16_workload, typical, n, quick);
+    return 0;
+  }
   std::puts("## Stages (median of repeats; G/s = ads per second, % = fraction of the streaming roofline)\n");
   std::puts("| request | dtype | N | eligible | K | matching | scoring | top-K | pipeline (events) | pipeline |");
   std::puts("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |");
-  const Request typical = fp16_workload.request(1, RequestKind::typical, 1000);
   const Request broad = fp16_workload.request(1, RequestKind::broad, 1000);
   report("typical", fp16, typical, n);
   report("typical", int8, typical, n);
@@ -516,39 +560,7 @@ int main(int argc, char** argv) {
     }
   }
 
-  std::puts("\n## Ad updates (replacing live ads with new embeddings, batches of 10000)\n");
-  for (bool with_search : {false, true}) {
-    std::atomic<bool> stop{false};
-    std::atomic<int> searches{0};
-    std::thread searcher;
-    if (with_search)
-      searcher = std::thread([&] {
-        while (!stop) {
-          top_k(fp16, typical);
-          ++searches;
-        }
-      });
-    Rng rng(7);
-    const int batch = 10000, batches = quick ? 20 : 60;
-    std::vector<std::vector<AdRecord>> prepared(static_cast<std::size_t>(batches), std::vector<AdRecord>(batch));
-    for (auto& ads : prepared)
-      for (AdRecord& ad : ads) {
-        const std::uint64_t id = rng.next() % n;
-        ad.id = static_cast<std::uint32_t>(id);
-        ad.embedding.resize(128);
-        for (float& x : ad.embedding) x = static_cast<float>(rng.normal() * 0.088);
-        ad.bias = fp16_workload.ad_bias(id);
-        ad.clauses = fp16_workload.ad_targeting(id);
-        ad.live = true;
-      }
-    const auto a = std::chrono::steady_clock::now();
-    for (const auto& ads : prepared) CHECK_OK(fp16.pipeline->index().upsert(ads));
-    const double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - a).count();
-    stop = true;
-    if (searcher.joinable()) searcher.join();
-    std::printf("%s: %.2f M ads/s applied (%d searches alongside)\n",
-                with_search ? "while searching" : "alone", batch * batches / t * 1e-6, searches.load());
-  }
+  run_updates(fp16, fp16_workload, typical, n, quick);
 
   std::puts("\n## d sweep (typical, 20M ads, scoring only)\n");
   for (int dim : {64, 128, 256}) {

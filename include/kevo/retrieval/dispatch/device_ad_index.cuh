@@ -148,9 +148,15 @@ class DeviceAdIndex {
     std::unordered_map<std::uint32_t, std::size_t> last_entry;
     last_entry.reserve(n);
     for (std::size_t i = 0; i < n; ++i) last_entry[ads.ids[i]] = i;
+    // The id map is large and cold: look each id up once. current[i]: the slot ad i replaces, if any.
+    constexpr std::uint32_t no_slot = ~0u;
+    std::vector<std::uint32_t> current(n, no_slot);
     std::size_t fresh = 0;
-    for (std::size_t i = 0; i < n; ++i)
-      fresh += (last_entry[ads.ids[i]] == i && ads.live[i] && !id_to_slot_.count(ads.ids[i])) ? 1 : 0;
+    for (std::size_t i = 0; i < n; ++i) {
+      if (last_entry[ads.ids[i]] != i) continue;
+      if (auto it = id_to_slot_.find(ads.ids[i]); it != id_to_slot_.end()) current[i] = it->second;
+      else if (ads.live[i]) ++fresh;
+    }
     if (fresh > free_slots_.size() + (options_.capacity - slots_)) return make_error("the index is full");
     // Each ad's clause run starts on a 16-byte boundary (matching reads runs four clauses at a time).
     std::vector<std::uint32_t> padded_begin(n + 1, 0);
@@ -164,9 +170,9 @@ class DeviceAdIndex {
       std::vector<std::uint32_t> replaced;
       std::size_t kept = live_clauses_;
       for (std::size_t i = 0; i < n; ++i)
-        if (auto it = id_to_slot_.find(ads.ids[i]); last_entry[ads.ids[i]] == i && it != id_to_slot_.end()) {
-          replaced.push_back(it->second);
-          kept -= run_clauses_[it->second];
+        if (current[i] != no_slot) {
+          replaced.push_back(current[i]);
+          kept -= run_clauses_[current[i]];
         }
       if (kept + padded_clauses > options_.clause_capacity)
         return make_error("the clause arena is full: live ads hold " + std::to_string(kept) + " of " +
@@ -195,10 +201,10 @@ class DeviceAdIndex {
     for (std::size_t i = 0; i < n; ++i) {
       if (last_entry[ads.ids[i]] != i) continue;
       std::uint32_t slot;
-      if (auto it = id_to_slot_.find(ads.ids[i]); it != id_to_slot_.end()) {
-        slot = it->second;
+      if (current[i] != no_slot) {
+        slot = current[i];
         if (!ads.live[i]) {
-          id_to_slot_.erase(it);
+          id_to_slot_.erase(ads.ids[i]);
           freed.push_back(slot);
         }
       } else if (!ads.live[i]) {
@@ -214,16 +220,18 @@ class DeviceAdIndex {
       entries.emplace_back(i, slot);
     }
     const std::size_t written = entries.size();
-    for (const auto& [i, slot] : entries) live_clauses_ -= run_clauses_[slot];
     const auto parts = static_cast<unsigned>(std::clamp<std::size_t>(written / 2048, 1, default_thread_count()));
-    parallel_for_ranges(written, parts, [&](unsigned, std::size_t begin, std::size_t end) {
+    std::vector<std::int64_t> clause_delta(parts, 0);  // per part: change in live_clauses_
+    parallel_for_ranges(written, parts, [&](unsigned part, std::size_t begin, std::size_t end) {
       for (std::size_t w = begin; w < end; ++w) {
         const auto [i, slot] = entries[w];
         slots[w] = slot;
         ids[w] = ads.ids[i];
         bias[w] = ads.bias[i];
         const bool has_clauses = ads.clause_begin[i + 1] > ads.clause_begin[i];
-        run_clauses_[slot] = ads.live[i] ? padded_begin[i + 1] - padded_begin[i] : 0u;  // distinct slots: no race
+        const std::uint32_t run = ads.live[i] ? padded_begin[i + 1] - padded_begin[i] : 0u;
+        clause_delta[part] += static_cast<std::int64_t>(run) - run_clauses_[slot];
+        run_clauses_[slot] = run;  // distinct slots: no race
         targeting[w] = (ads.live[i] ? targeting_bits::live : 0u) |
                        (has_clauses ? targeting_bits::has_clauses |
                                           static_cast<std::uint32_t>((arena_tail_ + padded_begin[i]) / 4) : 0u);
@@ -231,7 +239,7 @@ class DeviceAdIndex {
         else scale[w] = 0.0f;
       }
     });
-    for (const auto& [i, slot] : entries) live_clauses_ += run_clauses_[slot];
+    for (std::int64_t delta : clause_delta) live_clauses_ = static_cast<std::size_t>(static_cast<std::int64_t>(live_clauses_) + delta);
     free_slots_.insert(free_slots_.end(), freed.begin(), freed.end());
     KEVO_GPU_TRY(wait_for_searches());
     KEVO_GPU_TRY(cudaMemcpyAsync(device_staging_, host_staging_, s.total, cudaMemcpyHostToDevice, update_stream_));
