@@ -403,7 +403,7 @@ int main(int argc, char** argv) {
   auto t1 = std::chrono::steady_clock::now();
   std::printf("loaded %llu fp16 ads in %.1f s\n", static_cast<unsigned long long>(n),
               std::chrono::duration<double>(t1 - t0).count());
-  Pool int8 = build_pool(int8_workload, updates_only ? 1024 : n, 99, &targeting);
+  Pool int8 = updates_only ? Pool{} : build_pool(int8_workload, n, 99, &targeting);
   std::printf("loaded %llu int8 ads in %.1f s\n\n", static_cast<unsigned long long>(n),
               std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count());
 
