@@ -163,6 +163,10 @@ class DeviceAdIndex {
     for (std::size_t i = 0; i < n; ++i)
       padded_begin[i + 1] = padded_begin[i] + ((ads.clause_begin[i + 1] - ads.clause_begin[i] + 3u) & ~3u);
     const std::size_t padded_clauses = padded_begin[n];
+    // Staging first: once a compaction has dropped this batch's old runs, nothing may fail on the host.
+    const bool with_rows = !ads.embeddings.empty();
+    Staging s = staging_layout(n, padded_clauses, with_rows);
+    if (auto ok = reserve_staging(s.total); !ok) return ok;
     if (arena_tail_ + padded_clauses > options_.clause_capacity) {
       // Replaced and expired ads left their runs behind. Count what stays live once this batch is in
       // (its own replaced ads' runs become garbage too); if that fits, pack it and go on, else refuse
@@ -181,9 +185,6 @@ class DeviceAdIndex {
       if (auto ok = compact_clause_arena(replaced); !ok) return ok;
     }
 
-    const bool with_rows = !ads.embeddings.empty();
-    Staging s = staging_layout(n, padded_clauses, with_rows);
-    if (auto ok = reserve_staging(s.total); !ok) return ok;
     auto* slots = reinterpret_cast<std::uint32_t*>(host_staging_ + s.slots);
     auto* ids = reinterpret_cast<std::uint32_t*>(host_staging_ + s.ids);
     auto* targeting = reinterpret_cast<std::uint32_t*>(host_staging_ + s.targeting);
