@@ -266,52 +266,14 @@ StageTimes time_stages(Pool& pool, const Request& request, std::uint64_t slots, 
   return st;
 }
 
-/// Scoring alone, run back to back (no top-K), for the "top-K adds at most 10%" comparison.
-double time_scoring_only(Pool& pool, const Request& request, std::uint64_t slots, int repeats, cudaStream_t stream) {
-  FusedRetrievalPipeline& p = *pool.pipeline;
-  pool.ensure_temp();
-  void* temp = pool.temp;
-  auto lock = p.index().search_lock();
-  auto view = p.index().before_search(stream);
-  CHECK_OK(view);
-  view->slots = static_cast<std::uint32_t>(slots);
-  CHECK_OK(p.enqueue_prepare(request, temp, stream));
-  CHECK_OK(p.enqueue_matching(*view, temp, stream));
+/// Median seconds of `repeats` runs of `enqueue()` on `stream` (after two warm-up runs), by events.
+template <class Enqueue>
+double median_seconds(int repeats, cudaStream_t stream, Enqueue enqueue) {
   Timer t;
   std::vector<double> times;
   for (int r = 0; r < repeats + 2; ++r) {
     cudaEventRecord(t.a, stream);
-    CHECK_OK(p.enqueue_scoring(*view, temp, request.routing, stream));
-    cudaEventRecord(t.b, stream);
-    cudaEventSynchronize(t.b);
-    float ms;
-    cudaEventElapsedTime(&ms, t.a, t.b);
-    if (r >= 2) times.push_back(ms * 1e-3);
-  }
-  CHECK_OK(p.index().after_search(stream));
-  return median(times);
-}
-
-/// The gather probe over the request's eligible list (after matching), back to back.
-double time_gather_probe(Pool& pool, const Request& request, std::uint64_t slots, int repeats, cudaStream_t stream) {
-  FusedRetrievalPipeline& p = *pool.pipeline;
-  pool.ensure_temp();
-  auto* temp = static_cast<unsigned char*>(pool.temp);
-  auto lock = p.index().search_lock();
-  auto view = p.index().before_search(stream);
-  CHECK_OK(view);
-  view->slots = static_cast<std::uint32_t>(slots);
-  CHECK_OK(p.enqueue_prepare(request, temp, stream));
-  CHECK_OK(p.enqueue_matching(*view, temp, stream));
-  const SearchTempLayout& l = p.temp_layout();
-  const int pieces_log2 = std::countr_zero(p.index().row_bytes() / 16);
-  Timer t;
-  std::vector<double> times;
-  for (int r = 0; r < repeats + 2; ++r) {
-    cudaEventRecord(t.a, stream);
-    gather_probe<<<p.multiprocessors() * 8, 256, 0, stream>>>(
-        *view, reinterpret_cast<const std::uint32_t*>(temp + l.eligible), reinterpret_cast<const TopKState*>(temp + l.state),
-        pieces_log2, reinterpret_cast<std::uint32_t*>(temp + l.keys));
+    enqueue();
     cudaEventRecord(t.b, stream);
     cudaEventSynchronize(t.b);
     float ms;
@@ -319,8 +281,47 @@ double time_gather_probe(Pool& pool, const Request& request, std::uint64_t slots
     if (r >= 2) times.push_back(ms * 1e-3);
   }
   KEVO_GPU_ASSERT(cudaGetLastError());
-  CHECK_OK(p.index().after_search(stream));
   return median(times);
+}
+
+/// Runs body(view, temp) with `request` prepared and matched over the first `slots` slots, inside
+/// the index's search lock (as search_async would), and returns what it returns.
+template <class Body>
+auto with_matched_request(Pool& pool, const Request& request, std::uint64_t slots, cudaStream_t stream, Body body) {
+  FusedRetrievalPipeline& p = *pool.pipeline;
+  pool.ensure_temp();
+  auto lock = p.index().search_lock();
+  auto view = p.index().before_search(stream);
+  CHECK_OK(view);
+  view->slots = static_cast<std::uint32_t>(slots);
+  CHECK_OK(p.enqueue_prepare(request, pool.temp, stream));
+  CHECK_OK(p.enqueue_matching(*view, pool.temp, stream));
+  auto result = body(*view, static_cast<unsigned char*>(pool.temp));
+  CHECK_OK(p.index().after_search(stream));
+  return result;
+}
+
+/// Scoring alone, run back to back (no top-K), for the "top-K adds at most 10%" comparison.
+double time_scoring_only(Pool& pool, const Request& request, std::uint64_t slots, int repeats, cudaStream_t stream) {
+  return with_matched_request(pool, request, slots, stream, [&](const IndexView& view, unsigned char* temp) {
+    return median_seconds(repeats, stream, [&] {
+      CHECK_OK(pool.pipeline->enqueue_scoring(view, temp, request.routing, stream));
+    });
+  });
+}
+
+/// The gather probe over the request's eligible list (after matching), back to back.
+double time_gather_probe(Pool& pool, const Request& request, std::uint64_t slots, int repeats, cudaStream_t stream) {
+  FusedRetrievalPipeline& p = *pool.pipeline;
+  const SearchTempLayout& l = p.temp_layout();
+  const int pieces_log2 = std::countr_zero(p.index().row_bytes() / 16);
+  return with_matched_request(pool, request, slots, stream, [&](const IndexView& view, unsigned char* temp) {
+    return median_seconds(repeats, stream, [&] {
+      gather_probe<<<p.multiprocessors() * 8, 256, 0, stream>>>(
+          view, reinterpret_cast<const std::uint32_t*>(temp + l.eligible),
+          reinterpret_cast<const TopKState*>(temp + l.state), pieces_log2, reinterpret_cast<std::uint32_t*>(temp + l.keys));
+    });
+  });
 }
 
 std::vector<ScoredAd> top_k(Pool& pool, const Request& request) {
