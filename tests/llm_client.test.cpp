@@ -68,6 +68,20 @@ struct Received {
 };
 
 /// A blocking HTTP/1.1 server: one thread accepts, one thread per connection answers.
+/// Accepts loopback connections until `stopping` is set (the owner then connects once to wake
+/// it), handing each socket to `on_accept`.
+template <class OnAccept>
+void accept_until_stopped(asio::io_context& io, tcp::acceptor& acceptor, const std::atomic<bool>& stopping,
+                          OnAccept on_accept) {
+  while (true) {
+    tcp::socket socket(io);
+    beast::error_code ec;
+    acceptor.accept(socket, ec);
+    if (stopping) return;
+    if (!ec) on_accept(std::move(socket));
+  }
+}
+
 class LoopbackServer {
  public:
   LoopbackServer() : acceptor_(io_, tcp::endpoint(asio::ip::make_address("127.0.0.1"), 0)) {
@@ -107,15 +121,10 @@ class LoopbackServer {
 
  private:
   void accept_loop() {
-    while (true) {
-      tcp::socket socket(io_);
-      beast::error_code ec;
-      acceptor_.accept(socket, ec);
-      if (stopping_) return;
-      if (ec) continue;
+    accept_until_stopped(io_, acceptor_, stopping_, [this](tcp::socket socket) {
       std::lock_guard lock(mutex_);
       connections_.emplace_back([this, s = std::move(socket)]() mutable { serve(std::move(s)); });
-    }
+    });
   }
 
   void serve(tcp::socket socket) {
@@ -578,22 +587,18 @@ class LoopbackTlsServer {
     tls_.use_certificate_chain(asio::buffer(cert.certificate_pem));
     tls_.use_private_key(asio::buffer(cert.key_pem), asio::ssl::context::pem);
     thread_ = std::thread([this] {
-      while (true) {
-        tcp::socket socket(io_);
-        beast::error_code ec;
-        acceptor_.accept(socket, ec);
-        if (stopping_) return;
-        if (ec) continue;
+      accept_until_stopped(io_, acceptor_, stopping_, [this](tcp::socket socket) {
         beast::ssl_stream<tcp::socket> stream(std::move(socket), tls_);
+        beast::error_code ec;
         stream.handshake(asio::ssl::stream_base::server, ec);
         if (ec) {
           ++failed_handshakes_;
-          continue;
+          return;
         }
         beast::flat_buffer buffer;
         http::request<http::string_body> req;
         http::read(stream, buffer, req, ec);
-        if (ec) continue;
+        if (ec) return;
         ++served_;
         http::response<http::string_body> res{http::status::ok, 11};
         res.set(http::field::content_type, "application/json");
@@ -601,7 +606,7 @@ class LoopbackTlsServer {
         res.prepare_payload();
         http::write(stream, res, ec);
         stream.shutdown(ec);
-      }
+      });
     });
   }
   ~LoopbackTlsServer() {
