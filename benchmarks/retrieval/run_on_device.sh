@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds the retrieval tests and benchmark with nvcc directly (the device image need not hold
 # kevo's host dependencies), runs them, and writes logs to $OUT. Usage, from the repo root:
-#   bash benchmarks/retrieval/run_on_device.sh [tests] [bench ARGS...] [torch N]
+#   bash benchmarks/retrieval/run_on_device.sh [tests] [bench ARGS...] [torch N] [ncu] [server]
+# (`server` runs the serving example packed by pack_server.sh: GPU backend against CPU backend.)
 set -u -o pipefail
 OUT=${OUT:-/tmp/kevo-out}
 mkdir -p "$OUT" build-gpu
@@ -23,12 +24,15 @@ status=0
 while [[ $# -gt 0 ]]; do
   case "$1" in
     tests) shift; ./build-gpu/retrieval_pipeline_test --durations yes 2>&1 | tee "$OUT/test.log" | grep -v "^ *[0-9.]* s: " ; status=$((status | $?)) ;;
-    bench) shift; args=(); while [[ $# -gt 0 && "$1" != tests && "$1" != torch && "$1" != ncu ]]; do args+=("$1"); shift; done
+    bench) shift; args=(); while [[ $# -gt 0 && "$1" != tests && "$1" != torch && "$1" != ncu && "$1" != server ]]; do args+=("$1"); shift; done
            ./build-gpu/retrieval_benchmark "${args[@]}" 2>&1 | tee "$OUT/bench.log"; status=$((status | $?)) ;;
     ncu) shift; ncu --clock-control none --kernel-name regex:"scoring|matching" --launch-skip 6 --launch-count 4 \
            --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats --section Occupancy \
            --section LaunchStats ./build-gpu/retrieval_benchmark --n 8000000 --quick --stages-only > "$OUT/ncu.log" 2>&1
          status=$((status | $?)); grep -E "^  [a-z_]+.*\(|Duration|Memory Throughput|DRAM Throughput|Achieved Occupancy|Registers Per|Warp Cycles Per Issued|Stall|L1/TEX Hit|L2 Hit|Mem Busy|Max Bandwidth" "$OUT/ncu.log" | head -120 ;;
+    server) shift; LD_LIBRARY_PATH=.carry/server:${LD_LIBRARY_PATH:-} PYTHONUNBUFFERED=1 \
+             python3 benchmarks/retrieval/server_check.py .carry/server/retrieval_server 2>&1 | tee "$OUT/server.log"
+            status=$((status | $?)) ;;
     torch) shift; PYTHONUNBUFFERED=1 python3 benchmarks/retrieval/torch_peer.py "${1:-100000000}" 2>&1 | tee "$OUT/torch.log"; shift; status=$((status | $?)) ;;
     *) echo "unknown step $1"; exit 2 ;;
   esac

@@ -1,0 +1,116 @@
+"""End-to-end check of retrieval_server's GPU backend against its CPU backend, on loopback.
+
+Starts two servers over the same workload (same seed and ad count), one with --backend gpu and
+one with --backend cpu, then:
+  - sends the same random requests to both and compares the answers (the same ids, scores within
+    the spec's 1e-3 * (1 + |score|), except at the K-th score's tolerance boundary);
+  - sends malformed requests to the GPU server and expects 400s with a message, then a good answer;
+  - upserts an ad that must rank first, sees it first on both, expires it, and sees it gone.
+Exits non-zero on the first failure. Standard library only (the device has no extra packages).
+
+  python3 benchmarks/retrieval/server_check.py BINARY [--ads 200000] [--requests 20]
+"""
+import argparse
+import json
+import random
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+
+
+def post(url, payload, expect=200):
+    data = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
+    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=120) as r:
+            status, body = r.status, r.read()
+    except urllib.error.HTTPError as e:
+        status, body = e.code, e.read()
+    if status != expect:
+        sys.exit(f"FAIL: POST {url} -> {status}, expected {expect}: {body[:300]!r}")
+    return json.loads(body) if body else None
+
+
+def start(binary, backend, port, ads, seed):
+    proc = subprocess.Popen([binary, "--backend", backend, "--port", str(port), "--ads", str(ads), "--seed",
+                             str(seed)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    line = proc.stdout.readline()  # "serving N ads on http://... with the X backend" once loaded
+    print(f"{backend}: {line.strip()}", flush=True)
+    if f"with the {'cuda' if backend == 'gpu' else 'cpu'} backend" not in line:
+        proc.kill()
+        sys.exit(f"FAIL: the {backend} server did not come up as asked: {line!r}")
+    return proc, f"http://127.0.0.1:{port}"
+
+
+def close(a, b):
+    return abs(a - b) <= 1e-3 * (1 + abs(b))
+
+
+def compare(gpu, cpu, k):
+    """The spec's rules, simplified: same count; ids equal except where the CPU's score is within
+    tolerance of its K-th score; every shared id's score close."""
+    if len(gpu) != len(cpu):
+        return f"{len(gpu)} results vs {len(cpu)}"
+    cpu_score = {r["id"]: r["score"] for r in cpu}
+    kth = cpu[-1]["score"] if cpu else 0.0
+    for r in gpu:
+        if r["id"] in cpu_score:
+            if not close(r["score"], cpu_score[r["id"]]):
+                return f"id {r['id']}: score {r['score']} vs {cpu_score[r['id']]}"
+        elif not close(r["score"], kth):
+            return f"id {r['id']} (score {r['score']}) is not in the CPU's top-{k}"
+    return None
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("binary")
+    ap.add_argument("--ads", type=int, default=200000)
+    ap.add_argument("--requests", type=int, default=20)
+    ap.add_argument("--seed", type=int, default=5)
+    ap.add_argument("--first", default="gpu", choices=["gpu", "cpu"], help="cpu: try the script without a GPU")
+    args = ap.parse_args()
+    gpu_proc, gpu = start(args.binary, args.first, 18181, args.ads, args.seed)
+    cpu_proc, cpu = start(args.binary, "cpu", 18182, args.ads, args.seed)
+    try:
+        rng = random.Random(args.seed)
+        for i in range(args.requests):
+            k = rng.choice([1, 10, 100, 1000, 4096])
+            request = {"features": [rng.gauss(0, 1) for _ in range(256)],
+                       "query": [{"category": c, "values": [rng.randrange(2)]} for c in range(32)
+                                 if rng.random() < 0.7],
+                       "k": k, "routing": rng.choice([1, 2, 8])}
+            t = time.perf_counter()
+            a = post(gpu + "/search", request)["results"]
+            gpu_ms = (time.perf_counter() - t) * 1e3
+            b = post(cpu + "/search", request)["results"]
+            problem = compare(a, b, k)
+            print(f"request {i}: k {k}, {len(a)} results, {args.first.upper()} server answered in {gpu_ms:.1f} ms"
+                  + (f": {problem}" if problem else ""), flush=True)
+            if problem:
+                sys.exit("FAIL: GPU and CPU servers disagree")
+        for bad in [b"{not json", {"features": [1.0], "k": 10}, {"features": [0.0] * 256, "k": 5000},
+                    {"features": [0.0] * 256, "query": [{"category": 99, "values": [0]}], "k": 10}]:
+            reply = post(gpu + "/search", bad, expect=400)
+            print(f"bad request -> 400: {reply}", flush=True)
+        request = {"features": [0.5] * 256, "query": [], "k": 10}
+        star = {"id": 4000000000, "embedding": [0.0] * 128, "bias": 1000.0, "clauses": [], "live": True}
+        for url in (gpu, cpu):
+            post(url + "/ads", {"ads": [star]})
+            if post(url + "/search", request)["results"][0]["id"] != star["id"]:
+                sys.exit(f"FAIL: {url}: an upserted ad with bias 1000 is not first")
+            if post(url + "/expire", {"ids": [star["id"]]}).get("expired") != 1:
+                sys.exit(f"FAIL: {url}: expire did not report one ad")
+            if any(r["id"] == star["id"] for r in post(url + "/search", request)["results"]):
+                sys.exit(f"FAIL: {url}: an expired ad still comes back")
+        print("upsert then expire: seen first, then gone, on both servers")
+        print("PASS")
+    finally:
+        gpu_proc.terminate()
+        cpu_proc.terminate()
+
+
+if __name__ == "__main__":
+    main()
