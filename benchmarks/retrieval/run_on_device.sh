@@ -2,21 +2,29 @@
 # Builds the retrieval tests and benchmark with nvcc directly (the device image need not hold
 # kevo's host dependencies), runs them, and writes logs to $OUT. Usage, from the repo root:
 #   bash benchmarks/retrieval/run_on_device.sh [tests] [bench ARGS...] [torch N] [ncu] [server]
-# (`server` runs the serving example packed by pack_server.sh: GPU backend against CPU backend.)
+# Binaries packed by pack_for_device.sh (carried in .carry/bin) are used instead of building while
+# their source stamp matches. `server` runs the packed serving example: GPU backend against CPU.
 set -u -o pipefail
 OUT=${OUT:-/tmp/kevo-out}
 mkdir -p "$OUT" build-gpu
-flags=(-std=c++20 -O3 -gencode arch=compute_90a,code=sm_90a -gencode arch=compute_90,code=sm_90
-       --expt-relaxed-constexpr -Iinclude -I.carry)
+source benchmarks/retrieval/device_common.sh
 nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
-want() { [[ " $* " == *" $1 "* ]]; }
+prebuilt=0
+if [[ -f .carry/bin/STAMP && "$(cat .carry/bin/STAMP)" == "$(source_stamp)" ]]; then
+  cp .carry/bin/retrieval_pipeline_test .carry/bin/retrieval_benchmark build-gpu/
+  export LD_LIBRARY_PATH=$PWD/.carry/bin:${LD_LIBRARY_PATH:-}
+  prebuilt=1
+  echo "using the binaries packed here (stamp $(cat .carry/bin/STAMP))"
+elif [[ -f .carry/bin/STAMP ]]; then
+  echo "packed binaries are stale (sources changed since pack_for_device.sh): building here"
+fi
 pids=()
-if [[ " $* " == *" tests "* ]]; then
-  nvcc "${flags[@]}" -Xptxas -v tests/cuda/retrieval_pipeline.test.cu -o build-gpu/retrieval_pipeline_test > "$OUT/build-test.log" 2>&1 &
+if [[ $prebuilt == 0 && " $* " == *" tests "* ]]; then
+  nvcc "${nvcc_flags[@]}" -Xptxas -v tests/cuda/retrieval_pipeline.test.cu -o build-gpu/retrieval_pipeline_test > "$OUT/build-test.log" 2>&1 &
   pids+=($!)
 fi
-if [[ " $* " == *" bench "* ]]; then
-  nvcc "${flags[@]}" benchmarks/retrieval/retrieval_benchmark.cu -o build-gpu/retrieval_benchmark > "$OUT/build-bench.log" 2>&1 &
+if [[ $prebuilt == 0 && " $* " == *" bench "* ]]; then
+  nvcc "${nvcc_flags[@]}" benchmarks/retrieval/retrieval_benchmark.cu -o build-gpu/retrieval_benchmark > "$OUT/build-bench.log" 2>&1 &
   pids+=($!)
 fi
 for p in "${pids[@]}"; do wait "$p" || { echo "build failed"; tail -30 "$OUT"/build-*.log; exit 1; }; done
@@ -30,8 +38,8 @@ while [[ $# -gt 0 ]]; do
            --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats --section Occupancy \
            --section LaunchStats ./build-gpu/retrieval_benchmark --n 8000000 --quick --stages-only > "$OUT/ncu.log" 2>&1
          status=$((status | $?)); grep -E "^  [a-z_]+.*\(|Duration|Memory Throughput|DRAM Throughput|Achieved Occupancy|Registers Per|Warp Cycles Per Issued|Stall|L1/TEX Hit|L2 Hit|Mem Busy|Max Bandwidth" "$OUT/ncu.log" | head -120 ;;
-    server) shift; LD_LIBRARY_PATH=.carry/server:${LD_LIBRARY_PATH:-} PYTHONUNBUFFERED=1 \
-             python3 benchmarks/retrieval/server_check.py .carry/server/retrieval_server 2>&1 | tee "$OUT/server.log"
+    server) shift; [[ $prebuilt == 1 ]] || { echo "server: no up-to-date packed server (run pack_for_device.sh)"; exit 1; }
+            PYTHONUNBUFFERED=1 python3 benchmarks/retrieval/server_check.py .carry/bin/retrieval_server 2>&1 | tee "$OUT/server.log"
             status=$((status | $?)) ;;
     torch) shift; PYTHONUNBUFFERED=1 python3 benchmarks/retrieval/torch_peer.py "${1:-100000000}" 2>&1 | tee "$OUT/torch.log"; shift; status=$((status | $?)) ;;
     *) echo "unknown step $1"; exit 2 ;;
