@@ -24,6 +24,10 @@
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
+#include <ctime>
+#include <iomanip>
+#include <locale>
+#include <sstream>
 #include <deque>
 #include <filesystem>
 #include <fstream>
@@ -330,6 +334,46 @@ TEST_CASE("a persistent 500 ends after the allowed attempts with a clear error")
   CHECK(contains(r.error().message, "HTTP 500"));
   CHECK(server.received().size() == 3);
   CHECK(client->usage().failed_requests == 1);
+}
+
+TEST_CASE("Retry-After is read as seconds, as milliseconds or as an HTTP date") {
+  using std::chrono::milliseconds;
+  using net::LlmClient;
+  CHECK(LlmClient::parse_retry_after("2", "") == milliseconds(2000));
+  CHECK(LlmClient::parse_retry_after("0.3", "") == milliseconds(300));
+  CHECK(LlmClient::parse_retry_after("2", "50") == milliseconds(50));  // the finer header wins
+  const auto now = std::chrono::system_clock::from_time_t(784111777);  // Sun, 06 Nov 1994 08:49:37 GMT
+  CHECK(LlmClient::parse_retry_after("Sun, 06 Nov 1994 08:49:40 GMT", "", now) == milliseconds(3000));
+  CHECK(LlmClient::parse_retry_after("Sun, 06 Nov 1994 08:49:30 GMT", "", now) == milliseconds(0));  // past: now
+  CHECK(!LlmClient::parse_retry_after("soon", "", now));
+  CHECK(!LlmClient::parse_retry_after("1.5 seconds", "", now));
+  CHECK(!LlmClient::parse_retry_after("-1", "", now));
+  CHECK(!LlmClient::parse_retry_after("", "", now));
+}
+
+TEST_CASE("503 with an HTTP-date Retry-After waits until that date") {
+  LoopbackServer server;
+  // Two seconds ahead, to the second: the client must wait at least one.
+  const std::time_t at = std::time(nullptr) + 2;
+  std::tm utc{};
+  gmtime_r(&at, &utc);
+  std::ostringstream date;
+  date.imbue(std::locale::classic());
+  date << std::put_time(&utc, "%a, %d %b %Y %H:%M:%S GMT");
+  server.script({{.status = 503, .body = "{}", .headers = {{"retry-after", date.str()}}},
+                 {.body = recorded(rewrite_file(WireFormat::openai))}});
+  std::vector<std::string> log;
+  auto client = net::BlockingLlmClient::create(quick_options(server, WireFormat::openai, &log));
+  REQUIRE(client);
+  const auto start = std::chrono::steady_clock::now();
+  auto r = client->complete(hello());
+  const double took = seconds_since(start);
+  REQUIRE(r);
+  CHECK(r->attempts == 2);
+  CHECK(took >= 0.95);  // the date, not the 20 ms backoff
+  CHECK(took < 3.0);
+  REQUIRE(log.size() == 1);
+  CHECK(contains(log[0], "HTTP 503"));
 }
 
 TEST_CASE("the request timeout bounds retries, whatever Retry-After asks") {

@@ -41,9 +41,13 @@
 #include <charconv>
 #include <chrono>
 #include <cstdlib>
+#include <ctime>
 #include <deque>
 #include <exception>
 #include <functional>
+#include <iomanip>
+#include <locale>
+#include <sstream>
 #include <future>
 #include <memory>
 #include <optional>
@@ -159,6 +163,28 @@ class LlmClient {
   bool budget_exhausted() const { return state_->meter.exhausted(); }
   const LlmClientOptions& options() const { return state_->options; }
 
+  /// The delay a response asks for: retry-after-ms, or Retry-After as seconds (fractions allowed) or
+  /// as an HTTP date (IMF-fixdate, "Sun, 06 Nov 1994 08:49:37 GMT"; a date already past means now).
+  /// Anything else is no delay, and the client falls back to its own backoff.
+  static std::optional<milliseconds> parse_retry_after(std::string_view seconds, std::string_view millis,
+                                                       std::chrono::system_clock::time_point now =
+                                                           std::chrono::system_clock::now()) {
+    double value = 0;
+    if (!millis.empty() && std::from_chars(millis.data(), millis.data() + millis.size(), value).ec == std::errc() && value >= 0)
+      return milliseconds(static_cast<long long>(value));
+    if (seconds.empty()) return std::nullopt;
+    if (const auto [end, ec] = std::from_chars(seconds.data(), seconds.data() + seconds.size(), value);
+        ec == std::errc() && end == seconds.data() + seconds.size() && value >= 0)
+      return milliseconds(static_cast<long long>(value * 1000));
+    std::tm date{};
+    std::istringstream in{std::string(seconds)};
+    in.imbue(std::locale::classic());
+    in >> std::get_time(&date, "%a, %d %b %Y %H:%M:%S GMT");
+    if (in.fail()) return std::nullopt;
+    const auto at = std::chrono::system_clock::from_time_t(timegm(&date));
+    return std::max(milliseconds(0), std::chrono::duration_cast<milliseconds>(at - now));
+  }
+
  private:
   using Clock = std::chrono::steady_clock;
 
@@ -223,15 +249,6 @@ class LlmClient {
            ec == http::error::partial_message || ec == asio::ssl::error::stream_truncated;
   }
 
-  /// Retry-After in seconds (fractions allowed) or retry-after-ms; HTTP dates fall back to backoff.
-  static std::optional<milliseconds> parse_retry_after(std::string_view seconds, std::string_view millis) {
-    double value = 0;
-    if (!millis.empty() && std::from_chars(millis.data(), millis.data() + millis.size(), value).ec == std::errc() && value >= 0)
-      return milliseconds(static_cast<long long>(value));
-    if (!seconds.empty() && std::from_chars(seconds.data(), seconds.data() + seconds.size(), value).ec == std::errc() && value >= 0)
-      return milliseconds(static_cast<long long>(value * 1000));
-    return std::nullopt;
-  }
 
   static milliseconds backoff(State& s, int attempt) {
     const auto& r = s.options.retry;
