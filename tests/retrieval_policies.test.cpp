@@ -40,15 +40,15 @@ TEST_CASE("a value outside any knob's domain makes the policy illegal", "[retrie
   CHECK(illegal([](PipelinePolicy& p) { p.scoring.tiles_in_flight = 3; }));
   CHECK(illegal([](PipelinePolicy& p) { p.scoring.stages = 1; }));  // a ring needs a stage in flight
   CHECK(illegal([](PipelinePolicy& p) { p.matching.block_threads = 1024; }));
-  CHECK(illegal([](PipelinePolicy& p) { p.matching.ads_per_thread = 3; }));
+  CHECK(illegal([](PipelinePolicy& p) { p.matching.blocks_per_sm = 3; }));
   CHECK(illegal([](PipelinePolicy& p) { p.topk.boundary_cap = 1000; }));
 }
 
 TEST_CASE("matching and top-K policies print every knob", "[retrieval][policy]") {
   std::set<std::string> keys;
   for (int threads : MatchingPolicy::block_threads_domain)
-    for (int ads : MatchingPolicy::ads_per_thread_domain) keys.insert(to_string(MatchingPolicy{threads, ads}));
-  REQUIRE(keys.size() == MatchingPolicy::block_threads_domain.size() * MatchingPolicy::ads_per_thread_domain.size());
+    for (int blocks : MatchingPolicy::blocks_per_sm_domain) keys.insert(to_string(MatchingPolicy{threads, blocks}));
+  REQUIRE(keys.size() == MatchingPolicy::block_threads_domain.size() * MatchingPolicy::blocks_per_sm_domain.size());
   for (int cap : TopKPolicy::boundary_cap_domain) REQUIRE(to_string(TopKPolicy{cap}).find(std::to_string(cap)) != std::string::npos);
   REQUIRE(to_string(PipelinePolicy{}) ==
           to_string(PipelinePolicy{}.matching) + " " + to_string(PipelinePolicy{}.scoring) + " " + to_string(PipelinePolicy{}.topk));

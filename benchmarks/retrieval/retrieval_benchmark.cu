@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <numeric>
 #include <string>
 #include <thread>
 #include <vector>
@@ -185,28 +186,50 @@ struct Pool {
   }
   Pool() = default;
   Pool(Pool&& o) noexcept : pipeline(std::move(o.pipeline)), temp(o.temp), temp_bytes(o.temp_bytes),
-                            clause_prefix(std::move(o.clause_prefix)), n(o.n) { o.temp = nullptr; }
+                            targeting(o.targeting), n(o.n) { o.temp = nullptr; }
   ~Pool() { if (temp) cudaFree(temp); }
-  std::vector<std::uint64_t> clause_prefix;  // clauses of ads [0, i * 1M)
+  const std::vector<PackedAds>* targeting = nullptr;  // the ads' targeting, 1M ads per entry
   std::uint64_t n = 0;
 };
+
+/// Postings that matching must read for `request` over the first `slots` ads: the clauses of live
+/// ads that name a value the user holds (what the inverted index lists under the query's bits).
+double matched_postings(const Pool& pool, const Request& request, std::uint64_t slots) {
+  const Schema& schema = pool.pipeline->schema();
+  std::vector<std::vector<bool>> held(schema.category_values.size());
+  for (std::size_t c = 0; c < held.size(); ++c) held[c].assign(schema.category_values[c], false);
+  for (const CategoryQuery& q : request.query)
+    for (std::uint32_t v : q.values) held[q.category][v] = true;
+  const std::vector<PackedAds>& batches = *pool.targeting;
+  std::vector<std::uint64_t> matched(batches.size(), 0);
+  std::vector<std::thread> workers;
+  for (std::size_t b = 0; b < batches.size(); ++b)  // one thread per 1M-ad batch: 100 at N = 100M
+    workers.emplace_back([&, b] {
+      const PackedAds& ads = batches[b];
+      const std::uint64_t first = b << 20;
+      for (std::size_t i = 0; i < ads.size() && first + i < slots; ++i)
+        if (ads.live[i])
+          for (std::uint32_t k = ads.clause_begin[i]; k < ads.clause_begin[i + 1]; ++k)
+            matched[b] += held[clause_bits::category(ads.clauses[k])][clause_bits::value(ads.clauses[k])];
+    });
+  for (auto& w : workers) w.join();
+  return static_cast<double>(std::accumulate(matched.begin(), matched.end(), std::uint64_t{0}));
+}
 
 Pool build_pool(const Workload& w, std::uint64_t n, std::uint64_t embedding_seed, std::vector<PackedAds>* cache,
                 std::size_t clauses_per_slot = 8) {
   Pool pool;
   pool.n = n;
+  pool.targeting = cache;
   auto p = FusedRetrievalPipeline::create(w.schema(), w.model(), {.capacity = n, .clause_capacity = n * clauses_per_slot});
   CHECK_OK(p);
   pool.pipeline = std::move(*p);
   const std::uint64_t batch = 1u << 20;
-  pool.clause_prefix.push_back(0);
   for (std::uint64_t b = 0, i = 0; b < n; b += batch, ++i) {
     const std::uint64_t e = std::min(n, b + batch);
-    if (cache && cache->size() <= i) cache->push_back(generate_targeting(w, b, e));
-    PackedAds local;
-    const PackedAds& ads = cache ? (*cache)[i] : (local = generate_targeting(w, b, e));
+    if (cache->size() <= i) cache->push_back(generate_targeting(w, b, e));
+    const PackedAds& ads = (*cache)[i];
     CHECK_OK(pool.pipeline->index().upsert(ads));
-    pool.clause_prefix.push_back(pool.clause_prefix.back() + ads.clauses.size());
   }
   auto& index = pool.pipeline->index();
   const bool int8 = w.schema().embedding_type == EmbeddingType::int8;
@@ -214,6 +237,10 @@ Pool build_pool(const Workload& w, std::uint64_t n, std::uint64_t embedding_seed
                                                                          w.schema().dim, int8, embedding_seed);
   KEVO_GPU_ASSERT(cudaGetLastError());
   KEVO_GPU_ASSERT(cudaDeviceSynchronize());
+  const auto a = std::chrono::steady_clock::now();
+  CHECK_OK(index.reindex());  // the upserts left some ads unindexed
+  std::printf("reindexed %llu ads in %.1f ms\n", static_cast<unsigned long long>(n),
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - a).count() * 1e3);
   pool.ensure_temp();
   return pool;
 }
@@ -415,18 +442,15 @@ int main(int argc, char** argv) {
   KEVO_GPU_ASSERT(cudaMalloc(&out.scores, kMaxK * 4));
   KEVO_GPU_ASSERT(cudaMalloc(&out.count, 4));
 
-  auto clauses_in = [](const Pool& p, std::uint64_t slots) {
-    const std::uint64_t batches = slots >> 20;
-    return static_cast<double>(p.clause_prefix[std::min<std::size_t>(batches, p.clause_prefix.size() - 1)]);
-  };
   auto report = [&](const char* label, Pool& pool, const Request& request, std::uint64_t slots) {
     const StageTimes st = time_stages(pool, request, slots, repeats, out, stream);
     const double row = static_cast<double>(pool.pipeline->index().row_bytes());
     const bool is_int8 = pool.pipeline->schema().embedding_type == EmbeddingType::int8;
     const double el = st.eligible;
-    const double match_bytes = 4.0 * slots + 4.0 * clauses_in(pool, slots) + 4.0 * el;
+    // Matching reads a header byte per ad and the postings the user's values list, and writes the list.
+    const double match_bytes = 1.0 * slots + 2.0 * matched_postings(pool, request, slots) + 4.0 * el;
     const double score_bytes = el * (row + 4 + (is_int8 ? 4 : 0) + 4 + 4);
-    const double pipe_bytes = 4.0 * slots + 4.0 * clauses_in(pool, slots) + el * (row + 4 + (is_int8 ? 4 : 0));
+    const double pipe_bytes = match_bytes - 4.0 * el + el * (row + 4 + (is_int8 ? 4 : 0));
     std::printf("| %s | %s | %llu | %.1f%% | %d | %.1f G/s (%.0f%%) | %.1f G/s (%.0f%%) | %.3f ms (%.1f%% of scoring) | %.3f ms | %.2f G/s (%.0f%%) |\n",
                 label, to_string(pool.pipeline->schema().embedding_type), static_cast<unsigned long long>(slots),
                 100.0 * el / slots, request.k, slots / st.matching * 1e-9, 100 * match_bytes / st.matching / roofline,
@@ -498,10 +522,10 @@ int main(int argc, char** argv) {
   std::puts("\n## Matching policy sweep (typical, fp16)\n");
   {
     const PipelinePolicy original = fp16.pipeline->policy();
-    for (int threads : {256, 512})
-      for (int ads : {2, 4, 8}) {
+    for (int threads : MatchingPolicy::block_threads_domain)
+      for (int blocks : MatchingPolicy::blocks_per_sm_domain) {
         PipelinePolicy policy = original;
-        policy.matching = {threads, ads};
+        policy.matching = {threads, blocks};
         CHECK_OK(fp16.pipeline->set_policy(policy));
         const StageTimes st = time_stages(fp16, typical, n, repeats, out, stream);
         std::printf("%s: matching %.1f G ads/s\n", to_string(policy.matching).c_str(), n / st.matching * 1e-9);
@@ -580,7 +604,8 @@ int main(int argc, char** argv) {
   {
     const Workload w({.seed = 2027, .restrict_min = 0.1, .restrict_max = 0.2});
     const std::uint64_t m = std::min<std::uint64_t>(n, 20u << 20);
-    Pool pool = build_pool(w, m, 98, nullptr, 24);
+    std::vector<PackedAds> narrow_targeting;
+    Pool pool = build_pool(w, m, 98, &narrow_targeting, 24);
     report("narrow", pool, w.request(1, RequestKind::narrow, 1000), m);
   }
 

@@ -22,15 +22,23 @@ WorkloadOptions small_options(std::uint64_t seed, EmbeddingType type, int dim = 
   return {.seed = seed, .dim = dim, .features = 64, .hidden = 64, .embedding_type = type};
 }
 
+/// How a test pool's ads reach matching: as the upserts leave them (a reindex each time 65536 ads
+/// have been written), all tested by walking their clause runs (never reindexed), or all indexed.
+enum class Indexing { automatic, never, after_load };
+
 /// A pool loaded both on the host (for the reference) and on the device.
 struct Loaded {
   Workload workload;
   HostAdPool host;
   std::unique_ptr<FusedRetrievalPipeline> pipeline;
-  Loaded(WorkloadOptions options, int n, std::optional<PipelinePolicy> policy = std::nullopt)
+  Loaded(WorkloadOptions options, int n, std::optional<PipelinePolicy> policy = std::nullopt,
+         Indexing indexing = Indexing::automatic)
       : workload(options), host(workload.schema()) {
-    auto p = FusedRetrievalPipeline::create(workload.schema(), workload.model(),
-                                            {.capacity = static_cast<std::size_t>(n) + 1024, .policy = policy});
+    auto p = FusedRetrievalPipeline::create(
+        workload.schema(), workload.model(),
+        {.capacity = static_cast<std::size_t>(n) + 1024,
+         .reindex_after = indexing == Indexing::never ? SIZE_MAX : 0,
+         .policy = policy});
     REQUIRE(p);
     pipeline = std::move(*p);
     std::vector<AdRecord> batch;
@@ -44,6 +52,9 @@ struct Loaded {
         batch.clear();
       }
     }
+    if (indexing == Indexing::after_load) REQUIRE(pipeline->index().reindex());
+    if (indexing == Indexing::never) REQUIRE(pipeline->index().unindexed_count() == host.live_count());
+    if (indexing == Indexing::after_load) REQUIRE(pipeline->index().unindexed_count() == 0);
   }
 };
 
@@ -83,12 +94,44 @@ RequestVectors device_vectors(const Stages& s, const Model& model) {
   return v;
 }
 
+/// The ids of the ads that matching finds eligible for `request` (every list entry distinct).
+std::vector<std::uint32_t> device_eligible_ids(FusedRetrievalPipeline& pipeline, const Request& request) {
+  Stages s(pipeline);
+  auto lock = pipeline.index().search_lock();
+  auto view = pipeline.index().before_search(s.stream);
+  REQUIRE(view);
+  REQUIRE(pipeline.enqueue_prepare(request, s.temp, s.stream));
+  REQUIRE(pipeline.enqueue_matching(*view, s.temp, s.stream));
+  KEVO_GPU_ASSERT(cudaStreamSynchronize(s.stream));
+  REQUIRE(pipeline.index().after_search(s.stream));
+  const auto list = download<std::uint32_t>(s.at(s.layout.eligible), s.state().eligible_count);
+  const auto ids = download<std::uint32_t>(view->ids, view->slots);
+  std::vector<std::uint32_t> out;
+  for (std::uint32_t slot : list) {
+    REQUIRE(slot < view->slots);
+    out.push_back(ids[slot]);
+  }
+  std::sort(out.begin(), out.end());
+  REQUIRE(std::adjacent_find(out.begin(), out.end()) == out.end());
+  return out;
+}
+
+std::vector<std::uint32_t> reference_eligible_ids(const HostAdPool& host, const Request& request) {
+  const QuerySets q(host.schema().categories(), request.query);
+  std::vector<std::uint32_t> out;
+  for (std::size_t slot = 0; slot < host.slots(); ++slot)
+    if (is_eligible(host, slot, q)) out.push_back(host.id(slot));
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
 }  // namespace
 
 TEST_CASE("matching and towers agree with the reference", "[cuda][matching]") {
   const int n = GENERATE(1000, 70001, 300000);
   const std::uint64_t seed = GENERATE(1, 2);
-  Loaded pool(small_options(seed, EmbeddingType::fp16), n);
+  const Indexing indexing = GENERATE(Indexing::automatic, Indexing::never, Indexing::after_load);
+  Loaded pool(small_options(seed, EmbeddingType::fp16), n, std::nullopt, indexing);
   for (RequestKind kind : {RequestKind::typical, RequestKind::broad, RequestKind::narrow}) {
     const Request request = pool.workload.request(seed, kind);
     Stages s(*pool.pipeline);
@@ -106,7 +149,8 @@ TEST_CASE("matching and towers agree with the reference", "[cuda][matching]") {
       if (is_eligible(pool.host, slot, q)) expected.push_back(static_cast<std::uint32_t>(slot));
     std::vector<std::uint32_t> got(list.begin(), list.end());
     std::sort(got.begin(), got.end());
-    INFO("n " << n << " seed " << seed << " kind " << int(kind) << " eligible " << expected.size());
+    INFO("n " << n << " seed " << seed << " indexing " << int(indexing) << " kind " << int(kind) << " eligible "
+              << expected.size());
     REQUIRE(got == expected);  // every written entry a distinct eligible slot, none missing
     REQUIRE(!expected.empty());
 
@@ -118,6 +162,115 @@ TEST_CASE("matching and towers agree with the reference", "[cuda][matching]") {
       REQUIRE(std::fabs(dev.gate[i] - ref.gate[i]) <= 1e-3f * (1 + std::fabs(ref.gate[i])));
     }
   }
+}
+
+TEST_CASE("matching's postings take every clause shape, and stale postings never leak", "[cuda][matching]") {
+  Workload w(small_options(21, EmbeddingType::fp16));
+  const Request request = w.request(5, RequestKind::typical);
+  // A value the user holds, and one they do not, in category c.
+  auto held = [&](std::uint32_t c) {
+    for (const CategoryQuery& q : request.query)
+      if (q.category == c && !q.values.empty()) return q.values[0];
+    return ~0u;
+  };
+  auto not_held = [&](std::uint32_t c, std::uint32_t skip = 0) {  // the skip-th value the user lacks
+    for (std::uint32_t v = 0; v < w.schema().category_values[c]; ++v) {
+      bool in = false;
+      for (const CategoryQuery& q : request.query)
+        if (q.category == c) in = in || std::find(q.values.begin(), q.values.end(), v) != q.values.end();
+      if (!in && skip-- == 0) return v;
+    }
+    return ~0u;
+  };
+  std::vector<std::uint32_t> categories;  // categories where the user holds a value and lacks two
+  for (std::uint32_t c = 0; c < static_cast<std::uint32_t>(w.schema().categories()); ++c)
+    if (held(c) != ~0u && not_held(c, 1) != ~0u) categories.push_back(c);
+  REQUIRE(categories.size() >= 10);
+  // Each shape twice: once satisfied by the request (flip = false), once not.
+  auto special = [&](int shape, bool flip, std::uint32_t id) {
+    AdRecord ad = w.ad(id);
+    ad.id = id;
+    ad.live = true;
+    ad.clauses.clear();
+    const std::uint32_t c0 = categories[0];
+    switch (shape) {
+      case 0:  // 9 restricted categories: more than an index byte holds, always walked
+        for (int k = 0; k < 9; ++k) ad.clauses.push_back({categories[k], flip && k == 8 ? not_held(categories[k]) : held(categories[k])});
+        break;
+      case 1:  // exactly 7 restricted categories: the most that are indexed
+        for (int k = 0; k < 7; ++k) ad.clauses.push_back({categories[k], flip && k == 3 ? not_held(categories[k]) : held(categories[k])});
+        break;
+      case 2:  // 70 clauses in one category: too long to index
+        for (std::uint32_t v = 0; v < 70; ++v) ad.clauses.push_back({c0, not_held(c0, v % 2)});
+        if (!flip) ad.clauses.push_back({c0, held(c0)});
+        break;
+      case 3:  // the same value allowed and excluded: excluded wins
+        ad.clauses.push_back({c0, held(c0)});
+        ad.clauses.push_back({c0, flip ? held(c0) : not_held(c0), true});
+        break;
+      case 4:  // exclusions only
+        ad.clauses.push_back({categories[1], flip ? held(categories[1]) : not_held(categories[1]), true});
+        ad.clauses.push_back({categories[2], not_held(categories[2]), true});
+        break;
+      case 5:  // one clause three times, and a second value of the same category
+        for (int k = 0; k < 3; ++k) ad.clauses.push_back({c0, flip ? not_held(c0) : held(c0)});
+        ad.clauses.push_back({c0, not_held(c0)});
+        break;
+      default:  // ANY everywhere
+        break;
+    }
+    return ad;
+  };
+  constexpr int kShapes = 7;
+  auto p = FusedRetrievalPipeline::create(w.schema(), w.model(), {.capacity = 40000, .reindex_after = SIZE_MAX});
+  REQUIRE(p);
+  DeviceAdIndex& index = (*p)->index();
+  HostAdPool host(w.schema());
+  auto apply = [&](const std::vector<AdRecord>& batch) {
+    for (const AdRecord& ad : batch)
+      if (ad.live) REQUIRE(host.upsert(ad));
+      else host.expire(ad.id);
+    REQUIRE(index.upsert(batch));
+  };
+  auto check = [&](const char* step) {
+    const auto expected = reference_eligible_ids(host, request);
+    INFO(step << ": " << expected.size() << " eligible of " << host.live_count());
+    REQUIRE(device_eligible_ids(**p, request) == expected);
+  };
+  std::vector<AdRecord> batch;
+  for (std::uint32_t i = 0; i < 20000; ++i) batch.push_back(w.ad(i));
+  for (int shape = 0; shape < kShapes; ++shape)
+    for (int copy = 0; copy < 40; ++copy) batch.push_back(special(shape, copy % 2 == 1, 100000 + shape * 100 + copy));
+  apply(batch);
+  check("all walked");
+  REQUIRE(index.reindex());
+  REQUIRE(index.unindexed_count() == 0);
+  check("indexed");
+  // Flip every special ad (its postings now name the wrong values), expire a tenth of the rest,
+  // then reuse their slots for new ads: stale postings must not decide anything.
+  batch.clear();
+  for (int shape = 0; shape < kShapes; ++shape)
+    for (int copy = 0; copy < 40; ++copy) batch.push_back(special(shape, copy % 2 == 0, 100000 + shape * 100 + copy));
+  apply(batch);
+  check("special ads replaced");
+  std::vector<std::uint32_t> gone;
+  for (std::uint32_t i = 0; i < 20000; i += 10) gone.push_back(i);
+  for (std::uint32_t id : gone) host.expire(id);
+  auto expired = index.expire(gone);
+  REQUIRE(expired);
+  REQUIRE(*expired == gone.size());
+  check("a tenth expired");
+  batch.clear();
+  for (std::uint32_t i = 0; i < 2000; ++i) {
+    AdRecord ad = w.ad(50000 + i);
+    ad.id = 200000 + i;
+    ad.live = true;
+    batch.push_back(ad);
+  }
+  apply(batch);
+  check("freed slots reused");
+  REQUIRE(index.reindex());
+  check("indexed again");
 }
 
 TEST_CASE("fused scoring agrees with the reference for every eligible ad", "[cuda][scoring]") {
@@ -334,6 +487,7 @@ TEST_CASE("updates during search are never torn and are seen once applied", "[cu
       std::vector<AdRecord> batch;
       for (int j = 0; j < hot; ++j) batch.push_back(hot_ad(j, v));
       if (!pool.pipeline->index().upsert(batch)) break;
+      if (v % 8 == 7 && !pool.pipeline->index().reindex()) break;  // a reindex is an update too
       committed = v;
     }
     stop = true;

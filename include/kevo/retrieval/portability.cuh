@@ -9,6 +9,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <vector>
+#include <algorithm>
 
 #include "kevo/expected.hpp"
 
@@ -87,6 +89,31 @@ __device__ __forceinline__ void gpu_copy_async_wait() {
 __device__ __forceinline__ std::uint32_t gpu_byte_perm(std::uint32_t a, std::uint32_t b, std::uint32_t selector) {
   return __byte_perm(a, b, selector);
 }
+
+/// Device allocations that live for one host function (an index rebuild's temporaries): each
+/// `allocate` is freed when the scratch goes out of scope, whichever way the function returns.
+class GpuScratch {
+ public:
+  GpuScratch() = default;
+  GpuScratch(const GpuScratch&) = delete;
+  GpuScratch& operator=(const GpuScratch&) = delete;
+  ~GpuScratch() {
+    for (void* p : owned_) cudaFree(p);
+  }
+  template <class T>
+  gpu_error_t allocate(T*& out, std::size_t count) {
+    void* p = nullptr;
+    if (gpu_error_t e = cudaMalloc(&p, std::max<std::size_t>(count, 1) * sizeof(T)); e != gpu_success) return e;
+    owned_.push_back(p);
+    out = static_cast<T*>(p);
+    return gpu_success;
+  }
+  /// Hands one allocation over to the caller, who frees it.
+  void release(const void* p) { std::erase(owned_, p); }
+
+ private:
+  std::vector<void*> owned_;
+};
 
 }  // namespace kevo::retrieval
 

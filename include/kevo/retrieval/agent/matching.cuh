@@ -1,96 +1,121 @@
-// kevo/retrieval/agent/matching.cuh: index matching for one tile of slots. An ad is eligible iff it
-// is live and, for every category, (ANY or S ∩ Q ≠ ∅) and X ∩ Q = ∅. The ad's targeting word says
-// whether it has clauses at all; the clause run is read 16 bytes at a time, and membership in Q is
-// one bit of the request's bitmap.
+// kevo/retrieval/agent/matching.cuh: index matching over segmented targeting postings.
 //
-//   AgentMatching<256, 4> agent{index, query, offsets_in_shared};
-//   std::uint32_t eligible_bits = agent.test_tile(thread_rank, tile_base);
+// An ad is eligible iff it is live and, for every category, (ANY or S ∩ Q ≠ ∅) and X ∩ Q = ∅.
+// Testing each ad's clauses one by one costs ~5 clauses of work per ad; instead the pool is cut
+// into segments of kSegmentSlots slots, and each segment keeps an inverted index of its ads'
+// clauses: for each (category, value) bit that some ad of the segment names, the list of those ads.
+// A request then touches only the lists of the values the user holds:
+//
+//   1. clear one mask byte per ad of the segment (shared memory);
+//   2. for each query bit, look up its list in the segment's hash table and OR into each listed
+//      ad's byte the bit of that clause: the rank of its category among the ad's restricted
+//      categories (0..6), or bit 7 for an exclusion;
+//   3. an ad whose header says it is indexed is eligible iff its mask byte equals its need mask
+//      (one bit per restricted category; bit 7, an excluded value, never matches).
+//
+// Ads that are not indexed (upserted since the last reindex, or restricting more than 7 categories)
+// are tested by walking their clause run against the query bitmap, as before.
+//
+//   const SegmentDirectory dir = index.postings.segments[segment];
+//   PostingRange r = find_postings(dir, query_bit);   // r.count postings from index.postings.postings[r.begin]
 #pragma once
 
 #include <cstdint>
 
-#include "kevo/retrieval/agent/views.cuh"
 #include "kevo/retrieval/ad_pool.hpp"
+#include "kevo/retrieval/agent/views.cuh"
 
 namespace kevo::retrieval {
 
-template <int BlockThreads, int AdsPerThread>
-struct AgentMatching {
-  static constexpr int tile_slots = BlockThreads * AdsPerThread;
+/// Slots per postings segment: one mask byte each fits shared memory, a local slot fits 13 bits.
+inline constexpr std::uint32_t kSegmentSlots = 8192;
+/// Restricted categories an indexed ad may have (bit 7 of its mask byte marks an exclusion).
+inline constexpr int kMaxIndexedCategories = 7;
+/// Clauses an indexed ad may have (bounds each segment's postings below 2^21).
+inline constexpr int kMaxIndexedClauses = 64;
 
-  IndexView index;
-  const std::uint32_t* bitmap;            // shared memory where it fits, else global
-  const std::uint32_t* category_offsets;  // (32) in shared memory
+/// One byte per slot that matching reads first. 0: not live. Bit 7 set: live and indexed, and the
+/// low 7 bits are the need mask. Otherwise (1): live, tested by walking its clause run.
+namespace match_header {
+inline constexpr std::uint8_t not_live = 0;
+inline constexpr std::uint8_t indexed = 0x80;
+inline constexpr std::uint8_t walk = 0x01;
+}  // namespace match_header
 
-  __device__ __forceinline__ bool in_query(std::uint32_t category, std::uint32_t value) const {
-    const std::uint32_t bit = category_offsets[category] + value;
-    return (bitmap[bit >> 5] >> (bit & 31u)) & 1u;
-  }
+/// One posting: the ad's slot within its segment (13 bits) and the mask bit it sets (3 bits).
+namespace posting_bits {
+inline constexpr std::uint16_t exclusion_rank = 7;
+__host__ __device__ inline std::uint16_t pack(std::uint32_t local_slot, std::uint32_t rank) {
+  return static_cast<std::uint16_t>((local_slot << 3) | rank);
+}
+}  // namespace posting_bits
 
-  /// Tests the thread's AdsPerThread slots of the tile (striped, so reads coalesce); bit j of the
-  /// returned mask is slot tile_base + j * BlockThreads + thread_rank.
-  ///
-  /// A lane walks the clause runs of its ads back to back, moving to its next ad as soon as a run
-  /// ends (or an exclusion rules the ad out), so the warp waits for the longest *sum* of runs over a
-  /// lane's ads rather than the longest run of each of them in turn. Runs start on 16-byte
-  /// boundaries and are read four clauses at a time; a bitmap test is one shared-memory load.
-  __device__ __forceinline__ std::uint32_t test_tile(int thread_rank, std::uint64_t tile_base) const {
-    std::uint32_t word[AdsPerThread];
-#pragma unroll
-    for (int j = 0; j < AdsPerThread; ++j) {
-      const std::uint64_t slot = tile_base + static_cast<std::uint64_t>(j) * BlockThreads + thread_rank;
-      word[j] = slot < index.slots ? __ldg(index.targeting + slot) : 0u;
-    }
-    std::uint32_t eligible = 0, pending = 0;  // pending: live ads whose clause run must be walked
-#pragma unroll
-    for (int j = 0; j < AdsPerThread; ++j) {
-      if (!(word[j] & targeting_bits::live)) continue;
-      if (word[j] & targeting_bits::has_clauses) pending |= 1u << j;
-      else eligible |= 1u << j;
-    }
-    const uint4* clauses = reinterpret_cast<const uint4*>(index.clauses);
-    auto run_of = [&](int j) {  // selected by value: indexing word[] at run time would spill it
-      std::uint32_t w = 0;
-#pragma unroll
-      for (int k = 0; k < AdsPerThread; ++k)
-        if (k == j) w = word[k];
-      return clauses + (w & targeting_bits::offset_mask);
-    };
-    int j = pending ? __ffs(pending) - 1 : 0;
-    const uint4* run = run_of(j);
-    std::uint32_t restricted = 0, satisfied = 0;
-    while (pending) {
-      const uint4 quad = __ldg(run);
-      const std::uint32_t packed[4] = {quad.x, quad.y, quad.z, quad.w};
-      bool member[4];
-#pragma unroll
-      for (int k = 0; k < 4; ++k)  // padding after the last clause reads category 0, value 0: harmless
-        member[k] = in_query((packed[k] >> clause_bits::category_shift) & 31u, packed[k] & clause_bits::value_mask);
-      bool ended = false, excluded = false;
-#pragma unroll
-      for (int k = 0; k < 4; ++k) {
-        if (ended) break;
-        const std::uint32_t category = (packed[k] >> clause_bits::category_shift) & 31u;
-        if (packed[k] & clause_bits::exclude) {
-          excluded |= member[k];
-        } else {
-          restricted |= 1u << category;
-          satisfied |= static_cast<std::uint32_t>(member[k]) << category;
-        }
-        ended = packed[k] & clause_bits::last;
-      }
-      if (ended || excluded) {
-        if (!excluded && restricted == satisfied) eligible |= 1u << j;
-        pending &= pending - 1u;  // j is always the lowest pending ad
-        j = pending ? __ffs(pending) - 1 : 0;
-        run = run_of(j);
-        restricted = satisfied = 0;
-      } else {
-        ++run;
-      }
-    }
-    return eligible;
-  }
+/// A hash-table entry: query bit (22 bits), start within the segment's postings (21), count (21).
+/// 0 is an empty entry (a real one has count >= 1).
+namespace table_entry {
+__host__ __device__ inline std::uint64_t pack(std::uint32_t bit, std::uint32_t start, std::uint32_t count) {
+  return (static_cast<std::uint64_t>(bit) << 42) | (static_cast<std::uint64_t>(start) << 21) | count;
+}
+__host__ __device__ inline std::uint32_t bit(std::uint64_t e) { return static_cast<std::uint32_t>(e >> 42); }
+__host__ __device__ inline std::uint32_t start(std::uint64_t e) { return static_cast<std::uint32_t>(e >> 21) & 0x1fffffu; }
+__host__ __device__ inline std::uint32_t count(std::uint64_t e) { return static_cast<std::uint32_t>(e) & 0x1fffffu; }
+/// The home position of `bit` in a table of `size` entries (multiplicative hash, then a range map).
+__host__ __device__ inline std::uint32_t home(std::uint32_t bit, std::uint32_t size) {
+  return static_cast<std::uint32_t>((static_cast<std::uint64_t>(bit * 0x9E3779B1u) * size) >> 32);
+}
+}  // namespace table_entry
+
+struct PostingRange {
+  std::uint64_t begin = 0;
+  std::uint32_t count = 0;
 };
+
+/// The postings of `bit` in one segment (count 0 where none). A table is at most 2/3 full, so a
+/// probe ends at an empty entry.
+__device__ __forceinline__ PostingRange find_postings(const SegmentDirectory& dir, std::uint32_t bit) {
+  if (dir.table_size == 0) return {};
+  std::uint32_t at = table_entry::home(bit, dir.table_size);
+  for (;;) {
+    const std::uint64_t e = __ldg(reinterpret_cast<const unsigned long long*>(dir.table) + at);
+    if (e == 0) return {};
+    if (table_entry::bit(e) == bit) return {dir.postings_base + table_entry::start(e), table_entry::count(e)};
+    at = at + 1 == dir.table_size ? 0u : at + 1;
+  }
+}
+
+/// The old way, for ads that are not indexed: walks one ad's clause run (16-byte aligned, ending
+/// with `last`) against the query bitmap.
+__device__ __forceinline__ bool walk_clause_run(const std::uint32_t* clauses, std::uint32_t targeting,
+                                                const std::uint32_t* bitmap, const std::uint32_t* category_offsets) {
+  if (!(targeting & targeting_bits::live)) return false;
+  if (!(targeting & targeting_bits::has_clauses)) return true;
+  const uint4* run = reinterpret_cast<const uint4*>(clauses) + (targeting & targeting_bits::offset_mask);
+  std::uint32_t restricted = 0, satisfied = 0;
+  for (;; ++run) {
+    const uint4 quad = __ldg(run);
+    const std::uint32_t packed[4] = {quad.x, quad.y, quad.z, quad.w};
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const std::uint32_t category = (packed[k] >> clause_bits::category_shift) & 31u;
+      const std::uint32_t bit = category_offsets[category] + (packed[k] & clause_bits::value_mask);
+      const bool member = (__ldg(bitmap + (bit >> 5)) >> (bit & 31u)) & 1u;
+      if (packed[k] & clause_bits::exclude) {
+        if (member) return false;
+      } else {
+        restricted |= 1u << category;
+        satisfied |= static_cast<std::uint32_t>(member) << category;
+      }
+      if (packed[k] & clause_bits::last) return restricted == satisfied;
+    }
+  }
+}
+
+/// Four ads' eligibility from their header and mask bytes: bit j is ad j's (indexed ads only).
+__device__ __forceinline__ std::uint32_t indexed_eligible4(std::uint32_t headers, std::uint32_t masks) {
+  // Byte j equals 0x80 exactly when the ad is indexed and mask == need (need < 0x80, so an
+  // exclusion's bit 7 in the mask never matches).
+  const std::uint32_t equal = __vcmpeq4(headers ^ 0x80808080u, masks) & headers & 0x80808080u;
+  return ((equal >> 7) * 0x01020408u) >> 24 & 0xfu;  // gathers bit 7 of byte j into bit j
+}
 
 }  // namespace kevo::retrieval

@@ -18,6 +18,22 @@ inline constexpr std::uint32_t has_clauses = 1u << 30;
 inline constexpr std::uint32_t offset_mask = (1u << 30) - 1u;
 }  // namespace targeting_bits
 
+/// Where one postings segment's lists and hash table live (agent/matching.cuh). A segment that was
+/// never indexed has table_size 0.
+struct SegmentDirectory {
+  std::uint64_t postings_base = 0;        // the segment's first posting
+  const std::uint64_t* table = nullptr;  // (table_size) entries, linear probing
+  std::uint32_t table_size = 0;
+  std::uint32_t pad = 0;
+};
+
+/// Matching's inverted index: a header byte per slot, and per segment the lists of its ads by query bit.
+struct PostingsView {
+  const std::uint8_t* headers = nullptr;       // (slots rounded up to a whole segment) match_header
+  const std::uint16_t* postings = nullptr;     // posting_bits, by segment, then by query bit
+  const SegmentDirectory* segments = nullptr;  // (capacity in segments)
+};
+
 /// The ad index in device memory; slot i of every array belongs to the same ad.
 struct IndexView {
   const std::uint32_t* ids = nullptr;        // (slots)
@@ -26,6 +42,7 @@ struct IndexView {
   const void* embeddings = nullptr;          // (slots, dim) __half or int8
   const float* bias = nullptr;               // (slots)
   const float* scale = nullptr;              // (slots) int8 only
+  PostingsView postings{};
   std::uint32_t slots = 0;                   // high-water mark of used slots
 };
 

@@ -9,6 +9,11 @@
 // Replacing or expiring an ad leaves its old clause run in the arena; when a batch does not fit, the
 // live runs are packed into a fresh arena (compact_clause_arena), as one more ordered update.
 //
+// Matching does not walk every ad's run: `reindex` builds, per segment of kSegmentSlots slots, an
+// inverted index from query bit to the segment's ads (agent/matching.cuh), and a header byte per
+// slot. An upserted ad is tested by walking its run until the next reindex, which upsert starts by
+// itself once `reindex_after` ads have been written since the last one.
+//
 // No torn reads: updates and searches are ordered on the device by events. An update waits for
 // every search enqueued before it, and every search enqueued after it waits for the update, so a
 // search sees each ad wholly before or wholly after an update; the update call returns only once
@@ -20,6 +25,7 @@
 #pragma once
 
 #include <algorithm>
+#include <bit>
 #include <cstring>
 #include <memory>
 #include <mutex>
@@ -64,6 +70,9 @@ class DeviceAdIndex {
   struct Options {
     std::size_t capacity = 1u << 20;  // slots
     std::size_t clause_capacity = 0;  // packed clauses in the arena; 0 means 8 per slot
+    /// Ads written since the last reindex that start the next one; 0 means max(capacity / 32, 65536),
+    /// SIZE_MAX only explicit reindex() calls.
+    std::size_t reindex_after = 0;
   };
 
   static expected<std::unique_ptr<DeviceAdIndex>, Error> create(const Schema& schema, Options options) {
@@ -74,6 +83,7 @@ class DeviceAdIndex {
     if (options.clause_capacity == 0) options.clause_capacity = options.capacity * 8;
     options.clause_capacity = (options.clause_capacity + 3) & ~std::size_t{3};
     if (options.clause_capacity / 4 > targeting_bits::offset_mask) return make_error("clause capacity above 2^32");
+    if (options.reindex_after == 0) options.reindex_after = std::max<std::size_t>(options.capacity / 32, 65536);
     std::unique_ptr<DeviceAdIndex> index(new DeviceAdIndex(schema, options));
     if (auto ok = index->allocate(); !ok) return unexpected(ok.error());
     return index;
@@ -82,8 +92,10 @@ class DeviceAdIndex {
   ~DeviceAdIndex() {
     for (void* p : {static_cast<void*>(ids_), static_cast<void*>(targeting_), static_cast<void*>(clauses_),
                     embeddings_, static_cast<void*>(bias_), static_cast<void*>(scale_),
-                    static_cast<void*>(category_offsets_), static_cast<void*>(device_staging_)})
+                    static_cast<void*>(category_offsets_), static_cast<void*>(device_staging_),
+                    static_cast<void*>(headers_), static_cast<void*>(postings_), static_cast<void*>(segments_)})
       if (p) cudaFree(p);
+    for (void* p : table_buffers_) cudaFree(p);
     if (host_staging_) cudaFreeHost(host_staging_);
     for (auto& [stream, event] : search_events_) cudaEventDestroy(event);
     if (updated_) cudaEventDestroy(updated_);
@@ -97,10 +109,18 @@ class DeviceAdIndex {
   std::size_t row_bytes() const {
     return static_cast<std::size_t>(schema_.dim) * (schema_.embedding_type == EmbeddingType::fp16 ? 2 : 1);
   }
-  /// Device bytes each slot holds: row, id, targeting word, bias, scale (int8) and its share of the arena.
+  /// Device bytes each slot holds: row, id, targeting word, bias, scale (int8), match header, and
+  /// its share of the arena and of matching's postings (2 bytes per indexed clause) and hash tables.
   std::size_t bytes_per_slot() const {
-    return row_bytes() + 12 + (schema_.embedding_type == EmbeddingType::int8 ? 4 : 0) +
-           4 * options_.clause_capacity / options_.capacity;
+    std::lock_guard lock(mutex_);
+    return row_bytes() + 13 + (schema_.embedding_type == EmbeddingType::int8 ? 4 : 0) +
+           4 * options_.clause_capacity / options_.capacity +
+           (slots_ ? (2 * postings_count_ + 8 * table_entries_) / slots_ : 0);
+  }
+  /// Ads that matching tests by walking their clause runs (written since the last reindex).
+  std::size_t unindexed_count() const {
+    std::lock_guard lock(mutex_);
+    return walk_count_;
   }
   std::size_t live_count() const {
     std::lock_guard lock(mutex_);
@@ -241,6 +261,7 @@ class DeviceAdIndex {
       }
     });
     for (std::int64_t delta : clause_delta) live_clauses_ = static_cast<std::size_t>(static_cast<std::int64_t>(live_clauses_) + delta);
+    for (const auto& [i, slot] : entries) walk_count_ += ads.live[i] ? 1 : 0;
     free_slots_.insert(free_slots_.end(), freed.begin(), freed.end());
     KEVO_GPU_TRY(wait_for_searches());
     KEVO_GPU_TRY(cudaMemcpyAsync(device_staging_, host_staging_, s.total, cudaMemcpyHostToDevice, update_stream_));
@@ -255,9 +276,22 @@ class DeviceAdIndex {
           reinterpret_cast<std::uint32_t*>(d + s.ids), reinterpret_cast<std::uint32_t*>(d + s.targeting),
           reinterpret_cast<float*>(d + s.bias), with_rows ? reinterpret_cast<float*>(d + s.scale) : nullptr,
           with_rows ? reinterpret_cast<const uint4*>(d + s.rows) : nullptr, static_cast<int>(row_bytes() / 16), ids_,
-          targeting_, bias_, scale_, static_cast<uint4*>(embeddings_));
+          targeting_, bias_, scale_, static_cast<uint4*>(embeddings_), headers_);
     KEVO_GPU_TRY(cudaGetLastError());
-    return finish_update();
+    if (auto ok = finish_update(); !ok) return ok;
+    if (walk_count_ < options_.reindex_after) return {};
+    if (auto ok = reindex_locked(); !ok)
+      return make_error("the batch is applied, but the reindex it started failed: " + ok.error().message);
+    return {};
+  }
+
+  /// Rebuilds matching's postings from every slot's clause run, so that matching reads a header
+  /// byte per ad and only the postings of the user's values. Ordered like an update (searches before
+  /// it see the old postings, searches after it the new); until it returns, upserted ads are simply
+  /// tested by walking their runs. Call it after a bulk load.
+  expected<void, Error> reindex() {
+    std::lock_guard lock(mutex_);
+    return reindex_locked();
   }
 
   /// Packed clauses in use in the arena (live runs plus those that replaced or expired ads left
@@ -294,7 +328,7 @@ class DeviceAdIndex {
     kernels::scatter_ads<<<static_cast<unsigned>((n * 32 + 255) / 256), 256, 0, update_stream_>>>(
         static_cast<std::uint32_t>(n), reinterpret_cast<std::uint32_t*>(d + s.slots), nullptr,
         reinterpret_cast<std::uint32_t*>(d + s.targeting), nullptr, nullptr, nullptr, 0, ids_, targeting_, bias_,
-        scale_, static_cast<uint4*>(embeddings_));
+        scale_, static_cast<uint4*>(embeddings_), headers_);
     KEVO_GPU_TRY(cudaGetLastError());
     if (auto ok = finish_update(); !ok) return unexpected(ok.error());
     return n;
@@ -305,7 +339,8 @@ class DeviceAdIndex {
   std::unique_lock<std::mutex> search_lock() const { return std::unique_lock<std::mutex>(mutex_); }
   expected<IndexView, Error> before_search(gpu_stream_t stream) {
     KEVO_GPU_TRY(cudaStreamWaitEvent(stream, updated_, 0));
-    return IndexView{ids_, targeting_, clauses_, embeddings_, bias_, scale_, static_cast<std::uint32_t>(slots_)};
+    return IndexView{ids_,   targeting_, clauses_, embeddings_, bias_, scale_, PostingsView{headers_, postings_, segments_},
+                     static_cast<std::uint32_t>(slots_)};
   }
   expected<void, Error> after_search(gpu_stream_t stream) {
     auto it = std::find_if(search_events_.begin(), search_events_.end(), [&](auto& p) { return p.first == stream; });
@@ -334,6 +369,11 @@ class DeviceAdIndex {
     KEVO_GPU_TRY(cudaMalloc(&bias_, n * 4));
     if (schema_.embedding_type == EmbeddingType::int8) KEVO_GPU_TRY(cudaMalloc(&scale_, n * 4));
     KEVO_GPU_TRY(cudaMemset(targeting_, 0, n * 4));  // nothing live
+    const std::size_t segments = (n + kSegmentSlots - 1) / kSegmentSlots;
+    KEVO_GPU_TRY(cudaMalloc(&headers_, segments * kSegmentSlots));  // whole segments: matching reads 16 at a time
+    KEVO_GPU_TRY(cudaMemset(headers_, 0, segments * kSegmentSlots));
+    KEVO_GPU_TRY(cudaMalloc(&segments_, segments * sizeof(SegmentDirectory)));
+    KEVO_GPU_TRY(cudaMemset(segments_, 0, segments * sizeof(SegmentDirectory)));  // no postings yet
     host_category_offsets_.assign(kMaxCategories, 0);
     std::uint32_t bit = 0;
     for (int c = 0; c < schema_.categories(); ++c) {
@@ -447,6 +487,148 @@ class DeviceAdIndex {
     return ok;
   }
 
+  /// The reindex, with the lock held. Works slice by slice (kSliceSegments segments) so that its
+  /// temporaries stay small: emit each indexed ad's postings keyed by (segment, query bit), sort
+  /// them (stable, so slot order holds within a bit), run-length encode the keys, and insert each
+  /// distinct key into its segment's hash table, sized 1.5x its keys. Everything is built beside
+  /// the live postings; only headers and directory are copied over, after the searches before.
+  expected<void, Error> reindex_locked() {
+    constexpr std::uint32_t kSliceSegments = 512;
+    const auto n = static_cast<std::uint32_t>(slots_);
+    const std::uint32_t segments = (n + kSegmentSlots - 1) / kSegmentSlots;
+    gpu_stream_t stream = update_stream_;
+    GpuScratch scratch;
+    std::uint8_t* headers = nullptr;
+    std::uint32_t *counts = nullptr, *offsets = nullptr, *starts = nullptr;
+    KEVO_GPU_TRY(scratch.allocate(headers, n));
+    KEVO_GPU_TRY(scratch.allocate(counts, n + 1ull));
+    KEVO_GPU_TRY(scratch.allocate(offsets, n + 1ull));
+    KEVO_GPU_TRY(scratch.allocate(starts, segments + 1ull));
+    const unsigned grid = std::max(1u, std::min(8192u, (n + 255) / 256));
+    KEVO_GPU_TRY(cudaMemsetAsync(counts + n, 0, 4, stream));
+    if (n > 0) kernels::postings_count<<<grid, 256, 0, stream>>>(targeting_, clauses_, n, headers, counts);
+    std::size_t scan_bytes = 0;
+    unsigned char* scan_temp = nullptr;
+    KEVO_GPU_TRY(gpu_cub::DeviceScan::ExclusiveSum(nullptr, scan_bytes, counts, offsets, n + 1));
+    KEVO_GPU_TRY(scratch.allocate(scan_temp, scan_bytes));
+    KEVO_GPU_TRY(gpu_cub::DeviceScan::ExclusiveSum(scan_temp, scan_bytes, counts, offsets, n + 1, stream));
+    kernels::postings_segment_starts<<<std::max(1u, (segments + 256) / 256), 256, 0, stream>>>(offsets, n, segments, starts);
+    KEVO_GPU_TRY(cudaGetLastError());
+    std::vector<std::uint32_t> host_starts(segments + 1ull);
+    KEVO_GPU_TRY(cudaMemcpyAsync(host_starts.data(), starts, host_starts.size() * 4, cudaMemcpyDeviceToHost, stream));
+    KEVO_GPU_TRY(cudaStreamSynchronize(stream));
+
+    std::uint32_t slice_entries = 0;  // the most postings of any slice: sizes the slice temporaries
+    for (std::uint32_t s0 = 0; s0 < segments; s0 += kSliceSegments)
+      slice_entries = std::max(slice_entries, host_starts[std::min(segments, s0 + kSliceSegments)] - host_starts[s0]);
+    std::uint16_t *values = nullptr, *postings = nullptr;
+    std::uint32_t *keys = nullptr, *sorted_keys = nullptr, *unique_keys = nullptr, *run_counts = nullptr,
+                  *run_starts = nullptr, *runs = nullptr, *segment_bits = nullptr, *slice_tables = nullptr;
+    KEVO_GPU_TRY(scratch.allocate(postings, host_starts[segments]));
+    KEVO_GPU_TRY(scratch.allocate(values, slice_entries));
+    for (std::uint32_t** p : {&keys, &sorted_keys, &unique_keys, &run_counts, &run_starts})
+      KEVO_GPU_TRY(scratch.allocate(*p, slice_entries));
+    KEVO_GPU_TRY(scratch.allocate(runs, 1));
+    KEVO_GPU_TRY(scratch.allocate(segment_bits, kSliceSegments));
+    KEVO_GPU_TRY(scratch.allocate(slice_tables, 3 * (kSliceSegments + 1)));  // segment starts, table offsets, sizes
+    std::size_t sort_bytes = 0, encode_bytes = 0, run_scan_bytes = 0;
+    KEVO_GPU_TRY(gpu_cub::DeviceRadixSort::SortPairs(nullptr, sort_bytes, keys, sorted_keys, values, postings, slice_entries));
+    KEVO_GPU_TRY(gpu_cub::DeviceRunLengthEncode::Encode(nullptr, encode_bytes, sorted_keys, unique_keys, run_counts, runs,
+                                                        slice_entries));
+    KEVO_GPU_TRY(gpu_cub::DeviceScan::ExclusiveSum(nullptr, run_scan_bytes, run_counts, run_starts, slice_entries));
+    std::size_t slice_temp_bytes = std::max({sort_bytes, encode_bytes, run_scan_bytes});
+    unsigned char* slice_temp = nullptr;
+    KEVO_GPU_TRY(scratch.allocate(slice_temp, slice_temp_bytes));
+
+    std::vector<SegmentDirectory> directory(segments);
+    std::vector<void*> tables;  // the new hash tables, one buffer per slice
+    std::size_t table_entries = 0;
+    auto free_tables = [&] {
+      for (void* p : tables) cudaFree(p);
+    };
+    auto build_slice = [&](std::uint32_t s0, std::uint32_t s1) -> expected<void, Error> {
+      const std::uint32_t entries = host_starts[s1] - host_starts[s0];
+      for (std::uint32_t s = s0; s < s1; ++s) directory[s].postings_base = host_starts[s];
+      if (entries == 0) return {};
+      const std::uint32_t first = s0 * kSegmentSlots, end = std::min<std::uint64_t>(n, std::uint64_t{s1} * kSegmentSlots);
+      kernels::postings_emit<<<std::max(1u, std::min(8192u, (end - first + 255) / 256)), 256, 0, stream>>>(
+          targeting_, clauses_, category_offsets_, offsets, first, end, keys, values);
+      const int end_bit = 22 + std::bit_width(s1 - s0 - 1);
+      std::size_t bytes = slice_temp_bytes;
+      KEVO_GPU_TRY(gpu_cub::DeviceRadixSort::SortPairs(slice_temp, bytes, keys, sorted_keys, values,
+                                                       postings + host_starts[s0], entries, 0, end_bit, stream));
+      bytes = slice_temp_bytes;
+      KEVO_GPU_TRY(gpu_cub::DeviceRunLengthEncode::Encode(slice_temp, bytes, sorted_keys, unique_keys, run_counts, runs,
+                                                          entries, stream));
+      std::uint32_t distinct = 0;
+      KEVO_GPU_TRY(cudaMemcpyAsync(&distinct, runs, 4, cudaMemcpyDeviceToHost, stream));
+      KEVO_GPU_TRY(cudaStreamSynchronize(stream));
+      bytes = slice_temp_bytes;
+      KEVO_GPU_TRY(gpu_cub::DeviceScan::ExclusiveSum(slice_temp, bytes, run_counts, run_starts, distinct, stream));
+      KEVO_GPU_TRY(cudaMemsetAsync(segment_bits, 0, kSliceSegments * 4, stream));
+      const unsigned run_grid = std::max(1u, std::min(8192u, (distinct + 255) / 256));
+      kernels::postings_count_bits<<<run_grid, 256, 0, stream>>>(unique_keys, runs, segment_bits);
+      std::vector<std::uint32_t> bits(s1 - s0), slice(3 * (kSliceSegments + 1), 0);
+      KEVO_GPU_TRY(cudaMemcpyAsync(bits.data(), segment_bits, bits.size() * 4, cudaMemcpyDeviceToHost, stream));
+      KEVO_GPU_TRY(cudaStreamSynchronize(stream));
+      std::uint32_t* segment_starts = slice.data();
+      std::uint32_t* table_offsets = segment_starts + kSliceSegments + 1;
+      std::uint32_t* table_sizes = table_offsets + kSliceSegments + 1;
+      std::uint32_t slice_table = 0;
+      for (std::uint32_t s = s0; s < s1; ++s) {
+        const std::uint32_t b = bits[s - s0];
+        segment_starts[s - s0] = host_starts[s] - host_starts[s0];
+        table_offsets[s - s0] = slice_table;
+        table_sizes[s - s0] = b ? b + b / 2 + 1 : 0;  // at most 2/3 full: every probe ends
+        slice_table += table_sizes[s - s0];
+      }
+      unsigned long long* table = nullptr;
+      KEVO_GPU_TRY(cudaMalloc(&table, std::max<std::size_t>(slice_table, 1) * 8));
+      tables.push_back(table);
+      table_entries += slice_table;
+      KEVO_GPU_TRY(cudaMemsetAsync(table, 0, std::max<std::size_t>(slice_table, 1) * 8, stream));
+      KEVO_GPU_TRY(cudaMemcpyAsync(slice_tables, slice.data(), slice.size() * 4, cudaMemcpyHostToDevice, stream));
+      kernels::postings_fill_tables<<<run_grid, 256, 0, stream>>>(unique_keys, run_counts, run_starts, runs, slice_tables,
+                                                                  slice_tables + kSliceSegments + 1,
+                                                                  slice_tables + 2 * (kSliceSegments + 1), table);
+      KEVO_GPU_TRY(cudaGetLastError());
+      for (std::uint32_t s = s0; s < s1; ++s) {
+        directory[s].table = reinterpret_cast<const std::uint64_t*>(table + table_offsets[s - s0]);
+        directory[s].table_size = table_sizes[s - s0];
+      }
+      KEVO_GPU_TRY(cudaStreamSynchronize(stream));  // `slice` is reused by the next one
+      return {};
+    };
+    for (std::uint32_t s0 = 0; s0 < segments; s0 += kSliceSegments)
+      if (auto ok = build_slice(s0, std::min(segments, s0 + kSliceSegments)); !ok) {
+        free_tables();
+        return ok;
+      }
+
+    // Publish: after every search enqueued before, before any enqueued after.
+    auto publish = [&]() -> expected<void, Error> {
+      KEVO_GPU_TRY(wait_for_searches());
+      if (n > 0) KEVO_GPU_TRY(cudaMemcpyAsync(headers_, headers, n, cudaMemcpyDeviceToDevice, stream));
+      if (segments > 0)
+        KEVO_GPU_TRY(cudaMemcpyAsync(segments_, directory.data(), segments * sizeof(SegmentDirectory),
+                                     cudaMemcpyHostToDevice, stream));
+      return finish_update();
+    };
+    if (auto ok = publish(); !ok) {
+      free_tables();
+      return ok;
+    }
+    scratch.release(postings);
+    std::swap(postings_, postings);
+    std::swap(table_buffers_, tables);
+    if (postings) cudaFree(postings);  // the old ones: every search that read them is done
+    free_tables();
+    postings_count_ = host_starts[segments];
+    table_entries_ = table_entries;
+    walk_count_ = 0;
+    return {};
+  }
+
   gpu_error_t wait_for_searches() {
     for (auto& [stream, event] : search_events_)
       if (gpu_error_t e = cudaStreamWaitEvent(update_stream_, event, 0); e != gpu_success) return e;
@@ -482,6 +664,14 @@ class DeviceAdIndex {
   gpu_stream_t update_stream_ = nullptr;
   gpu_event_t updated_ = nullptr;
   std::vector<std::pair<gpu_stream_t, gpu_event_t>> search_events_;
+  // Matching's postings (reindex_locked).
+  std::uint8_t* headers_ = nullptr;        // (capacity in whole segments) match_header
+  std::uint16_t* postings_ = nullptr;      // (postings_count_)
+  SegmentDirectory* segments_ = nullptr;   // (capacity in segments)
+  std::vector<void*> table_buffers_;       // the hash tables that segments_ points into
+  std::size_t postings_count_ = 0;
+  std::size_t table_entries_ = 0;
+  std::size_t walk_count_ = 0;             // live ads written since the last reindex
 };
 
 }  // namespace kevo::retrieval

@@ -50,6 +50,7 @@ class FusedRetrievalPipeline {
   struct Options {
     std::size_t capacity = 1u << 20;
     std::size_t clause_capacity = 0;
+    std::size_t reindex_after = 0;  // see DeviceAdIndex::Options
     /// Empty: the defaults, except that a pool whose d and dtype make the default ring too big for
     /// shared memory (fp16 at d = 256) scores with register loads instead.
     std::optional<PipelinePolicy> policy{};
@@ -61,7 +62,7 @@ class FusedRetrievalPipeline {
     if (model.dim != schema.dim) return make_error("the model's d differs from the pool's");
     if (model.experts > kMaxGpuExperts) return make_error("the GPU pipeline takes at most 8 experts");
     if (options.policy && !is_legal(*options.policy)) return make_error("illegal policy: " + to_string(*options.policy));
-    auto index = DeviceAdIndex::create(schema, {options.capacity, options.clause_capacity});
+    auto index = DeviceAdIndex::create(schema, {options.capacity, options.clause_capacity, options.reindex_after});
     if (!index) return unexpected(index.error());
     std::unique_ptr<FusedRetrievalPipeline> p(new FusedRetrievalPipeline(std::move(*index), std::move(model), options));
     if (auto ok = p->allocate(); !ok) return unexpected(ok.error());
@@ -212,35 +213,27 @@ class FusedRetrievalPipeline {
     const SearchTempLayout& l = layout_;
     auto* t = static_cast<unsigned char*>(d_temp);
     const QueryView query{reinterpret_cast<const std::uint32_t*>(t + l.bitmap), index_->category_offsets()};
+    const auto* bit_count = reinterpret_cast<const std::uint32_t*>(t + l.input) + model_.features;
     const MatchingPolicy& p = policy_.matching;
-    const std::uint64_t tile = static_cast<std::uint64_t>(p.block_threads) * p.ads_per_thread;
     auto* list = reinterpret_cast<std::uint32_t*>(t + l.eligible);
     auto* state = reinterpret_cast<TopKState*>(t + l.state);
-    const int c = schema().categories();
-    const std::uint32_t bitmap_words = (index_->total_query_bits() + 31) / 32;
-    const std::uint32_t shared_words = bitmap_words * 4 <= kSharedBitmapBytes ? bitmap_words : 0u;
+    const std::uint64_t segments = (view.slots + kSegmentSlots - 1) / kSegmentSlots;
+    if (segments == 0) return {};
     bool launched = false;
-    for_each_matching_variant([&](auto block_threads, auto ads_per_thread) {
-      if (block_threads() != p.block_threads || ads_per_thread() != p.ads_per_thread) return;
-      auto* kernel = kernels::matching<decltype(block_threads)::value, decltype(ads_per_thread)::value>;
-      const int shared_bytes = static_cast<int>(shared_words * 4);
+    for_each_matching_variant([&](auto block_threads) {
+      if (block_threads() != p.block_threads) return;
+      auto* kernel = kernels::matching<decltype(block_threads)::value>;
       int resident = 0;
-      if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, shared_bytes) != cudaSuccess ||
-          cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, kernel, p.block_threads, shared_bytes) != cudaSuccess)
-        return;
-      // One resident wave of blocks, each striding over tiles (the bitmap is copied once per block).
+      if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, kernel, p.block_threads, 0) != cudaSuccess) return;
       const auto grid = static_cast<unsigned>(std::max<std::uint64_t>(
-          1, std::min<std::uint64_t>((view.slots + tile - 1) / tile, static_cast<std::uint64_t>(resident) * multiprocessors_)));
-      kernel<<<grid, p.block_threads, shared_bytes, stream>>>(view, query, c, shared_words, list, state);
+          1, std::min<std::uint64_t>(segments, static_cast<std::uint64_t>(std::min(resident, p.blocks_per_sm)) * multiprocessors_)));
+      kernel<<<grid, p.block_threads, 0, stream>>>(view, query, bit_count + 1, bit_count, list, state);
       launched = true;
     });
     if (!launched) return make_error("no prebuilt matching variant for " + to_string(p));
     KEVO_GPU_TRY(cudaGetLastError());
     return {};
   }
-
-  /// The largest query bitmap that matching copies into shared memory.
-  static constexpr std::uint32_t kSharedBitmapBytes = 96 * 1024;
 
   /// Fused scoring of every eligible ad, with the level-0 top-K histogram.
   expected<void, Error> enqueue_scoring(const IndexView& view, void* d_temp, int routing, gpu_stream_t stream) {
@@ -388,18 +381,12 @@ class FusedRetrievalPipeline {
 
   template <int V>
   using constant = std::integral_constant<int, V>;
-  /// The prebuilt matching variants: every (block_threads, ads_per_thread) in the policy's domain.
+  /// The prebuilt matching variants: every block_threads in the policy's domain.
   template <class F>
   static void for_each_matching_variant(F&& f) {
-    auto per_threads = [&](auto threads) {
-      f(threads, constant<1>{});
-      f(threads, constant<2>{});
-      f(threads, constant<4>{});
-      f(threads, constant<8>{});
-    };
-    per_threads(constant<128>{});
-    per_threads(constant<256>{});
-    per_threads(constant<512>{});
+    f(constant<128>{});
+    f(constant<256>{});
+    f(constant<512>{});
   }
 
   FusedRetrievalPipeline(std::unique_ptr<DeviceAdIndex> index, Model model, Options options)

@@ -60,35 +60,87 @@ __global__ void query_set_bits(const std::uint32_t* bits, const std::uint32_t* c
 
 // ---- index matching ----------------------------------------------------------------------------
 
-/// Appends every eligible slot to `eligible_list` and counts them in state->eligible_count.
-template <int BlockThreads, int AdsPerThread>
+/// Appends every eligible slot to `eligible_list` and counts them in state->eligible_count. A block
+/// takes one postings segment at a time (agent/matching.cuh): clear a mask byte per ad, OR in the
+/// postings of each query bit, then compare each ad's mask with the need mask in its header.
+template <int BlockThreads>
 __global__ void __launch_bounds__(BlockThreads)
-    matching(IndexView index, QueryView query, int categories, std::uint32_t shared_bitmap_words,
+    matching(IndexView index, QueryView query, const std::uint32_t* query_bits, const std::uint32_t* query_bit_count,
              std::uint32_t* eligible_list, TopKState* state) {
-  using Agent = AgentMatching<BlockThreads, AdsPerThread>;
+  constexpr int kAdsPerLoad = 16;  // one uint4 of header bytes
+  constexpr int kLoads = static_cast<int>(kSegmentSlots) / (kAdsPerLoad * BlockThreads);
+  static_assert(kLoads >= 1 && kSegmentSlots % (kAdsPerLoad * BlockThreads) == 0);
+  constexpr int warps = BlockThreads / 32;
   using Scan = gpu_cub::BlockScan<std::uint32_t, BlockThreads>;
-  __shared__ std::uint32_t offsets[32];
+  __shared__ __align__(16) std::uint32_t masks[kSegmentSlots / 4];  // one byte per ad
+  __shared__ PostingRange ranges[BlockThreads];
   __shared__ typename Scan::TempStorage scan_storage;
+  __shared__ std::uint32_t offsets[kMaxCategories];
   __shared__ std::uint32_t block_base;
-  extern __shared__ std::uint32_t shared_bitmap[];  // (bitmap_words) when it fits, else unused
-  const int rank = static_cast<int>(threadIdx.x);
-  if (rank < 32) offsets[rank] = rank < categories ? query.category_offsets[rank] : 0u;
-  // Bitmap tests are random gathers: from shared memory they cost a bank access, from L1 a line each.
-  for (std::uint32_t i = rank; i < shared_bitmap_words; i += BlockThreads) shared_bitmap[i] = query.bitmap[i];
-  __syncthreads();
-  const Agent agent{index, shared_bitmap_words ? shared_bitmap : query.bitmap, offsets};
-  for (std::uint64_t base = static_cast<std::uint64_t>(blockIdx.x) * Agent::tile_slots; base < index.slots;
-       base += static_cast<std::uint64_t>(gridDim.x) * Agent::tile_slots) {
-    const std::uint32_t flags = agent.test_tile(rank, base);
-    std::uint32_t offset = 0, total = 0;
-    Scan(scan_storage).ExclusiveSum(static_cast<std::uint32_t>(__popc(flags)), offset, total);
-    if (rank == 0) block_base = atomicAdd(&state->eligible_count, total);
+  const int rank = static_cast<int>(threadIdx.x), lane = rank % 32, warp = rank / 32;
+  if (rank < kMaxCategories) offsets[rank] = query.category_offsets[rank];
+  const std::uint32_t keys = *query_bit_count;
+  const std::uint32_t segments = (index.slots + kSegmentSlots - 1) / kSegmentSlots;
+  const auto* header_quads = reinterpret_cast<const uint4*>(index.postings.headers);
+  for (std::uint32_t segment = blockIdx.x; segment < segments; segment += gridDim.x) {
+    const std::uint64_t base = static_cast<std::uint64_t>(segment) * kSegmentSlots;
+    uint4 headers[kLoads];  // issued first: their latency hides behind the postings
+#pragma unroll
+    for (int l = 0; l < kLoads; ++l) headers[l] = __ldg(header_quads + base / kAdsPerLoad + l * BlockThreads + rank);
+    for (int i = rank; i < static_cast<int>(kSegmentSlots / 4); i += BlockThreads) masks[i] = 0;
+    const SegmentDirectory dir = index.postings.segments[segment];
+    for (std::uint32_t first = 0; dir.table_size != 0 && first < keys; first += BlockThreads) {
+      __syncthreads();  // masks cleared; the previous round's ranges consumed
+      ranges[rank] = first + rank < keys ? find_postings(dir, __ldg(query_bits + first + rank)) : PostingRange{};
+      __syncthreads();
+      const std::uint32_t round = min(keys - first, static_cast<std::uint32_t>(BlockThreads));
+      for (std::uint32_t r = warp; r < round; r += warps) {
+        const PostingRange range = ranges[r];
+        for (std::uint32_t e = lane; e < range.count; e += 32) {
+          const std::uint32_t p = __ldg(index.postings.postings + range.begin + e);
+          atomicOr(&masks[p >> 5], (1u << (p & 7u)) << (((p >> 3) & 3u) * 8u));
+        }
+      }
+    }
+    __syncthreads();
+
+    const std::uint64_t limit = min(static_cast<std::uint64_t>(kSegmentSlots), index.slots - base);
+    std::uint32_t flags[kLoads], total = 0;
+#pragma unroll
+    for (int l = 0; l < kLoads; ++l) {
+      const std::uint32_t local = static_cast<std::uint32_t>(l * BlockThreads + rank) * kAdsPerLoad;
+      const std::uint32_t h[4] = {headers[l].x, headers[l].y, headers[l].z, headers[l].w};
+      const uint4 mq = *reinterpret_cast<const uint4*>(masks + local / 4);
+      const std::uint32_t m[4] = {mq.x, mq.y, mq.z, mq.w};
+      std::uint32_t f = 0, walkers = 0;
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        f |= indexed_eligible4(h[k], m[k]) << (4 * k);
+        walkers |= h[k] & 0x7f7f7f7fu & ~(((h[k] & 0x80808080u) >> 7) * 0x7fu);  // a byte in 1..0x7f
+      }
+      if (walkers) {  // ads upserted since the last reindex, or with too many categories to index
+        for (int j = 0; j < kAdsPerLoad; ++j) {
+          const std::uint32_t byte = (h[j / 4] >> (8 * (j % 4))) & 0xffu;
+          if (byte == 0 || (byte & match_header::indexed) || local + j >= limit) continue;
+          const std::uint64_t slot = base + local + j;
+          if (walk_clause_run(index.clauses, __ldg(index.targeting + slot), query.bitmap, offsets)) f |= 1u << j;
+        }
+      }
+      if (local + kAdsPerLoad > limit) f &= limit > local ? (1u << (limit - local)) - 1u : 0u;
+      flags[l] = f;
+      total += __popc(f);
+    }
+    std::uint32_t offset = 0, block_total = 0;
+    Scan(scan_storage).ExclusiveSum(total, offset, block_total);
+    if (rank == 0) block_base = atomicAdd(&state->eligible_count, block_total);
     __syncthreads();
     std::uint32_t out = block_base + offset;
 #pragma unroll
-    for (int j = 0; j < AdsPerThread; ++j)
-      if ((flags >> j) & 1u) eligible_list[out++] = static_cast<std::uint32_t>(base + j * BlockThreads + rank);
-    __syncthreads();  // block_base and the scan storage are reused by the next tile
+    for (int l = 0; l < kLoads; ++l) {
+      const std::uint64_t first_slot = base + static_cast<std::uint64_t>(l * BlockThreads + rank) * kAdsPerLoad;
+      for (std::uint32_t f = flags[l]; f; f &= f - 1u)
+        eligible_list[out++] = static_cast<std::uint32_t>(first_slot + __ffs(f) - 1);
+    }
   }
 }
 
@@ -368,7 +420,7 @@ __global__ void scatter_ads(std::uint32_t count, const std::uint32_t* slots, con
                             const std::uint32_t* targeting, const float* bias, const float* scale,
                             const uint4* rows, int row_vectors, std::uint32_t* index_ids,
                             std::uint32_t* index_targeting, float* index_bias, float* index_scale,
-                            uint4* index_embeddings) {
+                            uint4* index_embeddings, std::uint8_t* index_headers) {
   const std::uint32_t ad = (blockIdx.x * blockDim.x + threadIdx.x) / 32;
   const int lane = static_cast<int>(threadIdx.x % 32);
   if (ad >= count) return;
@@ -381,6 +433,8 @@ __global__ void scatter_ads(std::uint32_t count, const std::uint32_t* slots, con
     if (bias) index_bias[slot] = bias[ad];
     if (scale && index_scale) index_scale[slot] = scale[ad];
     index_targeting[slot] = targeting[ad];
+    // The slot's postings (if any) are stale until the next reindex: test it by walking its run.
+    index_headers[slot] = (targeting[ad] & targeting_bits::live) ? match_header::walk : match_header::not_live;
   }
 }
 
@@ -423,6 +477,106 @@ __global__ void arena_move_runs(std::uint32_t* targeting, const uint4* old_arena
     for (std::uint32_t q = 0; q < length; ++q) new_arena[offsets[i] + q] = from[q];
     targeting[i] = (word & ~targeting_bits::offset_mask) | offsets[i];
   }
+}
+
+// ---- matching's postings (DeviceAdIndex::reindex) ------------------------------------------------
+
+/// Calls f(packed clause) for each clause of a run, in order.
+template <class F>
+__device__ __forceinline__ void for_each_clause(const std::uint32_t* clauses, std::uint32_t targeting, F&& f) {
+  const uint4* run = reinterpret_cast<const uint4*>(clauses) + (targeting & targeting_bits::offset_mask);
+  for (;; ++run) {
+    const uint4 quad = *run;
+    const std::uint32_t packed[4] = {quad.x, quad.y, quad.z, quad.w};
+    for (int k = 0; k < 4; ++k) {
+      f(packed[k]);
+      if (packed[k] & clause_bits::last) return;
+    }
+  }
+}
+
+/// Reindex step 1: each slot's match header, and how many postings it contributes (0 unless indexed).
+__global__ void postings_count(const std::uint32_t* targeting, const std::uint32_t* clauses, std::uint32_t slots,
+                               std::uint8_t* headers, std::uint32_t* counts) {
+  for (std::uint32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < slots; i += gridDim.x * blockDim.x) {
+    const std::uint32_t word = targeting[i];
+    std::uint8_t header = match_header::not_live;
+    std::uint32_t count = 0;
+    if (word & targeting_bits::live) {
+      std::uint32_t allowed = 0, n = 0;
+      if (word & targeting_bits::has_clauses)
+        for_each_clause(clauses, word, [&](std::uint32_t c) {
+          ++n;
+          if (!(c & clause_bits::exclude)) allowed |= 1u << ((c >> clause_bits::category_shift) & 31u);
+        });
+      const int restricted = __popc(allowed);
+      if (restricted <= kMaxIndexedCategories && n <= static_cast<std::uint32_t>(kMaxIndexedClauses)) {
+        header = static_cast<std::uint8_t>(match_header::indexed | ((1u << restricted) - 1u));
+        count = n;
+      } else {
+        header = match_header::walk;
+      }
+    }
+    headers[i] = header;
+    counts[i] = count;
+  }
+}
+
+/// Reindex step 2: the postings of slots [first, end) at their offsets (less `first_offset`), each
+/// keyed by (segment - first / kSegmentSlots) << 22 | query bit, so that one sort groups a slice's
+/// postings by segment, then by bit, in slot order within a bit.
+__global__ void postings_emit(const std::uint32_t* targeting, const std::uint32_t* clauses,
+                              const std::uint32_t* category_offsets, const std::uint32_t* offsets, std::uint32_t first,
+                              std::uint32_t end, std::uint32_t* keys, std::uint16_t* values) {
+  const std::uint32_t first_offset = offsets[first];
+  for (std::uint32_t i = first + blockIdx.x * blockDim.x + threadIdx.x; i < end; i += gridDim.x * blockDim.x) {
+    std::uint32_t at = offsets[i] - first_offset;
+    if (offsets[i + 1] - offsets[i] == 0) continue;
+    const std::uint32_t word = targeting[i];
+    std::uint32_t allowed = 0;
+    for_each_clause(clauses, word, [&](std::uint32_t c) {
+      if (!(c & clause_bits::exclude)) allowed |= 1u << ((c >> clause_bits::category_shift) & 31u);
+    });
+    const std::uint32_t segment_key = (i / kSegmentSlots - first / kSegmentSlots) << 22;
+    for_each_clause(clauses, word, [&](std::uint32_t c) {
+      const std::uint32_t category = (c >> clause_bits::category_shift) & 31u;
+      const std::uint32_t rank = (c & clause_bits::exclude) ? posting_bits::exclusion_rank
+                                                            : __popc(allowed & ((1u << category) - 1u));
+      keys[at] = segment_key | (category_offsets[category] + (c & clause_bits::value_mask));
+      values[at] = posting_bits::pack(i % kSegmentSlots, rank);
+      ++at;
+    });
+  }
+}
+
+/// Reindex step 3: how many distinct query bits each segment of the slice lists.
+__global__ void postings_count_bits(const std::uint32_t* unique_keys, const std::uint32_t* runs,
+                                    std::uint32_t* segment_bits) {
+  for (std::uint32_t u = blockIdx.x * blockDim.x + threadIdx.x; u < *runs; u += gridDim.x * blockDim.x)
+    atomicAdd(&segment_bits[unique_keys[u] >> 22], 1u);
+}
+
+/// Reindex step 4: inserts each distinct (segment, bit) of the slice into its segment's table.
+/// `run_starts` count from the slice's first posting, `segment_starts` likewise.
+__global__ void postings_fill_tables(const std::uint32_t* unique_keys, const std::uint32_t* run_counts,
+                                     const std::uint32_t* run_starts, const std::uint32_t* runs,
+                                     const std::uint32_t* segment_starts, const std::uint32_t* table_offsets,
+                                     const std::uint32_t* table_sizes, unsigned long long* tables) {
+  for (std::uint32_t u = blockIdx.x * blockDim.x + threadIdx.x; u < *runs; u += gridDim.x * blockDim.x) {
+    const std::uint32_t segment = unique_keys[u] >> 22, bit = unique_keys[u] & ((1u << 22) - 1u);
+    const std::uint32_t size = table_sizes[segment];
+    unsigned long long* table = tables + table_offsets[segment];
+    const unsigned long long entry = table_entry::pack(bit, run_starts[u] - segment_starts[segment], run_counts[u]);
+    std::uint32_t at = table_entry::home(bit, size);
+    while (atomicCAS(table + at, 0ull, entry) != 0ull) at = at + 1 == size ? 0u : at + 1;
+  }
+}
+
+/// Reindex: the first posting of each segment (offsets at segment starts, the last one the total).
+__global__ void postings_segment_starts(const std::uint32_t* offsets, std::uint32_t slots, std::uint32_t segments,
+                                        std::uint32_t* starts) {
+  for (std::uint32_t s = blockIdx.x * blockDim.x + threadIdx.x; s <= segments; s += gridDim.x * blockDim.x)
+    starts[s] = offsets[min(static_cast<std::uint64_t>(s) * kSegmentSlots, static_cast<std::uint64_t>(slots))];
 }
 
 }  // namespace kevo::retrieval::kernels

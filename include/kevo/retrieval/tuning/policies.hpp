@@ -13,12 +13,13 @@
 
 namespace kevo::retrieval {
 
-/// Index matching: one thread tests `ads_per_thread` ads (striped across the block).
+/// Index matching: a block takes one postings segment (8192 slots) at a time; `blocks_per_sm`
+/// sets how many run on each multiprocessor at once.
 struct MatchingPolicy {
-  int block_threads = 512;
+  int block_threads = 256;
   static constexpr std::array<int, 3> block_threads_domain{128, 256, 512};  // compile-time variants
-  int ads_per_thread = 8;
-  static constexpr std::array<int, 4> ads_per_thread_domain{1, 2, 4, 8};  // compile-time variants
+  int blocks_per_sm = 8;  // capped by what is resident at once
+  static constexpr std::array<int, 4> blocks_per_sm_domain{2, 4, 8, 16};  // run time (grid size)
   friend bool operator==(const MatchingPolicy&, const MatchingPolicy&) = default;
 };
 
@@ -63,7 +64,7 @@ bool in_domain(int value, const std::array<T, N>& domain) {
 
 inline bool is_legal(const MatchingPolicy& p) {
   return detail::in_domain(p.block_threads, MatchingPolicy::block_threads_domain) &&
-         detail::in_domain(p.ads_per_thread, MatchingPolicy::ads_per_thread_domain);
+         detail::in_domain(p.blocks_per_sm, MatchingPolicy::blocks_per_sm_domain);
 }
 inline bool is_legal(const ScoringPolicy& p) {
   return detail::in_domain(p.block_threads, ScoringPolicy::block_threads_domain) &&
@@ -79,7 +80,7 @@ inline bool is_legal(const PipelinePolicy& p) {
 
 inline std::string to_string(const MatchingPolicy& p) {
   return "matching{block_threads=" + std::to_string(p.block_threads) +
-         ",ads_per_thread=" + std::to_string(p.ads_per_thread) + "}";
+         ",blocks_per_sm=" + std::to_string(p.blocks_per_sm) + "}";
 }
 inline std::string to_string(const ScoringPolicy& p) {
   return "scoring{block_threads=" + std::to_string(p.block_threads) + ",tiles_per_chunk=" +
