@@ -6,5 +6,5 @@ nvcc_flags=(-std=c++20 -O3 -gencode arch=compute_90a,code=sm_90a -gencode arch=c
 source_stamp() {
   find include tests/cuda benchmarks/retrieval examples/retrieval_server -type f \
        \( -name '*.hpp' -o -name '*.cuh' -o -name '*.cu' -o -name '*.cpp' \) -print0 |
-    sort -z | xargs -0 sha1sum | sha1sum | cut -d' ' -f1
+    LC_ALL=C sort -z | xargs -0 sha1sum | sha1sum | cut -d' ' -f1
 }

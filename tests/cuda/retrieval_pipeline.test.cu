@@ -255,10 +255,11 @@ TEST_CASE("matching's postings take every clause shape, and stale postings never
   check("special ads replaced");
   std::vector<std::uint32_t> gone;
   for (std::uint32_t i = 0; i < 20000; i += 10) gone.push_back(i);
-  for (std::uint32_t id : gone) host.expire(id);
+  std::size_t were_live = 0;
+  for (std::uint32_t id : gone) were_live += host.expire(id) ? 1 : 0;
   auto expired = index.expire(gone);
   REQUIRE(expired);
-  REQUIRE(*expired == gone.size());
+  REQUIRE(*expired == were_live);
   check("a tenth expired");
   batch.clear();
   for (std::uint32_t i = 0; i < 2000; ++i) {

@@ -524,7 +524,7 @@ class DeviceAdIndex {
     std::uint16_t *values = nullptr, *postings = nullptr;
     std::uint32_t *keys = nullptr, *sorted_keys = nullptr, *unique_keys = nullptr, *run_counts = nullptr,
                   *run_starts = nullptr, *runs = nullptr, *segment_bits = nullptr, *slice_tables = nullptr;
-    KEVO_GPU_TRY(scratch.allocate(postings, host_starts[segments]));
+    KEVO_GPU_TRY(scratch.allocate(postings, host_starts[segments] + 8ull));  // matching reads whole 16-byte chunks
     KEVO_GPU_TRY(scratch.allocate(values, slice_entries));
     for (std::uint32_t** p : {&keys, &sorted_keys, &unique_keys, &run_counts, &run_starts})
       KEVO_GPU_TRY(scratch.allocate(*p, slice_entries));

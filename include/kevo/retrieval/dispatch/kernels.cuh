@@ -63,6 +63,10 @@ __global__ void query_set_bits(const std::uint32_t* bits, const std::uint32_t* c
 /// Appends every eligible slot to `eligible_list` and counts them in state->eligible_count. A block
 /// takes one postings segment at a time (agent/matching.cuh): clear a mask byte per ad, OR in the
 /// postings of each query bit, then compare each ad's mask with the need mask in its header.
+///
+/// The postings of all the round's query bits are walked as one list of 16-byte chunks spread
+/// evenly over the block, each thread holding kChunksInFlight loads at once: a warp per bit would
+/// wait out one load latency per bit in turn.
 template <int BlockThreads>
 __global__ void __launch_bounds__(BlockThreads)
     matching(IndexView index, QueryView query, const std::uint32_t* query_bits, const std::uint32_t* query_bit_count,
@@ -70,14 +74,15 @@ __global__ void __launch_bounds__(BlockThreads)
   constexpr int kAdsPerLoad = 16;  // one uint4 of header bytes
   constexpr int kLoads = static_cast<int>(kSegmentSlots) / (kAdsPerLoad * BlockThreads);
   static_assert(kLoads >= 1 && kSegmentSlots % (kAdsPerLoad * BlockThreads) == 0);
-  constexpr int warps = BlockThreads / 32;
   using Scan = gpu_cub::BlockScan<std::uint32_t, BlockThreads>;
   __shared__ __align__(16) std::uint32_t masks[kSegmentSlots / 4];  // one byte per ad
+  constexpr int kChunksInFlight = 4;
   __shared__ PostingRange ranges[BlockThreads];
+  __shared__ std::uint32_t chunk_start[BlockThreads + 1];  // first chunk of each range in the round's list
   __shared__ typename Scan::TempStorage scan_storage;
   __shared__ std::uint32_t offsets[kMaxCategories];
   __shared__ std::uint32_t block_base;
-  const int rank = static_cast<int>(threadIdx.x), lane = rank % 32, warp = rank / 32;
+  const int rank = static_cast<int>(threadIdx.x);
   if (rank < kMaxCategories) offsets[rank] = query.category_offsets[rank];
   const std::uint32_t keys = *query_bit_count;
   const std::uint32_t segments = (index.slots + kSegmentSlots - 1) / kSegmentSlots;
@@ -89,16 +94,45 @@ __global__ void __launch_bounds__(BlockThreads)
     for (int l = 0; l < kLoads; ++l) headers[l] = __ldg(header_quads + base / kAdsPerLoad + l * BlockThreads + rank);
     for (int i = rank; i < static_cast<int>(kSegmentSlots / 4); i += BlockThreads) masks[i] = 0;
     const SegmentDirectory dir = index.postings.segments[segment];
+    const auto* chunks = reinterpret_cast<const uint4*>(index.postings.postings);  // 8 postings each
     for (std::uint32_t first = 0; dir.table_size != 0 && first < keys; first += BlockThreads) {
-      __syncthreads();  // masks cleared; the previous round's ranges consumed
-      ranges[rank] = first + rank < keys ? find_postings(dir, __ldg(query_bits + first + rank)) : PostingRange{};
+      __syncthreads();  // masks cleared; the previous round's ranges and scan storage consumed
+      const PostingRange mine = first + rank < keys ? find_postings(dir, __ldg(query_bits + first + rank)) : PostingRange{};
+      ranges[rank] = mine;
+      const std::uint32_t my_chunks =
+          mine.count ? static_cast<std::uint32_t>((mine.begin + mine.count - 1) / 8 - mine.begin / 8 + 1) : 0u;
+      std::uint32_t my_start = 0, total_chunks = 0;
+      Scan(scan_storage).ExclusiveSum(my_chunks, my_start, total_chunks);
+      chunk_start[rank] = my_start;
+      if (rank == 0) chunk_start[BlockThreads] = total_chunks;
       __syncthreads();
-      const std::uint32_t round = min(keys - first, static_cast<std::uint32_t>(BlockThreads));
-      for (std::uint32_t r = warp; r < round; r += warps) {
-        const PostingRange range = ranges[r];
-        for (std::uint32_t e = lane; e < range.count; e += 32) {
-          const std::uint32_t p = __ldg(index.postings.postings + range.begin + e);
-          atomicOr(&masks[p >> 5], (1u << (p & 7u)) << (((p >> 3) & 3u) * 8u));
+      int r = 0;  // the range of this thread's current chunk; chunks are taken in order, so it only grows
+      for (std::uint32_t i0 = rank; i0 < total_chunks; i0 += BlockThreads * kChunksInFlight) {
+        uint4 data[kChunksInFlight];
+        std::uint64_t at[kChunksInFlight];
+        int of[kChunksInFlight];
+#pragma unroll
+        for (int u = 0; u < kChunksInFlight; ++u) {
+          const std::uint32_t i = i0 + u * BlockThreads;
+          of[u] = -1;
+          if (i >= total_chunks) continue;
+          while (chunk_start[r + 1] <= i) ++r;
+          of[u] = r;
+          at[u] = ranges[r].begin / 8 + (i - chunk_start[r]);
+          data[u] = __ldg(chunks + at[u]);
+        }
+#pragma unroll
+        for (int u = 0; u < kChunksInFlight; ++u) {
+          if (of[u] < 0) continue;
+          const PostingRange range = ranges[of[u]];
+          const std::uint32_t words[4] = {data[u].x, data[u].y, data[u].z, data[u].w};
+#pragma unroll
+          for (int k = 0; k < 8; ++k) {
+            const std::uint64_t e = at[u] * 8 + k;
+            if (e < range.begin || e >= range.begin + range.count) continue;  // the chunk's edges
+            const std::uint32_t p = (words[k / 2] >> (16 * (k % 2))) & 0xffffu;
+            atomicOr(&masks[p >> 5], (1u << (p & 7u)) << (((p >> 3) & 3u) * 8u));
+          }
         }
       }
     }
