@@ -400,14 +400,15 @@ void run_updates(Pool& fp16, const Workload& fp16_workload, const Request& typic
 
 int main(int argc, char** argv) {
   std::uint64_t n = 100'000'000;
-  bool quick = false, stages_only = false, updates_only = false;
+  bool quick = false, stages_only = false, updates_only = false, matching_only = false;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--n") && i + 1 < argc) n = std::strtoull(argv[++i], nullptr, 10);
     else if (!std::strcmp(argv[i], "--quick")) quick = true;
     else if (!std::strcmp(argv[i], "--stages-only")) stages_only = true;
     else if (!std::strcmp(argv[i], "--updates-only")) updates_only = true;
+    else if (!std::strcmp(argv[i], "--matching-only")) stages_only = matching_only = true;  // stages, then the matching sweep
     else {
-      std::fprintf(stderr, "usage: %s [--n ADS] [--quick] [--stages-only | --updates-only]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--n ADS] [--quick] [--stages-only | --matching-only | --updates-only]\n", argv[0]);
       return 2;
     }
   }
@@ -484,8 +485,9 @@ int main(int argc, char** argv) {
     }
   }
 
-  std::puts("\n## Scoring policy sweep (typical, fp16 and int8, K = 1000; scoring alone)\n");
+  if (!matching_only) std::puts("\n## Scoring policy sweep (typical, fp16 and int8, K = 1000; scoring alone)\n");
   for (Pool* p : {&fp16, &int8}) {
+    if (matching_only) break;
     const PipelinePolicy original = p->pipeline->policy();
     const double bytes_per_ad = p->pipeline->index().row_bytes() + 4.0 +
                                 (p->pipeline->schema().embedding_type == EmbeddingType::int8 ? 4 : 0) + 8;

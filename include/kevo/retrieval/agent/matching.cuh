@@ -70,8 +70,8 @@ struct PostingRange {
   std::uint32_t count = 0;
 };
 
-/// The postings of `bit` in one segment (count 0 where none). A table is at most 2/3 full, so a
-/// probe ends at an empty entry.
+/// The postings of `bit` in one segment (count 0 where none). A table is under half full, so a
+/// probe ends at an empty entry within a few reads.
 __device__ __forceinline__ PostingRange find_postings(const SegmentDirectory& dir, std::uint32_t bit) {
   if (dir.table_size == 0) return {};
   std::uint32_t at = table_entry::home(bit, dir.table_size);

@@ -117,10 +117,11 @@ class DeviceAdIndex {
            4 * options_.clause_capacity / options_.capacity +
            (slots_ ? (2 * postings_count_ + 8 * table_entries_) / slots_ : 0);
   }
-  /// Ads that matching tests by walking their clause runs (written since the last reindex).
+  /// Ads that matching tests by walking their clause runs: those written since the last reindex,
+  /// and those with more than 7 restricted categories or 64 clauses.
   std::size_t unindexed_count() const {
     std::lock_guard lock(mutex_);
-    return walk_count_;
+    return walk_count_ + wide_count_;
   }
   std::size_t live_count() const {
     std::lock_guard lock(mutex_);
@@ -490,7 +491,7 @@ class DeviceAdIndex {
   /// The reindex, with the lock held. Works slice by slice (kSliceSegments segments) so that its
   /// temporaries stay small: emit each indexed ad's postings keyed by (segment, query bit), sort
   /// them (stable, so slot order holds within a bit), run-length encode the keys, and insert each
-  /// distinct key into its segment's hash table, sized 1.5x its keys. Everything is built beside
+  /// distinct key into its segment's hash table, sized 2x its keys. Everything is built beside
   /// the live postings; only headers and directory are copied over, after the searches before.
   expected<void, Error> reindex_locked() {
     constexpr std::uint32_t kSliceSegments = 512;
@@ -499,14 +500,16 @@ class DeviceAdIndex {
     gpu_stream_t stream = update_stream_;
     GpuScratch scratch;
     std::uint8_t* headers = nullptr;
-    std::uint32_t *counts = nullptr, *offsets = nullptr, *starts = nullptr;
+    std::uint32_t *counts = nullptr, *offsets = nullptr, *starts = nullptr, *wide = nullptr;
     KEVO_GPU_TRY(scratch.allocate(headers, n));
     KEVO_GPU_TRY(scratch.allocate(counts, n + 1ull));
     KEVO_GPU_TRY(scratch.allocate(offsets, n + 1ull));
     KEVO_GPU_TRY(scratch.allocate(starts, segments + 1ull));
+    KEVO_GPU_TRY(scratch.allocate(wide, 1));
+    KEVO_GPU_TRY(cudaMemsetAsync(wide, 0, 4, stream));
     const unsigned grid = std::max(1u, std::min(8192u, (n + 255) / 256));
     KEVO_GPU_TRY(cudaMemsetAsync(counts + n, 0, 4, stream));
-    if (n > 0) kernels::postings_count<<<grid, 256, 0, stream>>>(targeting_, clauses_, n, headers, counts);
+    if (n > 0) kernels::postings_count<<<grid, 256, 0, stream>>>(targeting_, clauses_, n, headers, counts, wide);
     std::size_t scan_bytes = 0;
     unsigned char* scan_temp = nullptr;
     KEVO_GPU_TRY(gpu_cub::DeviceScan::ExclusiveSum(nullptr, scan_bytes, counts, offsets, n + 1));
@@ -515,7 +518,9 @@ class DeviceAdIndex {
     kernels::postings_segment_starts<<<std::max(1u, (segments + 256) / 256), 256, 0, stream>>>(offsets, n, segments, starts);
     KEVO_GPU_TRY(cudaGetLastError());
     std::vector<std::uint32_t> host_starts(segments + 1ull);
+    std::uint32_t wide_count = 0;
     KEVO_GPU_TRY(cudaMemcpyAsync(host_starts.data(), starts, host_starts.size() * 4, cudaMemcpyDeviceToHost, stream));
+    KEVO_GPU_TRY(cudaMemcpyAsync(&wide_count, wide, 4, cudaMemcpyDeviceToHost, stream));
     KEVO_GPU_TRY(cudaStreamSynchronize(stream));
 
     std::uint32_t slice_entries = 0;  // the most postings of any slice: sizes the slice temporaries
@@ -579,7 +584,7 @@ class DeviceAdIndex {
         const std::uint32_t b = bits[s - s0];
         segment_starts[s - s0] = host_starts[s] - host_starts[s0];
         table_offsets[s - s0] = slice_table;
-        table_sizes[s - s0] = b ? b + b / 2 + 1 : 0;  // at most 2/3 full: every probe ends
+        table_sizes[s - s0] = b ? 2 * b + 1 : 0;  // under half full: a probe for an absent bit ends in ~2.5 reads
         slice_table += table_sizes[s - s0];
       }
       unsigned long long* table = nullptr;
@@ -626,6 +631,7 @@ class DeviceAdIndex {
     postings_count_ = host_starts[segments];
     table_entries_ = table_entries;
     walk_count_ = 0;
+    wide_count_ = wide_count;
     return {};
   }
 
@@ -672,6 +678,7 @@ class DeviceAdIndex {
   std::size_t postings_count_ = 0;
   std::size_t table_entries_ = 0;
   std::size_t walk_count_ = 0;             // live ads written since the last reindex
+  std::size_t wide_count_ = 0;             // ads the last reindex could not index
 };
 
 }  // namespace kevo::retrieval

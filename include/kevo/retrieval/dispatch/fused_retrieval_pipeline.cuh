@@ -223,8 +223,8 @@ class FusedRetrievalPipeline {
     for_each_matching_variant([&](auto block_threads) {
       if (block_threads() != p.block_threads) return;
       auto* kernel = kernels::matching<decltype(block_threads)::value>;
-      int resident = 0;
-      if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, kernel, p.block_threads, 0) != cudaSuccess) return;
+      const int resident = resident_blocks(kernel, p.block_threads, 0);
+      if (resident == 0) return;
       const auto grid = static_cast<unsigned>(std::max<std::uint64_t>(
           1, std::min<std::uint64_t>(segments, static_cast<std::uint64_t>(std::min(resident, p.blocks_per_sm)) * multiprocessors_)));
       kernel<<<grid, p.block_threads, 0, stream>>>(view, query, bit_count + 1, bit_count, list, state);
@@ -247,12 +247,8 @@ class FusedRetrievalPipeline {
     auto* chunk_max = reinterpret_cast<std::uint32_t*>(t + l.chunk_max);
     bool launched = false;
     auto launch = [&](auto* kernel, int threads, std::size_t dynamic_shared) {
-      int resident = 0;
-      if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(dynamic_shared)) !=
-              cudaSuccess ||
-          cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, kernel, threads, dynamic_shared) != cudaSuccess ||
-          resident == 0)
-        return;
+      const int resident = resident_blocks(kernel, threads, dynamic_shared);
+      if (resident == 0) return;
       // No more blocks than are resident at once: a partial second wave would idle most SMs.
       const auto grid = static_cast<unsigned>(multiprocessors_ * std::min(p.blocks_per_sm, resident));
       kernel<<<grid, threads, dynamic_shared, stream>>>(view, vectors, list, state, keys, chunk_max, routing,
@@ -381,6 +377,34 @@ class FusedRetrievalPipeline {
 
   template <int V>
   using constant = std::integral_constant<int, V>;
+
+  /// Blocks of `kernel` resident on one SM at `threads` and `dynamic_shared` bytes (0 where it
+  /// cannot launch), its shared-memory limit raised to match. Asked of the runtime once per kernel
+  /// and size: the queries cost host time that would otherwise stall every request's launches.
+  template <class Kernel>
+  int resident_blocks(Kernel* kernel, int threads, std::size_t dynamic_shared) {
+    std::lock_guard lock(resident_mutex_);
+    const ResidentKey key{reinterpret_cast<const void*>(kernel), threads, dynamic_shared};
+    for (const auto& [k, blocks] : resident_)
+      if (k == key) return blocks;
+    int blocks = 0;
+    if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(dynamic_shared)) !=
+            cudaSuccess ||
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, threads, dynamic_shared) != cudaSuccess) {
+      (void)cudaGetLastError();
+      blocks = 0;
+    }
+    resident_.emplace_back(key, blocks);
+    return blocks;
+  }
+  struct ResidentKey {
+    const void* kernel;
+    int threads;
+    std::size_t dynamic_shared;
+    friend bool operator==(const ResidentKey&, const ResidentKey&) = default;
+  };
+  std::mutex resident_mutex_;
+  std::vector<std::pair<ResidentKey, int>> resident_;
   /// The prebuilt matching variants: every block_threads in the policy's domain.
   template <class F>
   static void for_each_matching_variant(F&& f) {

@@ -66,17 +66,22 @@ __global__ void query_set_bits(const std::uint32_t* bits, const std::uint32_t* c
 ///
 /// The postings of all the round's query bits are walked as one list of 16-byte chunks spread
 /// evenly over the block, each thread holding kChunksInFlight loads at once: a warp per bit would
-/// wait out one load latency per bit in turn.
+/// wait out one load latency per bit in turn. The eligible slots of a segment are gathered in shared
+/// memory first, so that the list is written in whole lines.
 template <int BlockThreads>
-__global__ void __launch_bounds__(BlockThreads)
+__global__ void __launch_bounds__(BlockThreads, 1536 / BlockThreads)  // 48 warps resident: it is latency-bound
     matching(IndexView index, QueryView query, const std::uint32_t* query_bits, const std::uint32_t* query_bit_count,
              std::uint32_t* eligible_list, TopKState* state) {
   constexpr int kAdsPerLoad = 16;  // one uint4 of header bytes
   constexpr int kLoads = static_cast<int>(kSegmentSlots) / (kAdsPerLoad * BlockThreads);
   static_assert(kLoads >= 1 && kSegmentSlots % (kAdsPerLoad * BlockThreads) == 0);
   using Scan = gpu_cub::BlockScan<std::uint32_t, BlockThreads>;
-  __shared__ __align__(16) std::uint32_t masks[kSegmentSlots / 4];  // one byte per ad
-  constexpr int kChunksInFlight = 4;
+  // One byte per ad while matching; then, once every mask is read, the segment's eligible local slots.
+  __shared__ __align__(16) std::uint32_t segment_words[kSegmentSlots / 2];
+  std::uint32_t* masks = segment_words;
+  auto* found = reinterpret_cast<std::uint16_t*>(segment_words);
+  constexpr int kChunksInFlight = 2;
+  __shared__ __align__(16) std::uint8_t headers[kSegmentSlots];  // fetched by cp.async behind the postings
   __shared__ PostingRange ranges[BlockThreads];
   __shared__ std::uint32_t chunk_start[BlockThreads + 1];  // first chunk of each range in the round's list
   __shared__ typename Scan::TempStorage scan_storage;
@@ -89,9 +94,12 @@ __global__ void __launch_bounds__(BlockThreads)
   const auto* header_quads = reinterpret_cast<const uint4*>(index.postings.headers);
   for (std::uint32_t segment = blockIdx.x; segment < segments; segment += gridDim.x) {
     const std::uint64_t base = static_cast<std::uint64_t>(segment) * kSegmentSlots;
-    uint4 headers[kLoads];  // issued first: their latency hides behind the postings
 #pragma unroll
-    for (int l = 0; l < kLoads; ++l) headers[l] = __ldg(header_quads + base / kAdsPerLoad + l * BlockThreads + rank);
+    for (int l = 0; l < kLoads; ++l) {
+      const int quad = l * BlockThreads + rank;
+      gpu_copy_async_16(headers + quad * kAdsPerLoad, header_quads + base / kAdsPerLoad + quad, 16);
+    }
+    gpu_copy_async_commit();
     for (int i = rank; i < static_cast<int>(kSegmentSlots / 4); i += BlockThreads) masks[i] = 0;
     const SegmentDirectory dir = index.postings.segments[segment];
     const auto* chunks = reinterpret_cast<const uint4*>(index.postings.postings);  // 8 postings each
@@ -136,6 +144,7 @@ __global__ void __launch_bounds__(BlockThreads)
         }
       }
     }
+    gpu_copy_async_wait<0>();
     __syncthreads();
 
     const std::uint64_t limit = min(static_cast<std::uint64_t>(kSegmentSlots), index.slots - base);
@@ -143,7 +152,8 @@ __global__ void __launch_bounds__(BlockThreads)
 #pragma unroll
     for (int l = 0; l < kLoads; ++l) {
       const std::uint32_t local = static_cast<std::uint32_t>(l * BlockThreads + rank) * kAdsPerLoad;
-      const std::uint32_t h[4] = {headers[l].x, headers[l].y, headers[l].z, headers[l].w};
+      const uint4 hq = *reinterpret_cast<const uint4*>(headers + local);
+      const std::uint32_t h[4] = {hq.x, hq.y, hq.z, hq.w};
       const uint4 mq = *reinterpret_cast<const uint4*>(masks + local / 4);
       const std::uint32_t m[4] = {mq.x, mq.y, mq.z, mq.w};
       std::uint32_t f = 0, walkers = 0;
@@ -167,14 +177,16 @@ __global__ void __launch_bounds__(BlockThreads)
     std::uint32_t offset = 0, block_total = 0;
     Scan(scan_storage).ExclusiveSum(total, offset, block_total);
     if (rank == 0) block_base = atomicAdd(&state->eligible_count, block_total);
-    __syncthreads();
-    std::uint32_t out = block_base + offset;
+    __syncthreads();  // every mask read: `found` overwrites them
 #pragma unroll
     for (int l = 0; l < kLoads; ++l) {
-      const std::uint64_t first_slot = base + static_cast<std::uint64_t>(l * BlockThreads + rank) * kAdsPerLoad;
-      for (std::uint32_t f = flags[l]; f; f &= f - 1u)
-        eligible_list[out++] = static_cast<std::uint32_t>(first_slot + __ffs(f) - 1);
+      const std::uint32_t local = static_cast<std::uint32_t>(l * BlockThreads + rank) * kAdsPerLoad;
+      for (std::uint32_t f = flags[l]; f; f &= f - 1u) found[offset++] = static_cast<std::uint16_t>(local + __ffs(f) - 1);
     }
+    __syncthreads();
+    for (std::uint32_t i = rank; i < block_total; i += BlockThreads)
+      eligible_list[block_base + i] = static_cast<std::uint32_t>(base + found[i]);
+    __syncthreads();  // `found` read before the next segment clears its masks
   }
 }
 
@@ -531,7 +543,7 @@ __device__ __forceinline__ void for_each_clause(const std::uint32_t* clauses, st
 
 /// Reindex step 1: each slot's match header, and how many postings it contributes (0 unless indexed).
 __global__ void postings_count(const std::uint32_t* targeting, const std::uint32_t* clauses, std::uint32_t slots,
-                               std::uint8_t* headers, std::uint32_t* counts) {
+                               std::uint8_t* headers, std::uint32_t* counts, std::uint32_t* walked) {
   for (std::uint32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < slots; i += gridDim.x * blockDim.x) {
     const std::uint32_t word = targeting[i];
     std::uint8_t header = match_header::not_live;
@@ -549,6 +561,7 @@ __global__ void postings_count(const std::uint32_t* targeting, const std::uint32
         count = n;
       } else {
         header = match_header::walk;
+        atomicAdd(walked, 1u);  // rare: more categories or clauses than an index byte and segment hold
       }
     }
     headers[i] = header;
