@@ -239,8 +239,8 @@ Pool build_pool(const Workload& w, std::uint64_t n, std::uint64_t embedding_seed
   KEVO_GPU_ASSERT(cudaDeviceSynchronize());
   const auto a = std::chrono::steady_clock::now();
   CHECK_OK(index.reindex());  // the upserts left some ads unindexed
-  std::printf("reindexed %llu ads in %.1f ms\n", static_cast<unsigned long long>(n),
-              std::chrono::duration<double>(std::chrono::steady_clock::now() - a).count() * 1e3);
+  std::printf("reindexed %llu ads in %.1f ms (%zu left to walk their clause runs)\n", static_cast<unsigned long long>(n),
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - a).count() * 1e3, index.unindexed_count());
   pool.ensure_temp();
   return pool;
 }
