@@ -16,7 +16,7 @@ namespace kevo::retrieval {
 /// Index matching: a block takes one postings segment (8192 slots) at a time; `blocks_per_sm`
 /// sets how many run on each multiprocessor at once.
 struct MatchingPolicy {
-  int block_threads = 256;
+  int block_threads = 128;
   static constexpr std::array<int, 3> block_threads_domain{128, 256, 512};  // compile-time variants
   int blocks_per_sm = 8;  // capped by what is resident at once
   static constexpr std::array<int, 4> blocks_per_sm_domain{2, 4, 8, 16};  // run time (grid size)
