@@ -97,6 +97,7 @@ int main(int argc, char** argv) {
     if (auto ok = backend->upsert(std::span<const AdRecord>(batch.data(), batch.size())); !ok)
       return std::fprintf(stderr, "%s\n", ok.error().message.c_str()), 1;
   }
+  if (auto ok = backend->reindex(); !ok) return std::fprintf(stderr, "%s\n", ok.error().message.c_str()), 1;
 
   boost::asio::io_context io;
   RetrievalHttpServer server(io, *backend, {boost::asio::ip::make_address(o.host), o.port});

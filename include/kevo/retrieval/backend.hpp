@@ -32,6 +32,9 @@ class RetrievalBackend {
   virtual expected<void, Error> upsert(std::span<const AdRecord> ads) = 0;
   /// Expires ads by id; returns how many were live.
   virtual expected<std::size_t, Error> expire(std::span<const std::uint32_t> ids) = 0;
+  /// Rebuilds whatever index speeds up searches after a bulk load (the GPU's matching postings);
+  /// results never depend on it. Nothing to do on the CPU.
+  virtual expected<void, Error> reindex() { return {}; }
 };
 
 /// The CPU backend: the reference over a HostAdPool. Searches share a lock that updates take

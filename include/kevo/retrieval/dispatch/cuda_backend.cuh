@@ -30,6 +30,7 @@ class CudaRetrievalBackend final : public RetrievalBackend {
   expected<std::size_t, Error> expire(std::span<const std::uint32_t> ids) override {
     return pipeline_->index().expire(ids);
   }
+  expected<void, Error> reindex() override { return pipeline_->index().reindex(); }
   FusedRetrievalPipeline& pipeline() { return *pipeline_; }
 
  private:
