@@ -198,21 +198,44 @@ __global__ void __launch_bounds__(BlockThreads, 1536 / BlockThreads)  // 48 warp
 /// loads in flight before scoring them.
 inline constexpr int kMaxChunkSlots = 16 * 32;
 
+/// What both scoring kernels do around their tiles: a block-local level-0 histogram of the keys,
+/// the request's fragments in shared memory, each scored ad's key recorded, the histogram flushed.
+template <int Dim, EmbeddingType Type>
+struct ScoringBlock {
+  ScoringFragments<Dim> fragments;
+  std::uint32_t histogram[kTopKBins];
+
+  __device__ void begin(const __half* vectors, int rank, int threads) {
+    for (int i = rank; i < kTopKBins; i += threads) histogram[i] = 0;
+    load_scoring_fragments<Dim, Type>(fragments, vectors, rank, threads);
+    __syncthreads();
+  }
+  /// Stores the key of one scored ad at keys[at] and counts it; `largest` tracks the chunk's maximum.
+  __device__ __forceinline__ void record(float score, std::uint32_t* keys, std::uint32_t at, std::uint32_t& largest) {
+    const std::uint32_t key = score_key(score);
+    keys[at] = key;
+    atomicAdd(&histogram[key >> 20], 1u);  // (warp-aggregating by bin with match_any measured slower)
+    largest = max(largest, key);
+  }
+  __device__ void flush(TopKState* state, int rank, int threads) {
+    __syncthreads();
+    for (int i = rank; i < kTopKBins; i += threads)
+      if (histogram[i]) atomicAdd(&state->histogram[0][i], histogram[i]);
+  }
+};
+
 template <int BlockThreads, int Dim, EmbeddingType Type, int TilesInFlight>
 __global__ void __launch_bounds__(BlockThreads)
     scoring(IndexView index, const __half* vectors, const std::uint32_t* eligible_list, TopKState* state,
             std::uint32_t* keys, std::uint32_t* chunk_max, int routing, int experts, int tiles_per_chunk) {
   constexpr int warps = BlockThreads / 32;
   using Agent = AgentScoring<Dim, Type>;
-  __shared__ ScoringFragments<Dim> fragments;
-  __shared__ std::uint32_t histogram[kTopKBins];
+  __shared__ ScoringBlock<Dim, Type> block;
   __shared__ std::uint32_t chunk_slots[warps][kMaxChunkSlots];
   const int rank = static_cast<int>(threadIdx.x);
-  for (int i = rank; i < kTopKBins; i += BlockThreads) histogram[i] = 0;
-  load_scoring_fragments<Dim, Type>(fragments, vectors, rank, BlockThreads);
-  __syncthreads();
+  block.begin(vectors, rank, BlockThreads);
 
-  const Agent agent{index, &fragments, routing, experts};
+  const Agent agent{index, &block.fragments, routing, experts};
   const std::uint32_t count = state->eligible_count;
   const std::uint32_t chunk_size = 16u * static_cast<std::uint32_t>(tiles_per_chunk);
   const std::uint32_t chunks = (count + chunk_size - 1) / chunk_size;
@@ -232,12 +255,7 @@ __global__ void __launch_bounds__(BlockThreads)
                                     hi < length);
       }
       auto record = [&](float score, std::uint32_t local, bool owner) {
-        if (owner && local < length) {
-          const std::uint32_t key = score_key(score);
-          keys[begin + local] = key;
-          atomicAdd(&histogram[key >> 20], 1u);
-          largest = max(largest, key);
-        }
+        if (owner && local < length) block.record(score, keys, begin + local, largest);
       };
       const std::uint32_t row = group + ((quad & 1) ? 8u : 0u);
       if constexpr (TilesInFlight == 2) {
@@ -252,9 +270,7 @@ __global__ void __launch_bounds__(BlockThreads)
     largest = __reduce_max_sync(0xffffffffu, largest);
     if (lane == 0) chunk_max[chunk] = largest;
   }
-  __syncthreads();
-  for (int i = rank; i < kTopKBins; i += BlockThreads)
-    if (histogram[i]) atomicAdd(&state->histogram[0][i], histogram[i]);
+  block.flush(state, rank, BlockThreads);
 }
 
 /// The dynamic shared memory of scoring_staged: per warp, its ring of stages and two chunk-slot buffers.
@@ -276,8 +292,7 @@ __global__ void __launch_bounds__(BlockThreads)
   constexpr int warps = BlockThreads / 32;
   using Agent = AgentScoring<Dim, Type>;
   using Stage = StagedPair<Dim, Type>;
-  __shared__ ScoringFragments<Dim> fragments;
-  __shared__ std::uint32_t histogram[kTopKBins];
+  __shared__ ScoringBlock<Dim, Type> block;
   extern __shared__ uint4 staged_shared[];  // scoring_staged_dynamic_bytes
   const int rank = static_cast<int>(threadIdx.x);
   const int lane = rank % 32, warp = rank / 32, group = lane / 4, quad = lane % 4;
@@ -286,11 +301,9 @@ __global__ void __launch_bounds__(BlockThreads)
   Stage* ring = reinterpret_cast<Stage*>(staged_shared) + warp * Stages;
   std::uint32_t* slot_buffers =
       reinterpret_cast<std::uint32_t*>(reinterpret_cast<Stage*>(staged_shared) + warps * Stages) + warp * 2 * chunk_size;
-  for (int i = rank; i < kTopKBins; i += BlockThreads) histogram[i] = 0;
-  load_scoring_fragments<Dim, Type>(fragments, vectors, rank, BlockThreads);
-  __syncthreads();
+  block.begin(vectors, rank, BlockThreads);
 
-  const Agent agent{index, &fragments, routing, experts};
+  const Agent agent{index, &block.fragments, routing, experts};
   const std::uint32_t count = state->eligible_count;
   const std::uint32_t chunks = (count + chunk_size - 1) / chunk_size;
   const std::uint32_t first_chunk = blockIdx.x * warps + warp, stride = gridDim.x * warps;
@@ -339,12 +352,7 @@ __global__ void __launch_bounds__(BlockThreads)
       const Stage& stage = ring[c % Stages];
       const float score = agent.score_tile_pair(lane, agent.staged_tile(lane, stage, 0), agent.staged_tile(lane, stage, 1));
       const std::uint32_t local = pair * 32u + 16u * (quad >> 1) + group + ((quad & 1) ? 8u : 0u);
-      if (local < length) {
-        const std::uint32_t key = score_key(score);
-        keys[begin + local] = key;
-        atomicAdd(&histogram[key >> 20], 1u);  // (warp-aggregating by bin with match_any measured slower)
-        largest = max(largest, key);
-      }
+      if (local < length) block.record(score, keys, begin + local, largest);
     }
     if (pair + 1 == pairs_per_chunk) {
       largest = __reduce_max_sync(0xffffffffu, largest);
@@ -352,9 +360,7 @@ __global__ void __launch_bounds__(BlockThreads)
       largest = 0;
     }
   }
-  __syncthreads();
-  for (int i = rank; i < kTopKBins; i += BlockThreads)
-    if (histogram[i]) atomicAdd(&state->histogram[0][i], histogram[i]);
+  block.flush(state, rank, BlockThreads);
 }
 
 // ---- top-K -------------------------------------------------------------------------------------
