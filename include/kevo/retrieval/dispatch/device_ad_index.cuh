@@ -17,7 +17,9 @@
 // No torn reads: updates and searches are ordered on the device by events. An update waits for
 // every search enqueued before it, and every search enqueued after it waits for the update, so a
 // search sees each ad wholly before or wholly after an update; the update call returns only once
-// it is applied, so every later request sees it. Host-side bookkeeping is under one mutex.
+// it is applied, so every later request sees it. Updates run one at a time (update_mutex_);
+// searches and updates enqueue their device work under a second mutex held only for that, so an
+// update's host work (staging a batch, building postings) never holds searches up.
 //
 //   auto index = DeviceAdIndex::create(schema, {.capacity = 1 << 20});
 //   (*index)->upsert(ads);
@@ -137,7 +139,7 @@ class DeviceAdIndex {
   /// Device bytes each slot holds: row, id, targeting word, bias, scale (int8), match header, and
   /// its share of the arena and of matching's postings (2 bytes per indexed clause) and hash tables.
   std::size_t bytes_per_slot() const {
-    std::lock_guard lock(mutex_);
+    std::lock_guard lock(update_mutex_);
     return row_bytes() + 13 + (schema_.embedding_type == EmbeddingType::int8 ? 4 : 0) +
            4 * options_.clause_capacity / options_.capacity +
            (slots_ ? (2 * postings_count_ + 8 * table_entries_) / slots_ : 0);
@@ -145,11 +147,11 @@ class DeviceAdIndex {
   /// Ads that matching tests by walking their clause runs: those written since the last reindex,
   /// and those with more than 7 restricted categories or 64 clauses.
   std::size_t unindexed_count() const {
-    std::lock_guard lock(mutex_);
+    std::lock_guard lock(update_mutex_);
     return walk_count_ + wide_count_;
   }
   std::size_t live_count() const {
-    std::lock_guard lock(mutex_);
+    std::lock_guard lock(update_mutex_);
     return id_to_slot_.size();
   }
   std::uint32_t total_query_bits() const { return total_query_bits_; }
@@ -183,7 +185,8 @@ class DeviceAdIndex {
       if (c >= schema_.category_values.size() || clause_bits::value(packed) >= schema_.category_values[c])
         return make_error("PackedAds: a clause is outside the schema");
     }
-    std::lock_guard lock(mutex_);
+    std::lock_guard update(update_mutex_);
+    std::unique_lock<std::mutex> held(mutex_, std::defer_lock);  // taken early only for a compaction
     // One write per slot per batch (the scatter kernel writes slots in parallel): the last entry of
     // an id wins, a new id that is not live takes no slot, and slots freed here are reused only by
     // later batches.
@@ -224,6 +227,9 @@ class DeviceAdIndex {
         return make_error("the clause arena is full: live ads hold " + std::to_string(kept) + " of " +
                           std::to_string(options_.clause_capacity) + " packed clauses and this batch needs " +
                           std::to_string(padded_clauses) + " more (create the index with a larger clause_capacity)");
+      // Searches stay out from the compaction until this batch is in: the runs it drops would
+      // otherwise read as ANY.
+      held.lock();
       if (auto ok = compact_clause_arena(replaced); !ok) return ok;
     }
 
@@ -238,6 +244,7 @@ class DeviceAdIndex {
       std::copy(ads.clauses.begin() + ads.clause_begin[i], ads.clauses.begin() + ads.clause_begin[i + 1],
                 run + padded_begin[i]);
     // Slots first, in order (the id map is not shared across threads); then the rows, in parallel.
+    std::size_t high_water = slots_;
     std::vector<std::uint32_t> freed;
     std::vector<std::pair<std::size_t, std::uint32_t>> entries;  // (ad, slot) in staging order
     entries.reserve(n);
@@ -257,7 +264,7 @@ class DeviceAdIndex {
         free_slots_.pop_back();
         id_to_slot_[ads.ids[i]] = slot;
       } else {
-        slot = static_cast<std::uint32_t>(slots_++);
+        slot = static_cast<std::uint32_t>(high_water++);
         id_to_slot_[ads.ids[i]] = slot;
       }
       entries.emplace_back(i, slot);
@@ -285,22 +292,25 @@ class DeviceAdIndex {
     for (std::int64_t delta : clause_delta) live_clauses_ = static_cast<std::size_t>(static_cast<std::int64_t>(live_clauses_) + delta);
     for (const auto& [i, slot] : entries) walk_count_ += ads.live[i] ? 1 : 0;
     free_slots_.insert(free_slots_.end(), freed.begin(), freed.end());
-    KEVO_GPU_TRY(wait_for_searches());
-    KEVO_GPU_TRY(cudaMemcpyAsync(device_staging_, host_staging_, s.total, cudaMemcpyHostToDevice, update_stream_));
-    if (padded_clauses > 0)
-      KEVO_GPU_TRY(cudaMemcpyAsync(clauses_ + arena_tail_, device_staging_ + s.clauses, padded_clauses * 4,
-                                   cudaMemcpyDeviceToDevice, update_stream_));
-    arena_tail_ += padded_clauses;
-    auto* d = device_staging_;
-    if (written > 0)
-      kernels::scatter_ads<<<static_cast<unsigned>((written * 32 + 255) / 256), 256, 0, update_stream_>>>(
-          static_cast<std::uint32_t>(written), reinterpret_cast<std::uint32_t*>(d + s.slots),
-          reinterpret_cast<std::uint32_t*>(d + s.ids), reinterpret_cast<std::uint32_t*>(d + s.targeting),
-          reinterpret_cast<float*>(d + s.bias), with_rows ? reinterpret_cast<float*>(d + s.scale) : nullptr,
-          with_rows ? reinterpret_cast<const uint4*>(d + s.rows) : nullptr, static_cast<int>(row_bytes() / 16), ids_,
-          targeting_, bias_, scale_, static_cast<uint4*>(embeddings_), headers_);
-    KEVO_GPU_TRY(cudaGetLastError());
-    if (auto ok = finish_update(); !ok) return ok;
+    auto ok = publish(held, [&]() -> expected<void, Error> {
+      slots_ = high_water;
+      KEVO_GPU_TRY(cudaMemcpyAsync(device_staging_, host_staging_, s.total, cudaMemcpyHostToDevice, update_stream_));
+      if (padded_clauses > 0)
+        KEVO_GPU_TRY(cudaMemcpyAsync(clauses_ + arena_tail_, device_staging_ + s.clauses, padded_clauses * 4,
+                                     cudaMemcpyDeviceToDevice, update_stream_));
+      arena_tail_ += padded_clauses;
+      auto* d = device_staging_;
+      if (written > 0)
+        kernels::scatter_ads<<<static_cast<unsigned>((written * 32 + 255) / 256), 256, 0, update_stream_>>>(
+            static_cast<std::uint32_t>(written), reinterpret_cast<std::uint32_t*>(d + s.slots),
+            reinterpret_cast<std::uint32_t*>(d + s.ids), reinterpret_cast<std::uint32_t*>(d + s.targeting),
+            reinterpret_cast<float*>(d + s.bias), with_rows ? reinterpret_cast<float*>(d + s.scale) : nullptr,
+            with_rows ? reinterpret_cast<const uint4*>(d + s.rows) : nullptr, static_cast<int>(row_bytes() / 16), ids_,
+            targeting_, bias_, scale_, static_cast<uint4*>(embeddings_), headers_);
+      KEVO_GPU_TRY(cudaGetLastError());
+      return {};
+    });
+    if (!ok) return ok;
     if (walk_count_ < options_.reindex_after) return {};
     if (auto ok = reindex_locked(); !ok)
       return make_error("the batch is applied, but the reindex it started failed: " + ok.error().message);
@@ -312,21 +322,21 @@ class DeviceAdIndex {
   /// it see the old postings, searches after it the new); until it returns, upserted ads are simply
   /// tested by walking their runs. Call it after a bulk load.
   expected<void, Error> reindex() {
-    std::lock_guard lock(mutex_);
+    std::lock_guard update(update_mutex_);
     return reindex_locked();
   }
 
   /// Packed clauses in use in the arena (live runs plus those that replaced or expired ads left
   /// behind until the next compaction), and its capacity.
   std::size_t clause_arena_used() const {
-    std::lock_guard lock(mutex_);
+    std::lock_guard lock(update_mutex_);
     return arena_tail_;
   }
   std::size_t clause_arena_capacity() const { return options_.clause_capacity; }
 
   /// Takes ads out of every later search; returns how many of the ids were live.
   expected<std::size_t, Error> expire(std::span<const std::uint32_t> ids) {
-    std::lock_guard lock(mutex_);
+    std::lock_guard update(update_mutex_);
     Staging s = staging_layout(ids.size(), 0, false);
     if (auto ok = reserve_staging(s.total); !ok) return unexpected(ok.error());
     auto* slots = reinterpret_cast<std::uint32_t*>(host_staging_ + s.slots);
@@ -344,15 +354,18 @@ class DeviceAdIndex {
       ++n;
     }
     if (n == 0) return std::size_t{0};
-    KEVO_GPU_TRY(wait_for_searches());
-    KEVO_GPU_TRY(cudaMemcpyAsync(device_staging_, host_staging_, s.total, cudaMemcpyHostToDevice, update_stream_));
-    auto* d = device_staging_;
-    kernels::scatter_ads<<<static_cast<unsigned>((n * 32 + 255) / 256), 256, 0, update_stream_>>>(
-        static_cast<std::uint32_t>(n), reinterpret_cast<std::uint32_t*>(d + s.slots), nullptr,
-        reinterpret_cast<std::uint32_t*>(d + s.targeting), nullptr, nullptr, nullptr, 0, ids_, targeting_, bias_,
-        scale_, static_cast<uint4*>(embeddings_), headers_);
-    KEVO_GPU_TRY(cudaGetLastError());
-    if (auto ok = finish_update(); !ok) return unexpected(ok.error());
+    std::unique_lock<std::mutex> held(mutex_, std::defer_lock);
+    auto ok = publish(held, [&]() -> expected<void, Error> {
+      KEVO_GPU_TRY(cudaMemcpyAsync(device_staging_, host_staging_, s.total, cudaMemcpyHostToDevice, update_stream_));
+      auto* d = device_staging_;
+      kernels::scatter_ads<<<static_cast<unsigned>((n * 32 + 255) / 256), 256, 0, update_stream_>>>(
+          static_cast<std::uint32_t>(n), reinterpret_cast<std::uint32_t*>(d + s.slots), nullptr,
+          reinterpret_cast<std::uint32_t*>(d + s.targeting), nullptr, nullptr, nullptr, 0, ids_, targeting_, bias_,
+          scale_, static_cast<uint4*>(embeddings_), headers_);
+      KEVO_GPU_TRY(cudaGetLastError());
+      return {};
+    });
+    if (!ok) return unexpected(ok.error());
     return n;
   }
 
@@ -454,8 +467,8 @@ class DeviceAdIndex {
     }
   }
   /// Moves the live ads' clause runs to the front of a fresh arena, ordered like any update: after
-  /// every search enqueued before, before any enqueued after. Upsert calls it, with the lock held,
-  /// when a batch does not fit, naming the slots the batch is about to overwrite (their runs are
+  /// every search enqueued before, before any enqueued after. Upsert calls it, with both locks held
+  /// (searches stay out until the batch itself is in), when a batch does not fit, naming the slots the batch is about to overwrite (their runs are
   /// dropped; no search runs between this and the overwrite). The fresh arena is allocated beside
   /// the old one for the copy.
   expected<void, Error> compact_clause_arena(const std::vector<std::uint32_t>& overwritten) {
@@ -502,7 +515,7 @@ class DeviceAdIndex {
         live_clauses_ -= run_clauses_[slot];
         run_clauses_[slot] = 0;
       }
-      return finish_update();
+      return {};
     };
     auto ok = run();
     release();
@@ -631,23 +644,23 @@ class DeviceAdIndex {
         return ok;
       }
 
-    // Publish: after every search enqueued before, before any enqueued after.
-    auto publish = [&]() -> expected<void, Error> {
-      KEVO_GPU_TRY(wait_for_searches());
+    // Searches ran on while this was built; the new postings replace the old between two of them.
+    scratch.release(postings);
+    std::unique_lock<std::mutex> held(mutex_, std::defer_lock);
+    auto published = publish(held, [&]() -> expected<void, Error> {
       if (n > 0) KEVO_GPU_TRY(cudaMemcpyAsync(headers_, headers, n, cudaMemcpyDeviceToDevice, stream));
       if (segments > 0)
         KEVO_GPU_TRY(cudaMemcpyAsync(segments_, directory.data(), segments * sizeof(SegmentDirectory),
                                      cudaMemcpyHostToDevice, stream));
-      return finish_update();
-    };
-    if (auto ok = publish(); !ok) {
+      std::swap(postings_, postings);
+      std::swap(table_buffers_, tables);
+      return {};
+    });
+    if (postings) cudaFree(postings);  // the old ones once published (every search that read them is done), else the new
+    if (!published) {
       free_tables();
-      return ok;
+      return published;
     }
-    scratch.release(postings);
-    std::swap(postings_, postings);
-    std::swap(table_buffers_, tables);
-    if (postings) cudaFree(postings);  // the old ones: every search that read them is done
     free_tables();
     postings_count_ = host_starts[segments];
     table_entries_ = table_entries;
@@ -656,20 +669,35 @@ class DeviceAdIndex {
     return {};
   }
 
+  /// Enqueues an update's device work (`enqueue`, on update_stream_) after every search enqueued
+  /// so far and before any enqueued later, then waits for it to finish. Searches are held off only
+  /// while it enqueues: `lock` (on mutex_) is taken here unless the caller holds it already, and
+  /// released before the wait.
+  template <class Enqueue>
+  expected<void, Error> publish(std::unique_lock<std::mutex>& lock, Enqueue&& enqueue) {
+    if (!lock.owns_lock()) lock.lock();
+    auto enqueued = [&]() -> expected<void, Error> {
+      KEVO_GPU_TRY(wait_for_searches());
+      if (auto ok = enqueue(); !ok) return ok;
+      KEVO_GPU_TRY(cudaEventRecord(updated_, update_stream_));
+      return {};
+    }();
+    lock.unlock();
+    if (!enqueued) return enqueued;
+    KEVO_GPU_TRY(cudaEventSynchronize(updated_));  // staging is free again, and later searches see it
+    return {};
+  }
+
   gpu_error_t wait_for_searches() {
     for (auto& [stream, event] : search_events_)
       if (gpu_error_t e = cudaStreamWaitEvent(update_stream_, event, 0); e != gpu_success) return e;
     return gpu_success;
   }
-  expected<void, Error> finish_update() {
-    KEVO_GPU_TRY(cudaEventRecord(updated_, update_stream_));
-    KEVO_GPU_TRY(cudaEventSynchronize(updated_));  // staging is free again, and later searches see it
-    return {};
-  }
 
   Schema schema_;
   Options options_;
-  mutable std::mutex mutex_;
+  mutable std::mutex update_mutex_;  // one update at a time; the host bookkeeping below
+  mutable std::mutex mutex_;         // held briefly: while a search or an update enqueues device work
   std::uint32_t* ids_ = nullptr;
   std::uint32_t* targeting_ = nullptr;
   std::uint32_t* clauses_ = nullptr;
