@@ -360,20 +360,11 @@ std::vector<ScoredAd> top_k(Pool& pool, const Request& request) {
 /// Replaces random live ads (new embeddings and targeting) in batches of 10,000, alone and while
 /// another thread searches back to back.
 void run_updates(Pool& fp16, const Workload& fp16_workload, const Request& typical, std::uint64_t n, bool quick) {
-  std::puts("\n## Ad updates (replacing live ads with new embeddings, batches of 10000)\n");
+  std::puts("\n## Ad updates (replacing live ads with new embeddings and targeting)\n");
+  for (const int batch : {10000, 100000})
   for (bool with_search : {false, true}) {
-    std::atomic<bool> stop{false};
-    std::atomic<int> searches{0};
-    std::thread searcher;
-    if (with_search)
-      searcher = std::thread([&] {
-        while (!stop) {
-          top_k(fp16, typical);
-          ++searches;
-        }
-      });
     Rng rng(7);
-    const int batch = 10000, batches = quick ? 20 : 60;
+    const int batches = (quick ? 200000 : 600000) / batch + (batch > 10000 ? 6 : 0);
     std::vector<std::vector<AdRecord>> prepared(static_cast<std::size_t>(batches), std::vector<AdRecord>(batch));
     for (auto& ads : prepared)
       for (AdRecord& ad : ads) {
@@ -385,13 +376,23 @@ void run_updates(Pool& fp16, const Workload& fp16_workload, const Request& typic
         ad.clauses = fp16_workload.ad_targeting(id);
         ad.live = true;
       }
+    std::atomic<bool> stop{false};
+    std::atomic<int> searches{0};
+    std::thread searcher;
+    if (with_search)
+      searcher = std::thread([&] {
+        while (!stop) {
+          top_k(fp16, typical);
+          ++searches;
+        }
+      });
     const auto a = std::chrono::steady_clock::now();
     for (const auto& ads : prepared) CHECK_OK(fp16.pipeline->index().upsert(ads));
     const double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - a).count();
     stop = true;
     if (searcher.joinable()) searcher.join();
-    std::printf("%s: %.2f M ads/s applied (%d searches alongside)\n",
-                with_search ? "while searching" : "alone", batch * batches / t * 1e-6, searches.load());
+    std::printf("batches of %d, %s: %.2f M ads/s applied (%d searches alongside, %.1f ms per batch)\n", batch,
+                with_search ? "while searching" : "alone", batch * batches / t * 1e-6, searches.load(), t / batches * 1e3);
   }
 
 }
