@@ -65,9 +65,9 @@ __global__ void query_set_bits(const std::uint32_t* bits, const std::uint32_t* c
 /// postings of each query bit, then compare each ad's mask with the need mask in its header.
 ///
 /// The postings of all the round's query bits are walked as one list of 16-byte chunks spread
-/// evenly over the block, each thread holding kChunksInFlight loads at once: a warp per bit would
-/// wait out one load latency per bit in turn. The eligible slots of a segment are gathered in shared
-/// memory first, so that the list is written in whole lines.
+/// evenly over the block (one bit's list may be long, the next empty), each thread holding
+/// kChunksInFlight loads at once. The eligible slots of a segment are gathered in shared memory
+/// first, so that the list is written in whole lines (scattered 4-byte stores cost more, run 17).
 template <int BlockThreads>
 __global__ void __launch_bounds__(BlockThreads, 1536 / BlockThreads)  // 48 warps resident: it is latency-bound
     matching(IndexView index, QueryView query, const std::uint32_t* query_bits, const std::uint32_t* query_bit_count,
