@@ -236,7 +236,10 @@ TEST_CASE("matching's postings take every clause shape, and stale postings never
     return ad;
   };
   constexpr int kShapes = 7;
-  auto p = FusedRetrievalPipeline::create(w.schema(), w.model(), {.capacity = 40000, .reindex_after = SIZE_MAX});
+  // One segment per reindex slice as well as all in one: the slices' tables must join up.
+  const std::uint32_t slice_segments = GENERATE(1u, 512u);
+  auto p = FusedRetrievalPipeline::create(
+      w.schema(), w.model(), {.capacity = 40000, .reindex_after = SIZE_MAX, .reindex_slice_segments = slice_segments});
   REQUIRE(p);
   DeviceAdIndex& index = (*p)->index();
   HostAdPool host(w.schema());
@@ -248,7 +251,8 @@ TEST_CASE("matching's postings take every clause shape, and stale postings never
   };
   auto check = [&](const char* step) {
     const auto expected = reference_eligible_ids(host, request);
-    INFO(step << ": " << expected.size() << " eligible of " << host.live_count());
+    INFO(step << " (slices of " << slice_segments << " segments): " << expected.size() << " eligible of "
+              << host.live_count());
     REQUIRE(device_eligible_ids(**p, request) == expected);
   };
   std::vector<AdRecord> batch;

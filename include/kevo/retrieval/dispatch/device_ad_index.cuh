@@ -101,6 +101,9 @@ class DeviceAdIndex {
     /// Ads written since the last reindex that start the next one; 0 means max(capacity / 32, 65536),
     /// SIZE_MAX only explicit reindex() calls.
     std::size_t reindex_after = 0;
+    /// Segments a reindex builds at once, 1 to 512: its temporaries grow with it (~22 B per
+    /// posting of a slice: ~450 MB for 512 segments at the headline workload).
+    std::uint32_t reindex_slice_segments = 512;
   };
 
   static expected<std::unique_ptr<DeviceAdIndex>, Error> create(const Schema& schema, Options options) {
@@ -111,6 +114,8 @@ class DeviceAdIndex {
     if (options.clause_capacity == 0) options.clause_capacity = options.capacity * 8;
     options.clause_capacity = (options.clause_capacity + 3) & ~std::size_t{3};
     if (options.clause_capacity / 4 > targeting_bits::offset_mask) return make_error("clause capacity above 2^32");
+    if (options.reindex_slice_segments < 1 || options.reindex_slice_segments > 512)
+      return make_error("reindex_slice_segments from 1 to 512");
     if (options.reindex_after == 0) options.reindex_after = std::max<std::size_t>(options.capacity / 32, 65536);
     std::unique_ptr<DeviceAdIndex> index(new DeviceAdIndex(schema, options));
     if (auto ok = index->allocate(); !ok) return unexpected(ok.error());
@@ -525,13 +530,13 @@ class DeviceAdIndex {
     return ok;
   }
 
-  /// The reindex, with the lock held. Works slice by slice (kSliceSegments segments) so that its
+  /// The reindex, with the lock held. Works slice by slice (reindex_slice_segments segments) so that its
   /// temporaries stay small: emit each indexed ad's postings keyed by (segment, query bit), sort
   /// them (stable, so slot order holds within a bit), run-length encode the keys, and insert each
   /// distinct key into its segment's hash table, sized 2x its keys. Everything is built beside
   /// the live postings; only headers and directory are copied over, after the searches before.
   expected<void, Error> reindex_locked() {
-    constexpr std::uint32_t kSliceSegments = 512;
+    const std::uint32_t slice_segments = options_.reindex_slice_segments;
     const auto n = static_cast<std::uint32_t>(slots_);
     const std::uint32_t segments = (n + kSegmentSlots - 1) / kSegmentSlots;
     gpu_stream_t stream = update_stream_;
@@ -561,8 +566,8 @@ class DeviceAdIndex {
     KEVO_GPU_TRY(cudaStreamSynchronize(stream));
 
     std::uint32_t slice_entries = 0;  // the most postings of any slice: sizes the slice temporaries
-    for (std::uint32_t s0 = 0; s0 < segments; s0 += kSliceSegments)
-      slice_entries = std::max(slice_entries, host_starts[std::min(segments, s0 + kSliceSegments)] - host_starts[s0]);
+    for (std::uint32_t s0 = 0; s0 < segments; s0 += slice_segments)
+      slice_entries = std::max(slice_entries, host_starts[std::min(segments, s0 + slice_segments)] - host_starts[s0]);
     std::uint16_t *values = nullptr, *postings = nullptr;
     std::uint32_t *keys = nullptr, *sorted_keys = nullptr, *unique_keys = nullptr, *run_counts = nullptr,
                   *run_starts = nullptr, *runs = nullptr, *segment_bits = nullptr, *slice_tables = nullptr;
@@ -571,8 +576,8 @@ class DeviceAdIndex {
     for (std::uint32_t** p : {&keys, &sorted_keys, &unique_keys, &run_counts, &run_starts})
       KEVO_GPU_TRY(scratch.allocate(*p, slice_entries));
     KEVO_GPU_TRY(scratch.allocate(runs, 1));
-    KEVO_GPU_TRY(scratch.allocate(segment_bits, kSliceSegments));
-    KEVO_GPU_TRY(scratch.allocate(slice_tables, 3 * (kSliceSegments + 1)));  // segment starts, table offsets, sizes
+    KEVO_GPU_TRY(scratch.allocate(segment_bits, slice_segments));
+    KEVO_GPU_TRY(scratch.allocate(slice_tables, 3 * (slice_segments + 1)));  // segment starts, table offsets, sizes
     std::size_t sort_bytes = 0, encode_bytes = 0, run_scan_bytes = 0;
     KEVO_GPU_TRY(gpu_cub::DeviceRadixSort::SortPairs(nullptr, sort_bytes, keys, sorted_keys, values, postings, slice_entries));
     KEVO_GPU_TRY(gpu_cub::DeviceRunLengthEncode::Encode(nullptr, encode_bytes, sorted_keys, unique_keys, run_counts, runs,
@@ -607,15 +612,15 @@ class DeviceAdIndex {
       KEVO_GPU_TRY(cudaStreamSynchronize(stream));
       bytes = slice_temp_bytes;
       KEVO_GPU_TRY(gpu_cub::DeviceScan::ExclusiveSum(slice_temp, bytes, run_counts, run_starts, distinct, stream));
-      KEVO_GPU_TRY(cudaMemsetAsync(segment_bits, 0, kSliceSegments * 4, stream));
+      KEVO_GPU_TRY(cudaMemsetAsync(segment_bits, 0, slice_segments * 4, stream));
       const unsigned run_grid = std::max(1u, std::min(8192u, (distinct + 255) / 256));
       kernels::postings_count_bits<<<run_grid, 256, 0, stream>>>(unique_keys, runs, segment_bits);
-      std::vector<std::uint32_t> bits(s1 - s0), slice(3 * (kSliceSegments + 1), 0);
+      std::vector<std::uint32_t> bits(s1 - s0), slice(3 * (slice_segments + 1), 0);
       KEVO_GPU_TRY(cudaMemcpyAsync(bits.data(), segment_bits, bits.size() * 4, cudaMemcpyDeviceToHost, stream));
       KEVO_GPU_TRY(cudaStreamSynchronize(stream));
       std::uint32_t* segment_starts = slice.data();
-      std::uint32_t* table_offsets = segment_starts + kSliceSegments + 1;
-      std::uint32_t* table_sizes = table_offsets + kSliceSegments + 1;
+      std::uint32_t* table_offsets = segment_starts + slice_segments + 1;
+      std::uint32_t* table_sizes = table_offsets + slice_segments + 1;
       std::uint32_t slice_table = 0;
       for (std::uint32_t s = s0; s < s1; ++s) {
         const std::uint32_t b = bits[s - s0];
@@ -631,8 +636,8 @@ class DeviceAdIndex {
       KEVO_GPU_TRY(cudaMemsetAsync(table, 0, std::max<std::size_t>(slice_table, 1) * 8, stream));
       KEVO_GPU_TRY(cudaMemcpyAsync(slice_tables, slice.data(), slice.size() * 4, cudaMemcpyHostToDevice, stream));
       kernels::postings_fill_tables<<<run_grid, 256, 0, stream>>>(unique_keys, run_counts, run_starts, runs, slice_tables,
-                                                                  slice_tables + kSliceSegments + 1,
-                                                                  slice_tables + 2 * (kSliceSegments + 1), table);
+                                                                  slice_tables + slice_segments + 1,
+                                                                  slice_tables + 2 * (slice_segments + 1), table);
       KEVO_GPU_TRY(cudaGetLastError());
       for (std::uint32_t s = s0; s < s1; ++s) {
         directory[s].table = reinterpret_cast<const std::uint64_t*>(table + table_offsets[s - s0]);
@@ -641,8 +646,8 @@ class DeviceAdIndex {
       KEVO_GPU_TRY(cudaStreamSynchronize(stream));  // `slice` is reused by the next one
       return {};
     };
-    for (std::uint32_t s0 = 0; s0 < segments; s0 += kSliceSegments)
-      if (auto ok = build_slice(s0, std::min(segments, s0 + kSliceSegments)); !ok) {
+    for (std::uint32_t s0 = 0; s0 < segments; s0 += slice_segments)
+      if (auto ok = build_slice(s0, std::min(segments, s0 + slice_segments)); !ok) {
         free_tables();
         return ok;
       }

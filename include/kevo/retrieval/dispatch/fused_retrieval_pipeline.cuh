@@ -50,7 +50,8 @@ class FusedRetrievalPipeline {
   struct Options {
     std::size_t capacity = 1u << 20;
     std::size_t clause_capacity = 0;
-    std::size_t reindex_after = 0;  // see DeviceAdIndex::Options
+    std::size_t reindex_after = 0;            // see DeviceAdIndex::Options
+    std::uint32_t reindex_slice_segments = 512;  // see DeviceAdIndex::Options
     /// Empty: the defaults, except that a pool whose d and dtype make the default ring too big for
     /// shared memory (fp16 at d = 256) scores with register loads instead.
     std::optional<PipelinePolicy> policy{};
@@ -62,7 +63,8 @@ class FusedRetrievalPipeline {
     if (model.dim != schema.dim) return make_error("the model's d differs from the pool's");
     if (model.experts > kMaxGpuExperts) return make_error("the GPU pipeline takes at most 8 experts");
     if (options.policy && !is_legal(*options.policy)) return make_error("illegal policy: " + to_string(*options.policy));
-    auto index = DeviceAdIndex::create(schema, {options.capacity, options.clause_capacity, options.reindex_after});
+    auto index = DeviceAdIndex::create(
+        schema, {options.capacity, options.clause_capacity, options.reindex_after, options.reindex_slice_segments});
     if (!index) return unexpected(index.error());
     std::unique_ptr<FusedRetrievalPipeline> p(new FusedRetrievalPipeline(std::move(*index), std::move(model), options));
     if (auto ok = p->allocate(); !ok) return unexpected(ok.error());
