@@ -3,8 +3,8 @@
 // Layout (struct of arrays, slot i of each belongs to one ad): ids, one targeting word (live bit,
 // has-clauses bit, offset of the ad's clause run in 16-byte units), the embedding row (fp16, or
 // int8 with a scale), the bias, and an append-only arena of packed clauses, each ad's run padded
-// to 16 bytes. Matching reads the targeting word and,
-// only for ads that restrict something, one contiguous clause run.
+// to 16 bytes; for matching, a header byte per slot and per-segment postings (below). The clause
+// runs are what a reindex builds postings from, and what matching walks for ads not yet indexed.
 //
 // Replacing or expiring an ad leaves its old clause run in the arena; when a batch does not fit, the
 // live runs are packed into a fresh arena (compact_clause_arena), as one more ordered update.
