@@ -110,6 +110,8 @@ class GpuScratch {
   }
   /// Hands one allocation over to the caller, who frees it.
   void release(const void* p) { std::erase(owned_, p); }
+  /// Takes one allocation over, to be freed with the rest.
+  void adopt(void* p) { owned_.push_back(p); }
 
  private:
   std::vector<void*> owned_;

@@ -61,8 +61,8 @@ struct PackedAds {
     ids.push_back(ad.id);
     bias.push_back(ad.bias);
     live.push_back(ad.live ? 1 : 0);
-    for (std::size_t c = 0; c < ad.clauses.size(); ++c)
-      clauses.push_back(clause_bits::pack(ad.clauses[c], c + 1 == ad.clauses.size()));
+    clauses.resize(clauses.size() + ad.clauses.size());
+    pack_clauses(ad, clauses.data() + clause_begin.back());
     clause_begin.push_back(static_cast<std::uint32_t>(clauses.size()));
     embeddings.insert(embeddings.end(), ad.embedding.begin(), ad.embedding.end());
   }
@@ -84,12 +84,18 @@ struct PackedAds {
         p.ids[i] = ad.id;
         p.bias[i] = ad.bias;
         p.live[i] = ad.live ? 1 : 0;
-        for (std::size_t c = 0; c < ad.clauses.size(); ++c)
-          p.clauses[p.clause_begin[i] + c] = clause_bits::pack(ad.clauses[c], c + 1 == ad.clauses.size());
+        pack_clauses(ad, p.clauses.data() + p.clause_begin[i]);
         std::copy(ad.embedding.begin(), ad.embedding.end(), p.embeddings.begin() + static_cast<std::ptrdiff_t>(i * dim));
       }
     });
     return p;
+  }
+
+ private:
+  /// An ad's clauses as the device holds them, the last one flagged.
+  static void pack_clauses(const AdRecord& ad, std::uint32_t* out) {
+    for (std::size_t c = 0; c < ad.clauses.size(); ++c)
+      out[c] = clause_bits::pack(ad.clauses[c], c + 1 == ad.clauses.size());
   }
 };
 
@@ -476,58 +482,52 @@ class DeviceAdIndex {
   }
   /// Moves the live ads' clause runs to the front of a fresh arena, ordered like any update: after
   /// every search enqueued before, before any enqueued after. Upsert calls it, with both locks held
-  /// (searches stay out until the batch itself is in), when a batch does not fit, naming the slots the batch is about to overwrite (their runs are
-  /// dropped; no search runs between this and the overwrite). The fresh arena is allocated beside
-  /// the old one for the copy.
+  /// (searches stay out until the batch itself is in), when a batch does not fit, naming the slots
+  /// the batch is about to overwrite (their runs are dropped; no search runs between this and the
+  /// overwrite). The fresh arena is allocated beside the old one for the copy.
   expected<void, Error> compact_clause_arena(const std::vector<std::uint32_t>& overwritten) {
     const auto n = static_cast<std::uint32_t>(slots_);
+    GpuScratch scratch;
     std::uint32_t *quads = nullptr, *offsets = nullptr, *fresh = nullptr, *dropped = nullptr;
-    void* scan_temp = nullptr;
+    unsigned char* scan_temp = nullptr;
     std::size_t scan_bytes = 0;
-    auto release = [&] {
-      for (void* p : {static_cast<void*>(quads), static_cast<void*>(offsets), scan_temp, static_cast<void*>(fresh),
-                      static_cast<void*>(dropped)})
-        if (p) cudaFree(p);
-    };
-    auto run = [&]() -> expected<void, Error> {
-      KEVO_GPU_TRY(gpu_cub::DeviceScan::ExclusiveSum(nullptr, scan_bytes, quads, offsets, n + 1));
-      KEVO_GPU_TRY(cudaMalloc(&quads, (n + 1) * 4ull));
-      KEVO_GPU_TRY(cudaMalloc(&offsets, (n + 1) * 4ull));
-      KEVO_GPU_TRY(cudaMalloc(&scan_temp, scan_bytes));
-      KEVO_GPU_TRY(cudaMalloc(&fresh, options_.clause_capacity * 4));
-      KEVO_GPU_TRY(wait_for_searches());
-      const unsigned grid = std::max(1u, std::min(4096u, (n + 255) / 256));
-      if (!overwritten.empty()) {
-        KEVO_GPU_TRY(cudaMalloc(&dropped, overwritten.size() * 4));
-        KEVO_GPU_TRY(cudaMemcpyAsync(dropped, overwritten.data(), overwritten.size() * 4, cudaMemcpyHostToDevice,
-                                     update_stream_));
-        const auto count = static_cast<std::uint32_t>(overwritten.size());
-        kernels::drop_clause_runs<<<std::max(1u, std::min(4096u, (count + 255) / 256)), 256, 0, update_stream_>>>(
-            dropped, count, targeting_);
-      }
-      KEVO_GPU_TRY(cudaMemsetAsync(quads + n, 0, 4, update_stream_));
-      if (n > 0)
-        kernels::arena_run_quads<<<grid, 256, 0, update_stream_>>>(targeting_, reinterpret_cast<const uint4*>(clauses_),
-                                                                    n, quads);
-      KEVO_GPU_TRY(gpu_cub::DeviceScan::ExclusiveSum(scan_temp, scan_bytes, quads, offsets, n + 1, update_stream_));
-      if (n > 0)
-        kernels::arena_move_runs<<<grid, 256, 0, update_stream_>>>(
-            targeting_, reinterpret_cast<const uint4*>(clauses_), reinterpret_cast<uint4*>(fresh), quads, offsets, n);
-      KEVO_GPU_TRY(cudaGetLastError());
-      std::uint32_t total_quads = 0;
-      KEVO_GPU_TRY(cudaMemcpyAsync(&total_quads, offsets + n, 4, cudaMemcpyDeviceToHost, update_stream_));
-      KEVO_GPU_TRY(cudaStreamSynchronize(update_stream_));  // searches that read the old arena are done too
-      std::swap(clauses_, fresh);  // `fresh` now holds the old arena and is released below
-      arena_tail_ = static_cast<std::size_t>(total_quads) * 4;
-      for (std::uint32_t slot : overwritten) {
-        live_clauses_ -= run_clauses_[slot];
-        run_clauses_[slot] = 0;
-      }
-      return {};
-    };
-    auto ok = run();
-    release();
-    return ok;
+    KEVO_GPU_TRY(gpu_cub::DeviceScan::ExclusiveSum(nullptr, scan_bytes, quads, offsets, n + 1));
+    KEVO_GPU_TRY(scratch.allocate(quads, n + 1ull));
+    KEVO_GPU_TRY(scratch.allocate(offsets, n + 1ull));
+    KEVO_GPU_TRY(scratch.allocate(scan_temp, scan_bytes));
+    KEVO_GPU_TRY(scratch.allocate(fresh, options_.clause_capacity));
+    KEVO_GPU_TRY(wait_for_searches());
+    const unsigned grid = std::max(1u, std::min(4096u, (n + 255) / 256));
+    if (!overwritten.empty()) {
+      KEVO_GPU_TRY(scratch.allocate(dropped, overwritten.size()));
+      KEVO_GPU_TRY(cudaMemcpyAsync(dropped, overwritten.data(), overwritten.size() * 4, cudaMemcpyHostToDevice,
+                                   update_stream_));
+      const auto count = static_cast<std::uint32_t>(overwritten.size());
+      kernels::drop_clause_runs<<<std::max(1u, std::min(4096u, (count + 255) / 256)), 256, 0, update_stream_>>>(
+          dropped, count, targeting_);
+    }
+    KEVO_GPU_TRY(cudaMemsetAsync(quads + n, 0, 4, update_stream_));
+    if (n > 0)
+      kernels::arena_run_quads<<<grid, 256, 0, update_stream_>>>(targeting_, reinterpret_cast<const uint4*>(clauses_),
+                                                                  n, quads);
+    KEVO_GPU_TRY(gpu_cub::DeviceScan::ExclusiveSum(scan_temp, scan_bytes, quads, offsets, n + 1, update_stream_));
+    if (n > 0)
+      kernels::arena_move_runs<<<grid, 256, 0, update_stream_>>>(
+          targeting_, reinterpret_cast<const uint4*>(clauses_), reinterpret_cast<uint4*>(fresh), quads, offsets, n);
+    KEVO_GPU_TRY(cudaGetLastError());
+    std::uint32_t total_quads = 0;
+    KEVO_GPU_TRY(cudaMemcpyAsync(&total_quads, offsets + n, 4, cudaMemcpyDeviceToHost, update_stream_));
+    KEVO_GPU_TRY(cudaStreamSynchronize(update_stream_));  // searches that read the old arena are done too
+    // The fresh arena becomes the index's; the old one is freed with the temporaries.
+    scratch.release(fresh);
+    scratch.adopt(clauses_);
+    clauses_ = fresh;
+    arena_tail_ = static_cast<std::size_t>(total_quads) * 4;
+    for (std::uint32_t slot : overwritten) {
+      live_clauses_ -= run_clauses_[slot];
+      run_clauses_[slot] = 0;
+    }
+    return {};
   }
 
   /// The reindex, with the lock held. Works slice by slice (reindex_slice_segments segments) so that its
@@ -664,12 +664,10 @@ class DeviceAdIndex {
       std::swap(table_buffers_, tables);
       return {};
     });
-    if (postings) cudaFree(postings);  // the old ones once published (every search that read them is done), else the new
-    if (!published) {
-      free_tables();
-      return published;
-    }
+    // The old postings and tables once published (every search that read them is done), else the new.
+    if (postings) cudaFree(postings);
     free_tables();
+    if (!published) return published;
     postings_count_ = host_starts[segments];
     table_entries_ = table_entries;
     walk_count_ = 0;

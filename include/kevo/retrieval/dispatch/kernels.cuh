@@ -547,6 +547,21 @@ __device__ __forceinline__ void for_each_clause(const std::uint32_t* clauses, st
   }
 }
 
+/// What an ad's header byte and its postings' ranks are built from: the categories it restricts
+/// with allow-sets (a bit per category) and how many clauses it has.
+struct ClauseSummary {
+  std::uint32_t allowed = 0;
+  std::uint32_t clauses = 0;
+};
+__device__ __forceinline__ ClauseSummary summarize_clauses(const std::uint32_t* clauses, std::uint32_t targeting) {
+  ClauseSummary summary;
+  for_each_clause(clauses, targeting, [&](std::uint32_t c) {
+    ++summary.clauses;
+    if (!(c & clause_bits::exclude)) summary.allowed |= 1u << ((c >> clause_bits::category_shift) & 31u);
+  });
+  return summary;
+}
+
 /// Reindex step 1: each slot's match header, and how many postings it contributes (0 unless indexed).
 __global__ void postings_count(const std::uint32_t* targeting, const std::uint32_t* clauses, std::uint32_t slots,
                                std::uint8_t* headers, std::uint32_t* counts, std::uint32_t* walked) {
@@ -555,12 +570,8 @@ __global__ void postings_count(const std::uint32_t* targeting, const std::uint32
     std::uint8_t header = match_header::not_live;
     std::uint32_t count = 0;
     if (word & targeting_bits::live) {
-      std::uint32_t allowed = 0, n = 0;
-      if (word & targeting_bits::has_clauses)
-        for_each_clause(clauses, word, [&](std::uint32_t c) {
-          ++n;
-          if (!(c & clause_bits::exclude)) allowed |= 1u << ((c >> clause_bits::category_shift) & 31u);
-        });
+      const ClauseSummary summary = (word & targeting_bits::has_clauses) ? summarize_clauses(clauses, word) : ClauseSummary{};
+      const std::uint32_t allowed = summary.allowed, n = summary.clauses;
       const int restricted = __popc(allowed);
       if (restricted <= kMaxIndexedCategories && n <= static_cast<std::uint32_t>(kMaxIndexedClauses)) {
         header = static_cast<std::uint8_t>(match_header::indexed | ((1u << restricted) - 1u));
@@ -586,10 +597,7 @@ __global__ void postings_emit(const std::uint32_t* targeting, const std::uint32_
     std::uint32_t at = offsets[i] - first_offset;
     if (offsets[i + 1] - offsets[i] == 0) continue;
     const std::uint32_t word = targeting[i];
-    std::uint32_t allowed = 0;
-    for_each_clause(clauses, word, [&](std::uint32_t c) {
-      if (!(c & clause_bits::exclude)) allowed |= 1u << ((c >> clause_bits::category_shift) & 31u);
-    });
+    const std::uint32_t allowed = summarize_clauses(clauses, word).allowed;
     const std::uint32_t segment_key = (i / kSegmentSlots - first / kSegmentSlots) << 22;
     for_each_clause(clauses, word, [&](std::uint32_t c) {
       const std::uint32_t category = (c >> clause_bits::category_shift) & 31u;
