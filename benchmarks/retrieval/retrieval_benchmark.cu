@@ -3,6 +3,7 @@
 //
 //   retrieval_benchmark [--n 100000000] [--quick]     (prints markdown tables; run on the device)
 #include <algorithm>
+#include <array>
 #include <bit>
 #include <atomic>
 #include <chrono>
@@ -46,30 +47,55 @@ __global__ void stream_read(const uint4* data, std::size_t count, unsigned* sink
   if (acc == 0x12345678u) *sink = acc;  // keeps the loads alive
 }
 
-/// The memory side of scoring alone: reads every eligible ad's row and bias in the order scoring
-/// does and writes one word per ad, with no arithmetic. Its speed is the ceiling for this gather.
-__global__ void gather_probe(IndexView index, const std::uint32_t* eligible_list, const TopKState* state,
+/// A 16-byte streaming load that asks L2 to fetch the whole 256-byte block around it on a miss.
+__device__ __forceinline__ uint4 load_streaming_256b_fetch(const void* address) {
+  uint4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(address));
+  return v;
+}
+
+/// The memory side of scoring alone: reads the rows and biases of the `*count` slots of `list`
+/// in the order scoring does and writes one word per ad, with no arithmetic. Its speed over the
+/// request's eligible list is the ceiling for scoring's gather. The variants tell its costs apart:
+/// loads that ask L2 for the whole 256-byte block, no bias read, one word written per thread
+/// instead of per ad (kept only to keep the loads alive). (Bools, not a struct: nvcc's kernel
+/// stubs cannot name a class-type template argument.)
+template <bool WholeBlockFetch = false, bool Bias = true, bool WordPerAd = true>
+__global__ void gather_probe(IndexView index, const std::uint32_t* list, const std::uint32_t* count,
                              int row_pieces_log2, std::uint32_t* out) {
   const int row_pieces = 1 << row_pieces_log2;
-  const std::uint64_t count = state->eligible_count, pieces = count * row_pieces;
+  const std::uint64_t pieces = static_cast<std::uint64_t>(*count) * row_pieces;
   const std::uint64_t stride = static_cast<std::uint64_t>(gridDim.x) * blockDim.x;
+  std::uint32_t folded = 0;
   for (std::uint64_t i = blockIdx.x * blockDim.x + threadIdx.x; i < pieces; i += 4 * stride) {
     uint4 v[4];
     float b[4];
 #pragma unroll
     for (int u = 0; u < 4; ++u) {
       const std::uint64_t at = i + u * stride;
-      const std::uint32_t slot = at < pieces ? eligible_list[at >> row_pieces_log2] : 0u;
-      v[u] = at < pieces ? gpu_load_streaming(static_cast<const uint4*>(index.embeddings) + (static_cast<std::uint64_t>(slot) << row_pieces_log2) + (at & (row_pieces - 1)))
-                         : make_uint4(0, 0, 0, 0);
-      b[u] = at < pieces && (at & (row_pieces - 1)) == 0 ? index.bias[slot] : 0.0f;
+      const std::uint32_t slot = at < pieces ? list[at >> row_pieces_log2] : 0u;
+      const uint4* piece = static_cast<const uint4*>(index.embeddings) + (static_cast<std::uint64_t>(slot) << row_pieces_log2) +
+                           (at & (row_pieces - 1));
+      v[u] = at >= pieces ? make_uint4(0, 0, 0, 0)
+                          : WholeBlockFetch ? load_streaming_256b_fetch(piece) : gpu_load_streaming(piece);
+      b[u] = Bias && at < pieces && (at & (row_pieces - 1)) == 0 ? index.bias[slot] : 0.0f;
     }
 #pragma unroll
     for (int u = 0; u < 4; ++u) {
       const std::uint64_t at = i + u * stride;
-      if (at < pieces && (at & (row_pieces - 1)) == 0) out[at >> row_pieces_log2] = v[u].x ^ v[u].w ^ __float_as_uint(b[u]);
+      const std::uint32_t word = v[u].x ^ v[u].w ^ __float_as_uint(b[u]);
+      if (!WordPerAd) folded ^= word;
+      else if (at < pieces && (at & (row_pieces - 1)) == 0) out[at >> row_pieces_log2] = word;
     }
   }
+  if (!WordPerAd && folded == 0x9e3779b9u) out[0] = folded;  // keeps the loads alive
+}
+
+/// list[i] = i * step for i < count: evenly spaced slots for the probe.
+__global__ void fill_spaced_slots(std::uint32_t* list, std::uint32_t count, std::uint32_t step) {
+  for (std::uint32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < count; i += gridDim.x * blockDim.x) list[i] = i * step;
 }
 
 /// Counter-hash normal values: the embedding of (ad, k) for the device-filled pools.
@@ -346,9 +372,62 @@ double time_gather_probe(Pool& pool, const Request& request, std::uint64_t slots
     return median_seconds(repeats, stream, [&] {
       gather_probe<<<p.multiprocessors() * 8, 256, 0, stream>>>(
           view, reinterpret_cast<const std::uint32_t*>(temp + l.eligible),
-          reinterpret_cast<const TopKState*>(temp + l.state), pieces_log2, reinterpret_cast<std::uint32_t*>(temp + l.keys));
+          reinterpret_cast<const std::uint32_t*>(temp + l.state + offsetof(TopKState, eligible_count)), pieces_log2,
+          reinterpret_cast<std::uint32_t*>(temp + l.keys));
     });
   });
+}
+
+/// What bounds scoring's gather: the probe over the request's eligible list, with and without
+/// whole-block L2 fetches, against the same probe over evenly spaced slots (every slot, every
+/// second, every third). If spaced lists run near the roofline and the eligible list does not,
+/// the loss is where the eligible rows lie, not how they are read.
+void run_gather_probes(Pool& pool, const Request& request, std::uint64_t n, int repeats, double roofline,
+                       SearchOutput search_out, cudaStream_t stream) {
+  FusedRetrievalPipeline& p = *pool.pipeline;
+  const SearchTempLayout& l = p.temp_layout();
+  const int pieces_log2 = std::countr_zero(p.index().row_bytes() / 16);
+  const double bytes_per_ad = p.index().row_bytes() + 4.0 + 8;  // row, bias, list entry, word out
+  std::uint32_t* spaced = nullptr;
+  std::uint32_t* spaced_count = nullptr;
+  KEVO_GPU_ASSERT(cudaMalloc(&spaced, n * 4));
+  KEVO_GPU_ASSERT(cudaMalloc(&spaced_count, 4));
+  const unsigned grid = p.multiprocessors() * 8;
+  auto report = [&](const char* label, const std::uint32_t* list, const std::uint32_t* count, std::uint32_t ads,
+                    const IndexView& view, std::uint32_t* out) {
+    auto time = [&](auto launch) { return median_seconds(repeats, stream, launch); };
+    const std::pair<const char*, double> variants[] = {
+        {"", time([&] { gather_probe<false, true, true><<<grid, 256, 0, stream>>>(view, list, count, pieces_log2, out); })},
+        {", L2 256-byte fetch",
+         time([&] { gather_probe<true, true, true><<<grid, 256, 0, stream>>>(view, list, count, pieces_log2, out); })},
+        {", no bias", time([&] { gather_probe<false, false, true><<<grid, 256, 0, stream>>>(view, list, count, pieces_log2, out); })},
+        {", rows only (no bias, no word per ad)",
+         time([&] { gather_probe<false, false, false><<<grid, 256, 0, stream>>>(view, list, count, pieces_log2, out); })},
+    };
+    for (const auto& [variant, t] : variants)
+      std::printf("gather probe, %s%s: %.2f G ads/s (%.1f%% counting row, bias, list entry and word out; %.1f%% of the rows alone)\n",
+                  label, variant, ads / t * 1e-9, 100 * ads * bytes_per_ad / t / roofline,
+                  100 * ads * (bytes_per_ad - 12) / t / roofline);
+  };
+  const std::uint32_t eligible = time_stages(pool, request, n, 1, search_out, stream).eligible;
+  with_matched_request(pool, request, n, stream, [&](const IndexView& view, unsigned char* temp) {
+    auto* out = reinterpret_cast<std::uint32_t*>(temp + l.keys);
+    report("the request's eligible list", reinterpret_cast<const std::uint32_t*>(temp + l.eligible),
+           reinterpret_cast<const std::uint32_t*>(temp + l.state + offsetof(TopKState, eligible_count)), eligible, view,
+           out);
+    for (std::uint32_t step : {1u, 2u, 3u}) {
+      const auto count = static_cast<std::uint32_t>(std::min<std::uint64_t>(eligible, n / step));
+      fill_spaced_slots<<<grid, 256, 0, stream>>>(spaced, count, step);
+      KEVO_GPU_ASSERT(cudaMemcpyAsync(spaced_count, &count, 4, cudaMemcpyHostToDevice, stream));
+      KEVO_GPU_ASSERT(cudaStreamSynchronize(stream));
+      const std::string label = "every " + std::to_string(step) + (step == 1 ? "st" : step == 2 ? "nd" : "rd") +
+                                " slot (" + std::to_string(count) + " ads)";
+      report(label.c_str(), spaced, spaced_count, count, view, out);
+    }
+    return 0;
+  });
+  cudaFree(spaced);
+  cudaFree(spaced_count);
 }
 
 std::vector<ScoredAd> top_k(Pool& pool, const Request& request) {
@@ -401,15 +480,16 @@ void run_updates(Pool& fp16, const Workload& fp16_workload, const Request& typic
 
 int main(int argc, char** argv) {
   std::uint64_t n = 100'000'000;
-  bool quick = false, stages_only = false, updates_only = false, matching_only = false;
+  bool quick = false, stages_only = false, updates_only = false, matching_only = false, probes_only = false;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--n") && i + 1 < argc) n = std::strtoull(argv[++i], nullptr, 10);
     else if (!std::strcmp(argv[i], "--quick")) quick = true;
     else if (!std::strcmp(argv[i], "--stages-only")) stages_only = true;
     else if (!std::strcmp(argv[i], "--updates-only")) updates_only = true;
+    else if (!std::strcmp(argv[i], "--probes-only")) probes_only = true;
     else if (!std::strcmp(argv[i], "--matching-only")) stages_only = matching_only = true;  // stages, then the matching sweep
     else {
-      std::fprintf(stderr, "usage: %s [--n ADS] [--quick] [--stages-only | --matching-only | --updates-only]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--n ADS] [--quick] [--stages-only | --matching-only | --updates-only | --probes-only]\n", argv[0]);
       return 2;
     }
   }
@@ -433,7 +513,7 @@ int main(int argc, char** argv) {
   auto t1 = std::chrono::steady_clock::now();
   std::printf("loaded %llu fp16 ads in %.1f s\n", static_cast<unsigned long long>(n),
               std::chrono::duration<double>(t1 - t0).count());
-  Pool int8 = updates_only ? Pool{} : build_pool(int8_workload, n, 99, &targeting);
+  Pool int8 = updates_only || probes_only ? Pool{} : build_pool(int8_workload, n, 99, &targeting);
   std::printf("loaded %llu int8 ads in %.1f s\n\n", static_cast<unsigned long long>(n),
               std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count());
 
@@ -461,9 +541,17 @@ int main(int argc, char** argv) {
                 100 * pipe_bytes / st.total / roofline);
     return st;
   };
+  // An array, not a braced list: nvcc rejects std::initializer_list<Pool*> because the index's id
+  // map holds SSE2 vectors (it checks the element type as if for device code).
+  const std::array<Pool*, 2> both_pools{&fp16, &int8};
   const Request typical = fp16_workload.request(1, RequestKind::typical, 1000);
   if (updates_only) {
     run_updates(fp16, fp16_workload, typical, n, quick);
+    return 0;
+  }
+  if (probes_only) {
+    std::puts("## Gather probes (fp16, typical request)\n");
+    run_gather_probes(fp16, typical, n, repeats, roofline, out, stream);
     return 0;
   }
   std::puts("## Stages (median of repeats; G/s = ads per second, % = fraction of the streaming roofline)\n");
@@ -487,7 +575,7 @@ int main(int argc, char** argv) {
   }
 
   if (!matching_only) std::puts("\n## Scoring policy sweep (typical, fp16 and int8, K = 1000; scoring alone)\n");
-  for (Pool* p : {&fp16, &int8}) {
+  for (Pool* p : both_pools) {
     if (matching_only) break;
     const PipelinePolicy original = p->pipeline->policy();
     const double bytes_per_ad = p->pipeline->index().row_bytes() + 4.0 +
@@ -514,7 +602,7 @@ int main(int argc, char** argv) {
   }
 
   std::puts("\n## Scoring alone vs scoring + top-K (typical, K = 1000)\n");
-  for (Pool* p : {&fp16, &int8}) {
+  for (Pool* p : both_pools) {
     const double scoring = time_scoring_only(*p, typical, n, repeats, stream);
     const StageTimes st = time_stages(*p, typical, n, repeats, out, stream);
     std::printf("%s: scoring alone %.3f ms; inside the pipeline scoring %.3f ms + top-K %.3f ms = %.1f%% added\n",
@@ -565,7 +653,7 @@ int main(int argc, char** argv) {
   }
 
   std::puts("\n## Pipeline, request in to top-K out on the host (search(), synchronous), and back-to-back async\n");
-  for (Pool* p : {&fp16, &int8}) {
+  for (Pool* p : both_pools) {
     std::vector<double> times;
     for (int r = 0; r < repeats + 2; ++r) {
       const Request req = fp16_workload.request(200 + r, RequestKind::typical, 1000);
@@ -616,7 +704,7 @@ int main(int argc, char** argv) {
   const std::size_t per_request_per_slot = 8;  // eligible list + keys in the temp storage
   std::size_t free_bytes = 0, total_bytes = 0;
   cudaMemGetInfo(&free_bytes, &total_bytes);
-  for (Pool* p : {&fp16, &int8}) {
+  for (Pool* p : both_pools) {
     const std::size_t per_ad = p->pipeline->index().bytes_per_slot() + per_request_per_slot;
     std::printf("%s: %zu bytes per ad on the device (index %zu + search temp %zu); about %.0f M ads fit in %.0f GB\n",
                 to_string(p->pipeline->schema().embedding_type), per_ad, p->pipeline->index().bytes_per_slot(),

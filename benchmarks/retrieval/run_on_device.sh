@@ -32,7 +32,7 @@ status=0
 while [[ $# -gt 0 ]]; do
   case "$1" in
     tests) shift; ./build-gpu/retrieval_pipeline_test --durations yes 2>&1 | tee "$OUT/test.log" | grep -v "^ *[0-9.]* s: " ; status=$((status | $?)) ;;
-    bench) shift; args=(); while [[ $# -gt 0 && "$1" != tests && "$1" != torch && "$1" != ncu && "$1" != server ]]; do args+=("$1"); shift; done
+    bench) shift; args=(); while [[ $# -gt 0 && "$1" != tests && "$1" != bench && "$1" != torch && "$1" != ncu && "$1" != server ]]; do args+=("$1"); shift; done
            ./build-gpu/retrieval_benchmark "${args[@]}" 2>&1 | tee "$OUT/bench.log"; status=$((status | $?)) ;;
     ncu) shift; ncu --clock-control none --kernel-name regex:"scoring|matching" --launch-skip 6 --launch-count 4 \
            --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats --section Occupancy \

@@ -32,9 +32,12 @@
 #include <cstring>
 #include <memory>
 #include <mutex>
+#include <numeric>
 #include <span>
-#include <unordered_map>
 #include <vector>
+
+#include <boost/unordered/unordered_flat_map.hpp>
+#include <boost/unordered/unordered_flat_set.hpp>
 
 #include "kevo/retrieval/ad_pool.hpp"
 #include "kevo/retrieval/dispatch/kernels.cuh"
@@ -207,18 +210,26 @@ class DeviceAdIndex {
     // One write per slot per batch (the scatter kernel writes slots in parallel): the last entry of
     // an id wins, a new id that is not live takes no slot, and slots freed here are reused only by
     // later batches.
-    std::unordered_map<std::uint32_t, std::size_t> last_entry;
-    last_entry.reserve(n);
-    for (std::size_t i = 0; i < n; ++i) last_entry[ads.ids[i]] = i;
-    // The id map is large and cold: look each id up once. current[i]: the slot ad i replaces, if any.
+    std::vector<char> last_of_id(n, 0);
+    {
+      boost::unordered_flat_set<std::uint32_t> seen;
+      seen.reserve(n);
+      for (std::size_t i = n; i-- > 0;) last_of_id[i] = seen.insert(ads.ids[i]).second;
+    }
+    // The id map is large and cold: look each id up once, over threads (finds only, which may run
+    // at once). current[i]: the slot ad i replaces, if any.
     constexpr std::uint32_t no_slot = ~0u;
     std::vector<std::uint32_t> current(n, no_slot);
-    std::size_t fresh = 0;
-    for (std::size_t i = 0; i < n; ++i) {
-      if (last_entry[ads.ids[i]] != i) continue;
-      if (auto it = id_to_slot_.find(ads.ids[i]); it != id_to_slot_.end()) current[i] = it->second;
-      else if (ads.live[i]) ++fresh;
-    }
+    const auto lookup_parts = static_cast<unsigned>(std::clamp<std::size_t>(n / 2048, 1, default_thread_count()));
+    std::vector<std::size_t> fresh_in_part(lookup_parts, 0);
+    parallel_for_ranges(n, lookup_parts, [&](unsigned part, std::size_t begin, std::size_t end) {
+      for (std::size_t i = begin; i < end; ++i) {
+        if (!last_of_id[i]) continue;
+        if (auto it = id_to_slot_.find(ads.ids[i]); it != id_to_slot_.end()) current[i] = it->second;
+        else if (ads.live[i]) ++fresh_in_part[part];
+      }
+    });
+    const std::size_t fresh = std::accumulate(fresh_in_part.begin(), fresh_in_part.end(), std::size_t{0});
     if (fresh > free_slots_.size() + (options_.capacity - slots_)) return make_error("the index is full");
     // Each ad's clause run starts on a 16-byte boundary (matching reads runs four clauses at a time).
     std::vector<std::uint32_t> padded_begin(n + 1, 0);
@@ -263,7 +274,7 @@ class DeviceAdIndex {
     std::vector<std::pair<std::size_t, std::uint32_t>> entries;  // (ad, slot) in staging order
     entries.reserve(n);
     for (std::size_t i = 0; i < n; ++i) {
-      if (last_entry[ads.ids[i]] != i) continue;
+      if (!last_of_id[i]) continue;
       std::uint32_t slot;
       if (current[i] != no_slot) {
         slot = current[i];
@@ -717,7 +728,7 @@ class DeviceAdIndex {
   std::size_t arena_tail_ = 0;
   std::vector<std::uint32_t> run_clauses_;  // (capacity) padded clauses of each slot's live run
   std::size_t live_clauses_ = 0;            // their sum: what a compaction keeps
-  std::unordered_map<std::uint32_t, std::uint32_t> id_to_slot_;
+  boost::unordered_flat_map<std::uint32_t, std::uint32_t> id_to_slot_;  // open addressing: one cold miss a lookup
   std::vector<std::uint32_t> free_slots_;
   unsigned char* host_staging_ = nullptr;
   unsigned char* device_staging_ = nullptr;
