@@ -552,6 +552,10 @@ int main(int argc, char** argv) {
   if (probes_only) {
     std::puts("## Gather probes (fp16, typical request)\n");
     run_gather_probes(fp16, typical, n, repeats, roofline, out, stream);
+    const std::uint32_t eligible = time_stages(fp16, typical, n, 1, out, stream).eligible;
+    const double t = time_scoring_only(fp16, typical, n, repeats, stream);
+    std::printf("scoring alone (default policy): %.2f G ads/s (%.1f%%)\n", eligible / t * 1e-9,
+                100 * eligible * (fp16.pipeline->index().row_bytes() + 12.0) / t / roofline);
     return 0;
   }
   std::puts("## Stages (median of repeats; G/s = ads per second, % = fraction of the streaming roofline)\n");
@@ -623,6 +627,14 @@ int main(int argc, char** argv) {
       }
     CHECK_OK(fp16.pipeline->set_policy(original));
   }
+  if (matching_only || !stages_only) {
+    std::puts("\n## Narrow extreme (pool restricting each category with p in 0.1..0.2, one rare value per category)\n");
+    const Workload w({.seed = 2027, .restrict_min = 0.1, .restrict_max = 0.2});
+    const std::uint64_t m = std::min<std::uint64_t>(n, 20u << 20);
+    std::vector<PackedAds> narrow_targeting;
+    Pool pool = build_pool(w, m, 98, &narrow_targeting, 24);
+    report("narrow", pool, w.request(1, RequestKind::narrow, 1000), m);
+  }
   if (stages_only) return 0;
 
   std::puts("\n## Routing width (typical, fp16, K = 1000)\n");
@@ -689,15 +701,6 @@ int main(int argc, char** argv) {
       std::printf("d = %d %s: scoring %.1f G ads/s (%.0f%% of roofline), top-K %.3f ms\n", dim, to_string(type),
                   st.eligible / st.scoring * 1e-9, 100 * bytes / st.scoring / roofline, st.topk * 1e3);
     }
-  }
-
-  std::puts("\n## Narrow extreme (pool restricting each category with p in 0.1..0.2, one rare value per category)\n");
-  {
-    const Workload w({.seed = 2027, .restrict_min = 0.1, .restrict_max = 0.2});
-    const std::uint64_t m = std::min<std::uint64_t>(n, 20u << 20);
-    std::vector<PackedAds> narrow_targeting;
-    Pool pool = build_pool(w, m, 98, &narrow_targeting, 24);
-    report("narrow", pool, w.request(1, RequestKind::narrow, 1000), m);
   }
 
   std::puts("\n## Memory\n");

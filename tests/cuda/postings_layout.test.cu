@@ -58,4 +58,24 @@ TEST_CASE("a posting holds a local slot and the mask bit it sets", "[retrieval][
   REQUIRE((widest_need & (1u << posting_bits::exclusion_rank)) == 0);
   REQUIRE(match_header::walk != 0);
   REQUIRE((match_header::walk & match_header::indexed) == 0);
+  // A prefiltered ad's header is its (full) need mask without the indexed flag: distinct from a walk,
+  // never taken for an indexed ad, and equal to the mask byte only when all 7 ranks are met.
+  REQUIRE(match_header::prefiltered == widest_need);
+  REQUIRE(match_header::prefiltered != match_header::walk);
+  REQUIRE((match_header::prefiltered & match_header::indexed) == 0);
+}
+
+TEST_CASE("a clause's mask bit is its category's rank among the restricted ones", "[retrieval][postings]") {
+  // Restricted categories 1, 4, 5, 9, 12, 20, 21, 30 (eight): the eighth, 30, has no bit.
+  const std::uint32_t allowed = (1u << 1) | (1u << 4) | (1u << 5) | (1u << 9) | (1u << 12) | (1u << 20) |
+                                (1u << 21) | (1u << 30);
+  REQUIRE(posting_bits::rank_of(false, 1, allowed) == 0);
+  REQUIRE(posting_bits::rank_of(false, 9, allowed) == 3);
+  REQUIRE(posting_bits::rank_of(false, 21, allowed) == 6);
+  REQUIRE(posting_bits::has_posting(false, 21, allowed));
+  REQUIRE_FALSE(posting_bits::has_posting(false, 30, allowed));
+  // Exclusions always have a posting, whatever their category.
+  REQUIRE(posting_bits::rank_of(true, 30, allowed) == posting_bits::exclusion_rank);
+  REQUIRE(posting_bits::has_posting(true, 30, allowed));
+  REQUIRE(posting_bits::has_posting(true, 2, allowed));
 }

@@ -13,8 +13,11 @@
 //   3. an ad whose header says it is indexed is eligible iff its mask byte equals its need mask
 //      (one bit per restricted category; bit 7, an excluded value, never matches).
 //
-// Ads that are not indexed (upserted since the last reindex, or restricting more than 7 categories)
-// are tested by walking their clause run against the query bitmap, as before.
+// An ad restricting more than 7 categories is indexed by its first 7 (in category order) and its
+// exclusions only: its header says "prefiltered", and only when that byte comes out full is its
+// clause run walked for the rest. Ads that are not indexed at all (upserted since the last
+// reindex, or with more than 64 clauses) are tested by walking their clause run against the query
+// bitmap, as before.
 //
 //   const SegmentDirectory dir = index.postings.segments[segment];
 //   PostingRange r = find_postings(dir, query_bit);   // r.count postings from index.postings.postings[r.begin]
@@ -35,16 +38,32 @@ inline constexpr int kMaxIndexedCategories = 7;
 inline constexpr int kMaxIndexedClauses = 64;
 
 /// One byte per slot that matching reads first. 0: not live. Bit 7 set: live and indexed, and the
-/// low 7 bits are the need mask. Otherwise (1): live, tested by walking its clause run.
+/// low 7 bits are the need mask. `walk`: live, tested by walking its clause run. `prefiltered`:
+/// live, more than 7 restricted categories; its first 7 and its exclusions are indexed, and its run
+/// is walked only if their mask byte comes out as `prefiltered` (all 7 met, nothing excluded).
 namespace match_header {
 inline constexpr std::uint8_t not_live = 0;
 inline constexpr std::uint8_t indexed = 0x80;
 inline constexpr std::uint8_t walk = 0x01;
+inline constexpr std::uint8_t prefiltered = (1u << kMaxIndexedCategories) - 1u;
 }  // namespace match_header
 
 /// One posting: the ad's slot within its segment (13 bits) and the mask bit it sets (3 bits).
 namespace posting_bits {
 inline constexpr std::uint16_t exclusion_rank = 7;
+/// The mask bit of an ad's clause: its category's rank among the ad's restricted categories
+/// (`allowed`, a bit per category), or exclusion_rank. A rank of 7 or more has no bit: a
+/// prefiltered ad's later categories get no postings.
+__host__ __device__ inline std::uint32_t rank_of(bool exclude, std::uint32_t category, std::uint32_t allowed) {
+#ifdef __CUDA_ARCH__
+  return exclude ? exclusion_rank : static_cast<std::uint32_t>(__popc(allowed & ((1u << category) - 1u)));
+#else
+  return exclude ? exclusion_rank : static_cast<std::uint32_t>(__builtin_popcount(allowed & ((1u << category) - 1u)));
+#endif
+}
+__host__ __device__ inline bool has_posting(bool exclude, std::uint32_t category, std::uint32_t allowed) {
+  return exclude || rank_of(false, category, allowed) < exclusion_rank;
+}
 __host__ __device__ inline std::uint16_t pack(std::uint32_t local_slot, std::uint32_t rank) {
   return static_cast<std::uint16_t>((local_slot << 3) | rank);
 }

@@ -160,7 +160,8 @@ class DeviceAdIndex {
            (slots_ ? (2 * postings_count_ + 8 * table_entries_) / slots_ : 0);
   }
   /// Ads that matching tests by walking their clause runs: those written since the last reindex,
-  /// and those with more than 7 restricted categories or 64 clauses.
+  /// and those with more than 64 clauses. (An ad with more than 7 restricted categories is indexed
+  /// by its first 7 and walked only when they are met.)
   std::size_t unindexed_count() const {
     std::lock_guard lock(update_mutex_);
     return walk_count_ + wide_count_;
@@ -744,7 +745,7 @@ class DeviceAdIndex {
   std::size_t postings_count_ = 0;
   std::size_t table_entries_ = 0;
   std::size_t walk_count_ = 0;             // live ads written since the last reindex
-  std::size_t wide_count_ = 0;             // ads the last reindex could not index
+  std::size_t wide_count_ = 0;             // ads the last reindex could not index (too many clauses)
 };
 
 }  // namespace kevo::retrieval

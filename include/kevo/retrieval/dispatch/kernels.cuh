@@ -162,10 +162,12 @@ __global__ void __launch_bounds__(BlockThreads, 1536 / BlockThreads)  // 48 warp
         f |= indexed_eligible4(h[k], m[k]) << (4 * k);
         walkers |= h[k] & 0x7f7f7f7fu & ~(((h[k] & 0x80808080u) >> 7) * 0x7fu);  // a byte in 1..0x7f
       }
-      if (walkers) {  // ads upserted since the last reindex, or with too many categories to index
+      if (walkers) {  // ads upserted since the last reindex, too long to index, or prefiltered
         for (int j = 0; j < kAdsPerLoad; ++j) {
           const std::uint32_t byte = (h[j / 4] >> (8 * (j % 4))) & 0xffu;
           if (byte == 0 || (byte & match_header::indexed) || local + j >= limit) continue;
+          if (byte == match_header::prefiltered && ((m[j / 4] >> (8 * (j % 4))) & 0xffu) != match_header::prefiltered)
+            continue;  // one of its first 7 categories unmet, or an excluded value held
           const std::uint64_t slot = base + local + j;
           if (walk_clause_run(index.clauses, __ldg(index.targeting + slot), query.bitmap, offsets)) f |= 1u << j;
         }
@@ -562,7 +564,18 @@ __device__ __forceinline__ ClauseSummary summarize_clauses(const std::uint32_t* 
   return summary;
 }
 
-/// Reindex step 1: each slot's match header, and how many postings it contributes (0 unless indexed).
+/// How many of an ad's clauses get a posting (all but a prefiltered ad's later categories).
+__device__ __forceinline__ std::uint32_t posting_count(const std::uint32_t* clauses, std::uint32_t targeting,
+                                                       std::uint32_t allowed) {
+  std::uint32_t count = 0;
+  for_each_clause(clauses, targeting, [&](std::uint32_t c) {
+    count += posting_bits::has_posting(c & clause_bits::exclude, (c >> clause_bits::category_shift) & 31u, allowed);
+  });
+  return count;
+}
+
+/// Reindex step 1: each slot's match header, and how many postings it contributes (0 unless indexed
+/// or prefiltered). `walked` counts the ads left to walk: those with more clauses than a segment holds.
 __global__ void postings_count(const std::uint32_t* targeting, const std::uint32_t* clauses, std::uint32_t slots,
                                std::uint8_t* headers, std::uint32_t* counts, std::uint32_t* walked) {
   for (std::uint32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < slots; i += gridDim.x * blockDim.x) {
@@ -573,12 +586,15 @@ __global__ void postings_count(const std::uint32_t* targeting, const std::uint32
       const ClauseSummary summary = (word & targeting_bits::has_clauses) ? summarize_clauses(clauses, word) : ClauseSummary{};
       const std::uint32_t allowed = summary.allowed, n = summary.clauses;
       const int restricted = __popc(allowed);
-      if (restricted <= kMaxIndexedCategories && n <= static_cast<std::uint32_t>(kMaxIndexedClauses)) {
+      if (n > static_cast<std::uint32_t>(kMaxIndexedClauses)) {
+        header = match_header::walk;
+        atomicAdd(walked, 1u);  // rare: more clauses than a segment's postings are sized for
+      } else if (restricted <= kMaxIndexedCategories) {
         header = static_cast<std::uint8_t>(match_header::indexed | ((1u << restricted) - 1u));
         count = n;
       } else {
-        header = match_header::walk;
-        atomicAdd(walked, 1u);  // rare: more categories or clauses than an index byte and segment hold
+        header = match_header::prefiltered;
+        count = posting_count(clauses, word, allowed);
       }
     }
     headers[i] = header;
@@ -601,8 +617,9 @@ __global__ void postings_emit(const std::uint32_t* targeting, const std::uint32_
     const std::uint32_t segment_key = (i / kSegmentSlots - first / kSegmentSlots) << 22;
     for_each_clause(clauses, word, [&](std::uint32_t c) {
       const std::uint32_t category = (c >> clause_bits::category_shift) & 31u;
-      const std::uint32_t rank = (c & clause_bits::exclude) ? posting_bits::exclusion_rank
-                                                            : __popc(allowed & ((1u << category) - 1u));
+      const bool exclude = c & clause_bits::exclude;
+      if (!posting_bits::has_posting(exclude, category, allowed)) return;
+      const std::uint32_t rank = posting_bits::rank_of(exclude, category, allowed);
       keys[at] = segment_key | (category_offsets[category] + (c & clause_bits::value_mask));
       values[at] = posting_bits::pack(i % kSegmentSlots, rank);
       ++at;
