@@ -258,6 +258,7 @@ Pool build_pool(const Workload& w, std::uint64_t n, std::uint64_t embedding_seed
     CHECK_OK(pool.pipeline->index().upsert(ads));
   }
   auto& index = pool.pipeline->index();
+  CHECK_OK(index.synchronize());  // the upserts are applied before rows are written beside them
   const bool int8 = w.schema().embedding_type == EmbeddingType::int8;
   fill_embeddings<<<static_cast<unsigned>((n * 32 + 255) / 256), 256>>>(index.embeddings(), index.scales(), n,
                                                                          w.schema().dim, int8, embedding_seed);
@@ -456,22 +457,30 @@ void run_updates(Pool& fp16, const Workload& fp16_workload, const Request& typic
         ad.live = true;
       }
     std::atomic<bool> stop{false};
-    std::atomic<int> searches{0};
+    std::vector<double> search_ms;  // each search's host-visible time, request in to top-K out
     std::thread searcher;
     if (with_search)
       searcher = std::thread([&] {
         while (!stop) {
+          const auto s0 = std::chrono::steady_clock::now();
           top_k(fp16, typical);
-          ++searches;
+          search_ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - s0).count());
         }
       });
     const auto a = std::chrono::steady_clock::now();
     for (const auto& ads : prepared) CHECK_OK(fp16.pipeline->index().upsert(ads));
+    CHECK_OK(fp16.pipeline->index().synchronize());  // counted once applied, not once enqueued
     const double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - a).count();
     stop = true;
     if (searcher.joinable()) searcher.join();
-    std::printf("batches of %d, %s: %.2f M ads/s applied (%d searches alongside, %.1f ms per batch)\n", batch,
-                with_search ? "while searching" : "alone", batch * batches / t * 1e-6, searches.load(), t / batches * 1e3);
+    std::printf("batches of %d, %s: %.2f M ads/s applied (%.1f ms per batch)", batch,
+                with_search ? "while searching" : "alone", batch * batches / t * 1e-6, t / batches * 1e3);
+    if (search_ms.empty()) std::puts("");
+    else {
+      std::sort(search_ms.begin(), search_ms.end());
+      std::printf("; %zu searches alongside, median %.2f ms, p99 %.2f ms, max %.2f ms\n", search_ms.size(),
+                  search_ms[search_ms.size() / 2], search_ms[search_ms.size() * 99 / 100], search_ms.back());
+    }
   }
 
 }

@@ -16,11 +16,13 @@
 //
 // No torn reads: updates and searches are ordered on the device by events. An update waits for
 // every search enqueued before it, and every search enqueued after it waits for the update, so a
-// search sees each ad wholly before or wholly after an update; the update call returns only once
-// it is applied, so every later request sees it. Updates run one at a time (update_mutex_);
-// searches enqueue their device work under a second mutex, which an upsert holds while it stages
-// and enqueues its batch, and a reindex only while it swaps the postings it built beside the live
-// ones (so searches go on during the 66 ms a 100M-ad rebuild takes).
+// search sees each ad wholly before or wholly after an update. An upsert or expire returns once
+// its batch is enqueued (every later request sees it; `synchronize()` waits for the device), from
+// one of two staging buffers, so the next batch stages on the host while this one may still wait
+// behind a search. Updates run one at a time (update_mutex_); searches enqueue their device work
+// under a second mutex, which an update holds only while it enqueues (an upsert from a compaction
+// on), and a reindex only while it swaps the postings it built beside the live ones (so searches
+// go on during the 66 ms a 100M-ad rebuild takes).
 //
 //   auto index = DeviceAdIndex::create(schema, {.capacity = 1 << 20});
 //   (*index)->upsert(ads);
@@ -132,13 +134,18 @@ class DeviceAdIndex {
   }
 
   ~DeviceAdIndex() {
+    if (update_stream_) cudaStreamSynchronize(update_stream_);  // updates still in flight read the staging
     for (void* p : {static_cast<void*>(ids_), static_cast<void*>(targeting_), static_cast<void*>(clauses_),
                     embeddings_, static_cast<void*>(bias_), static_cast<void*>(scale_),
-                    static_cast<void*>(category_offsets_), static_cast<void*>(device_staging_),
+                    static_cast<void*>(category_offsets_),
                     static_cast<void*>(headers_), static_cast<void*>(postings_), static_cast<void*>(segments_)})
       if (p) cudaFree(p);
     for (void* p : table_buffers_) cudaFree(p);
-    if (host_staging_) cudaFreeHost(host_staging_);
+    for (StagingBuffer& b : staging_) {
+      if (b.host) cudaFreeHost(b.host);
+      if (b.device) cudaFree(b.device);
+      if (b.consumed) cudaEventDestroy(b.consumed);
+    }
     for (auto& [stream, event] : search_events_) cudaEventDestroy(event);
     if (updated_) cudaEventDestroy(updated_);
     if (update_stream_) cudaStreamDestroy(update_stream_);
@@ -179,6 +186,8 @@ class DeviceAdIndex {
   float* scales() { return scale_; }
 
   /// Inserts or replaces ads (all or none: a bad ad fails the batch before anything changes).
+  /// Returns once the batch is enqueued: every search that starts later sees it, every search
+  /// already enqueued does not. `synchronize()` waits until it is applied.
   expected<void, Error> upsert(std::span<const AdRecord> ads) {
     std::vector<std::string> problems(default_thread_count());
     const auto parts = static_cast<unsigned>(std::clamp<std::size_t>(ads.size() / 2048, 1, problems.size()));
@@ -202,12 +211,12 @@ class DeviceAdIndex {
         return make_error("PackedAds: a clause is outside the schema");
     }
     std::lock_guard update(update_mutex_);
-    // Searches are held off while the batch is staged, not only while it is enqueued: then the
-    // search in flight has finished by the time the batch reaches the device, instead of every
-    // batch waiting for one (measured: 1.2 M ads/s while searching this way, 0.91 M/s the other,
-    // batches of 10,000; benchmarks/RESULTS.md runs 20-21). A compaction needs it anyway: the runs
-    // it drops would read as ANY until the batch is in.
-    std::unique_lock<std::mutex> held(mutex_);
+    // Searches run on while the batch is staged on the host; they are held off only while it is
+    // enqueued, or from a compaction on (the runs it drops would read as ANY until the batch is in).
+    // The call does not wait for the device: the batch stages into one of two buffers while the
+    // other's batch may still be waiting behind a search (runs 20-21 of benchmarks/RESULTS.md
+    // measured what waiting cost: 0.91 M ads/s while searching).
+    std::unique_lock<std::mutex> held(mutex_, std::defer_lock);
     // One write per slot per batch (the scatter kernel writes slots in parallel): the last entry of
     // an id wins, a new id that is not live takes no slot, and slots freed here are reused only by
     // later batches.
@@ -240,7 +249,9 @@ class DeviceAdIndex {
     // Staging first: once a compaction has dropped this batch's old runs, nothing may fail on the host.
     const bool with_rows = !ads.embeddings.empty();
     Staging s = staging_layout(n, padded_clauses, with_rows);
-    if (auto ok = reserve_staging(s.total); !ok) return ok;
+    auto staging = take_staging(s.total);
+    if (!staging) return unexpected(staging.error());
+    unsigned char* const host_staging = (*staging)->host;
     if (arena_tail_ + padded_clauses > options_.clause_capacity) {
       // Replaced and expired ads left their runs behind. Count what stays live once this batch is in
       // (its own replaced ads' runs become garbage too); if that fits, pack it and go on, else refuse
@@ -256,15 +267,16 @@ class DeviceAdIndex {
         return make_error("the clause arena is full: live ads hold " + std::to_string(kept) + " of " +
                           std::to_string(options_.clause_capacity) + " packed clauses and this batch needs " +
                           std::to_string(padded_clauses) + " more (create the index with a larger clause_capacity)");
+      held.lock();
       if (auto ok = compact_clause_arena(replaced); !ok) return ok;
     }
 
-    auto* slots = reinterpret_cast<std::uint32_t*>(host_staging_ + s.slots);
-    auto* ids = reinterpret_cast<std::uint32_t*>(host_staging_ + s.ids);
-    auto* targeting = reinterpret_cast<std::uint32_t*>(host_staging_ + s.targeting);
-    auto* bias = reinterpret_cast<float*>(host_staging_ + s.bias);
-    auto* scale = reinterpret_cast<float*>(host_staging_ + s.scale);
-    auto* run = reinterpret_cast<std::uint32_t*>(host_staging_ + s.clauses);
+    auto* slots = reinterpret_cast<std::uint32_t*>(host_staging + s.slots);
+    auto* ids = reinterpret_cast<std::uint32_t*>(host_staging + s.ids);
+    auto* targeting = reinterpret_cast<std::uint32_t*>(host_staging + s.targeting);
+    auto* bias = reinterpret_cast<float*>(host_staging + s.bias);
+    auto* scale = reinterpret_cast<float*>(host_staging + s.scale);
+    auto* run = reinterpret_cast<std::uint32_t*>(host_staging + s.clauses);
     std::fill(run, run + padded_clauses, 0u);
     for (std::size_t i = 0; i < n; ++i)
       std::copy(ads.clauses.begin() + ads.clause_begin[i], ads.clauses.begin() + ads.clause_begin[i + 1],
@@ -311,21 +323,21 @@ class DeviceAdIndex {
         targeting[w] = (ads.live[i] ? targeting_bits::live : 0u) |
                        (has_clauses ? targeting_bits::has_clauses |
                                           static_cast<std::uint32_t>((arena_tail_ + padded_begin[i]) / 4) : 0u);
-        if (with_rows) write_row(ads.embeddings.data() + i * schema_.dim, host_staging_ + s.rows + w * row_bytes(), scale[w]);
+        if (with_rows) write_row(ads.embeddings.data() + i * schema_.dim, host_staging + s.rows + w * row_bytes(), scale[w]);
         else scale[w] = 0.0f;
       }
     });
     for (std::int64_t delta : clause_delta) live_clauses_ = static_cast<std::size_t>(static_cast<std::int64_t>(live_clauses_) + delta);
     for (const auto& [i, slot] : entries) walk_count_ += ads.live[i] ? 1 : 0;
     free_slots_.insert(free_slots_.end(), freed.begin(), freed.end());
-    auto ok = publish(held, [&]() -> expected<void, Error> {
+    auto ok = publish(held, **staging, [&]() -> expected<void, Error> {
       slots_ = high_water;
-      KEVO_GPU_TRY(cudaMemcpyAsync(device_staging_, host_staging_, s.total, cudaMemcpyHostToDevice, update_stream_));
+      auto* d = (*staging)->device;
+      KEVO_GPU_TRY(cudaMemcpyAsync(d, host_staging, s.total, cudaMemcpyHostToDevice, update_stream_));
       if (padded_clauses > 0)
-        KEVO_GPU_TRY(cudaMemcpyAsync(clauses_ + arena_tail_, device_staging_ + s.clauses, padded_clauses * 4,
+        KEVO_GPU_TRY(cudaMemcpyAsync(clauses_ + arena_tail_, d + s.clauses, padded_clauses * 4,
                                      cudaMemcpyDeviceToDevice, update_stream_));
       arena_tail_ += padded_clauses;
-      auto* d = device_staging_;
       if (written > 0)
         kernels::scatter_ads<<<static_cast<unsigned>((written * 32 + 255) / 256), 256, 0, update_stream_>>>(
             static_cast<std::uint32_t>(written), reinterpret_cast<std::uint32_t*>(d + s.slots),
@@ -364,9 +376,10 @@ class DeviceAdIndex {
   expected<std::size_t, Error> expire(std::span<const std::uint32_t> ids) {
     std::lock_guard update(update_mutex_);
     Staging s = staging_layout(ids.size(), 0, false);
-    if (auto ok = reserve_staging(s.total); !ok) return unexpected(ok.error());
-    auto* slots = reinterpret_cast<std::uint32_t*>(host_staging_ + s.slots);
-    auto* targeting = reinterpret_cast<std::uint32_t*>(host_staging_ + s.targeting);
+    auto staging = take_staging(s.total);
+    if (!staging) return unexpected(staging.error());
+    auto* slots = reinterpret_cast<std::uint32_t*>((*staging)->host + s.slots);
+    auto* targeting = reinterpret_cast<std::uint32_t*>((*staging)->host + s.targeting);
     std::size_t n = 0;
     for (std::uint32_t id : ids) {
       auto it = id_to_slot_.find(id);
@@ -381,9 +394,9 @@ class DeviceAdIndex {
     }
     if (n == 0) return std::size_t{0};
     std::unique_lock<std::mutex> held(mutex_, std::defer_lock);
-    auto ok = publish(held, [&]() -> expected<void, Error> {
-      KEVO_GPU_TRY(cudaMemcpyAsync(device_staging_, host_staging_, s.total, cudaMemcpyHostToDevice, update_stream_));
-      auto* d = device_staging_;
+    auto ok = publish(held, **staging, [&]() -> expected<void, Error> {
+      auto* d = (*staging)->device;
+      KEVO_GPU_TRY(cudaMemcpyAsync(d, (*staging)->host, s.total, cudaMemcpyHostToDevice, update_stream_));
       kernels::scatter_ads<<<static_cast<unsigned>((n * 32 + 255) / 256), 256, 0, update_stream_>>>(
           static_cast<std::uint32_t>(n), reinterpret_cast<std::uint32_t*>(d + s.slots), nullptr,
           reinterpret_cast<std::uint32_t*>(d + s.targeting), nullptr, nullptr, nullptr, 0, ids_, targeting_, bias_,
@@ -395,7 +408,14 @@ class DeviceAdIndex {
     return n;
   }
 
-  /// Orders a search on `stream` after every finished update; returns the view it may read.
+  /// Waits until every update enqueued so far is applied on the device (before a caller writes
+  /// rows through embeddings() with its own kernels, or reads the index's arrays itself).
+  expected<void, Error> synchronize() {
+    KEVO_GPU_TRY(cudaStreamSynchronize(update_stream_));
+    return {};
+  }
+
+  /// Orders a search on `stream` after every update enqueued so far; returns the view it may read.
   /// Call with the lock from `search_lock()` held, then `after_search(stream)` once enqueued.
   std::unique_lock<std::mutex> search_lock() const { return std::unique_lock<std::mutex>(mutex_); }
   expected<IndexView, Error> before_search(gpu_stream_t stream) {
@@ -447,6 +467,7 @@ class DeviceAdIndex {
     KEVO_GPU_TRY(cudaStreamCreateWithFlags(&update_stream_, cudaStreamNonBlocking));
     KEVO_GPU_TRY(cudaEventCreateWithFlags(&updated_, cudaEventDisableTiming));
     KEVO_GPU_TRY(cudaEventRecord(updated_, update_stream_));
+    for (StagingBuffer& b : staging_) KEVO_GPU_TRY(cudaEventCreateWithFlags(&b.consumed, cudaEventDisableTiming));
     return {};
   }
 
@@ -467,18 +488,29 @@ class DeviceAdIndex {
     s.total = at;
     return s;
   }
-  expected<void, Error> reserve_staging(std::size_t bytes) {
-    if (bytes <= staging_bytes_) return {};
-    if (host_staging_) KEVO_GPU_TRY(cudaFreeHost(host_staging_));
-    if (device_staging_) KEVO_GPU_TRY(cudaFree(device_staging_));
-    host_staging_ = nullptr;
-    device_staging_ = nullptr;
-    staging_bytes_ = 0;
+  /// A batch's staging, on the host (pinned) and on the device. Two take turns, so that a batch can
+  /// be staged while the one before waits on the device; `consumed` marks when the device has read one.
+  struct StagingBuffer {
+    unsigned char* host = nullptr;
+    unsigned char* device = nullptr;
+    std::size_t bytes = 0;
+    gpu_event_t consumed = nullptr;
+  };
+  /// The next staging buffer, once the device has read it, with room for `bytes`.
+  expected<StagingBuffer*, Error> take_staging(std::size_t bytes) {
+    StagingBuffer& b = staging_[next_staging_];
+    next_staging_ ^= 1;
+    KEVO_GPU_TRY(cudaEventSynchronize(b.consumed));
+    if (bytes <= b.bytes) return &b;
+    if (b.host) KEVO_GPU_TRY(cudaFreeHost(b.host));
+    if (b.device) KEVO_GPU_TRY(cudaFree(b.device));
+    b.host = b.device = nullptr;
+    b.bytes = 0;
     const std::size_t grown = std::max<std::size_t>(bytes, 1u << 20);
-    KEVO_GPU_TRY(cudaMallocHost(&host_staging_, grown));
-    KEVO_GPU_TRY(cudaMalloc(&device_staging_, grown));
-    staging_bytes_ = grown;
-    return {};
+    KEVO_GPU_TRY(cudaMallocHost(&b.host, grown));
+    KEVO_GPU_TRY(cudaMalloc(&b.device, grown));
+    b.bytes = grown;
+    return &b;
   }
   void write_row(const float* embedding, unsigned char* out, float& scale) const {
     const int d = schema_.dim;
@@ -688,11 +720,10 @@ class DeviceAdIndex {
   }
 
   /// Enqueues an update's device work (`enqueue`, on update_stream_) after every search enqueued
-  /// so far and before any enqueued later, then waits for it to finish. Searches are held off only
-  /// while it enqueues: `lock` (on mutex_) is taken here unless the caller holds it already, and
-  /// released before the wait.
+  /// so far and before any enqueued later. Searches are held off only while it enqueues: `lock`
+  /// (on mutex_) is taken here unless the caller holds it already, and released on return.
   template <class Enqueue>
-  expected<void, Error> publish(std::unique_lock<std::mutex>& lock, Enqueue&& enqueue) {
+  expected<void, Error> enqueue_update(std::unique_lock<std::mutex>& lock, Enqueue&& enqueue) {
     if (!lock.owns_lock()) lock.lock();
     auto enqueued = [&]() -> expected<void, Error> {
       KEVO_GPU_TRY(wait_for_searches());
@@ -701,9 +732,23 @@ class DeviceAdIndex {
       return {};
     }();
     lock.unlock();
-    if (!enqueued) return enqueued;
-    KEVO_GPU_TRY(cudaEventSynchronize(updated_));  // staging is free again, and later searches see it
+    return enqueued;
+  }
+  /// enqueue_update, then waits for the device to finish it.
+  template <class Enqueue>
+  expected<void, Error> publish(std::unique_lock<std::mutex>& lock, Enqueue&& enqueue) {
+    if (auto ok = enqueue_update(lock, enqueue); !ok) return ok;
+    KEVO_GPU_TRY(cudaEventSynchronize(updated_));
     return {};
+  }
+  /// enqueue_update for a batch read from `staging`, which is marked for reuse once read; does not wait.
+  template <class Enqueue>
+  expected<void, Error> publish(std::unique_lock<std::mutex>& lock, StagingBuffer& staging, Enqueue&& enqueue) {
+    return enqueue_update(lock, [&]() -> expected<void, Error> {
+      if (auto ok = enqueue(); !ok) return ok;
+      KEVO_GPU_TRY(cudaEventRecord(staging.consumed, update_stream_));
+      return {};
+    });
   }
 
   gpu_error_t wait_for_searches() {
@@ -731,9 +776,8 @@ class DeviceAdIndex {
   std::size_t live_clauses_ = 0;            // their sum: what a compaction keeps
   boost::unordered_flat_map<std::uint32_t, std::uint32_t> id_to_slot_;  // open addressing: one cold miss a lookup
   std::vector<std::uint32_t> free_slots_;
-  unsigned char* host_staging_ = nullptr;
-  unsigned char* device_staging_ = nullptr;
-  std::size_t staging_bytes_ = 0;
+  StagingBuffer staging_[2];
+  int next_staging_ = 0;
   gpu_stream_t update_stream_ = nullptr;
   gpu_event_t updated_ = nullptr;
   std::vector<std::pair<gpu_stream_t, gpu_event_t>> search_events_;
