@@ -6,6 +6,7 @@
 //   kevo::report::write_html(store, run_id, "report.html");
 #pragma once
 
+#include <kevo/report/html.hpp>
 #include <kevo/store.hpp>
 
 #include <fmt/format.h>
@@ -21,19 +22,7 @@ namespace kevo::report {
 
 namespace detail {
 
-inline std::string escape_html(std::string_view text) {
-  std::string out;
-  for (char c : text) {
-    switch (c) {
-      case '<': out += "&lt;"; break;
-      case '>': out += "&gt;"; break;
-      case '&': out += "&amp;"; break;
-      case '"': out += "&quot;"; break;
-      default: out += c;
-    }
-  }
-  return out;
-}
+using kevo::report::escape_html;
 
 /// Speedup as a colour from grey (1x or less) to deep green (the best).
 inline std::string speed_colour(double speedup, double best) {
