@@ -1,10 +1,9 @@
 // The retrieval benchmark's report (benchmarks/retrieval/benchmark_report.hpp) over logs the
-// benchmark printed on the H200 (tests/data/retrieval_benchmark_run*.log, copied unchanged from
-// runs 18 and 27 of benchmarks/RESULTS.md).
+// benchmark and torch_peer.py printed on the H200 (tests/data/retrieval_*_run*.log, copied
+// unchanged from runs 18 and 28 of benchmarks/RESULTS.md).
 #include <catch2/catch.hpp>
 
 #include <fstream>
-#include <sstream>
 
 #include "../benchmarks/retrieval/benchmark_report.hpp"
 
@@ -12,18 +11,26 @@ using namespace kevo::bench;
 
 namespace {
 
-BenchmarkLog read_log(const char* name) {
+std::ifstream open_data(const char* name) {
   std::ifstream in(std::string(KEVO_TEST_DATA_DIR) + "/" + name);
   REQUIRE(in);
-  return parse_benchmark_log(in);
+  return in;
+}
+
+BenchmarkLog read_run28() {
+  auto bench = open_data("retrieval_benchmark_run28.log");
+  BenchmarkLog log = parse_benchmark_log(bench);
+  auto torch = open_data("retrieval_torch_run28.log");
+  parse_torch_log(torch, log);
+  return log;
 }
 
 }  // namespace
 
-TEST_CASE("a full benchmark log yields its stage table, searches and recall", "[bench][report]") {
-  const BenchmarkLog log = read_log("retrieval_benchmark_run18.log");
+TEST_CASE("a full benchmark log yields its stages, searches, updates, recall and peers", "[bench][report]") {
+  const BenchmarkLog log = read_run28();
   CHECK(log.device == "NVIDIA H200");
-  CHECK(log.roofline_tbs == Approx(4.498));
+  CHECK(log.roofline_tbs == Approx(4.494));
   REQUIRE(log.stages.size() == 12);  // 11 rows of the stage table and the narrow extreme
   const StageRow& first = log.stages.front();
   CHECK(first.request == "typical");
@@ -31,60 +38,73 @@ TEST_CASE("a full benchmark log yields its stage table, searches and recall", "[
   CHECK(first.pool_ads == 100000000);
   CHECK(first.eligible_percent == Approx(37.1));
   CHECK(first.k == 1000);
-  CHECK(first.matching_gps == Approx(292.9));
+  CHECK(first.matching_gps == Approx(347.9));
+  CHECK(first.matching_percent == Approx(35));
+  CHECK(first.scoring_gps == Approx(14.2));
   CHECK(first.scoring_percent == Approx(85));
-  CHECK(first.topk_ms == Approx(0.114));
-  CHECK(first.pipeline_ms == Approx(3.104));
-  CHECK(first.pipeline_gps == Approx(32.21));
+  CHECK(first.topk_ms == Approx(0.113));
+  CHECK(first.pipeline_ms == Approx(3.049));
+  CHECK(first.pipeline_gps == Approx(32.80));
+  CHECK(first.pipeline_percent == Approx(73));
   CHECK(log.stages.back().request == "narrow");
-  CHECK(log.stages.back().matching_gps == Approx(16.8));
+  CHECK(log.stages.back().eligible_percent == Approx(0.9));
+  CHECK(log.stages.back().matching_gps == Approx(282.4));
+
   REQUIRE(log.host_searches.size() == 6);
   CHECK(log.host_searches[0].label == "kevo fp16, one request at a time");
-  CHECK(log.host_searches[0].value == Approx(31.74));
+  CHECK(log.host_searches[0].value == Approx(32.21));
+  CHECK(log.host_searches[3].label == "kevo int8, one request at a time");
+  CHECK(log.host_searches[3].value == Approx(48.22));
+
+  REQUIRE(log.updates.size() == 4);
+  CHECK(log.updates[0].label == "batches of 10000, alone");
+  CHECK(log.updates[0].value == Approx(1.60));
+  CHECK(log.updates[0].note.empty());
+  CHECK(log.updates[1].label == "batches of 10000, while searching");
+  CHECK(log.updates[1].note == "106 searches alongside: median 3.63 ms, p99 3.75 ms");
+  CHECK(log.updates[3].value == Approx(1.34));
+
   REQUIRE(log.recall.size() == 3);
   CHECK(log.recall[1].label == "recall@1000");
   CHECK(log.recall[1].value == Approx(0.9816));
-  CHECK(log.updates.empty());  // run 18 printed updates in an older form, which is skipped
+
+  // The torch log's compiler warnings in between are skipped.
+  REQUIRE(log.peers.size() == 2);
+  CHECK(log.peers[0].label == "PyTorch eager");
+  CHECK(log.peers[0].value == Approx(0.493));
+  CHECK(log.peers[1].label == "torch.compile");
+  CHECK(log.peers[1].value == Approx(0.505));
 }
 
-TEST_CASE("update lines keep the search latency measured beside them", "[bench][report]") {
-  const BenchmarkLog log = read_log("retrieval_benchmark_run27_updates.log");
-  CHECK(log.stages.empty());
-  REQUIRE(log.updates.size() == 4);
-  CHECK(log.updates[0].label == "batches of 10000, alone");
-  CHECK(log.updates[0].value == Approx(1.41));
-  CHECK(log.updates[0].note.empty());
-  CHECK(log.updates[1].label == "batches of 10000, while searching");
-  CHECK(log.updates[1].value == Approx(1.48));
-  CHECK(log.updates[1].note == "113 searches alongside: median 3.62 ms, p99 3.70 ms");
-  CHECK(log.updates[3].value == Approx(1.14));
+TEST_CASE("an older log parses what it has and skips lines of older forms", "[bench][report]") {
+  auto bench = open_data("retrieval_benchmark_run18.log");
+  const BenchmarkLog log = parse_benchmark_log(bench);
+  REQUIRE(log.stages.size() == 12);
+  CHECK(log.stages.front().matching_gps == Approx(292.9));
+  CHECK(log.stages.back().matching_gps == Approx(16.8));
+  CHECK(log.host_searches.size() == 6);
+  CHECK(log.updates.empty());  // run 18 printed "alone: 1.08 M ads/s applied (...)", an older form
 }
 
 TEST_CASE("the page draws every section it has figures for", "[bench][report]") {
-  BenchmarkLog log = read_log("retrieval_benchmark_run18.log");
-  // torch_peer.py's lines, with run 19's figures (benchmarks/RESULTS.md).
-  std::istringstream torch(
-      "# PyTorch 2.11.0+cu130 on NVIDIA H200, N = 100000000, K = 1000, eligible 30.0%\n"
-      "eager scoring + top-K: 202.73 ms = 0.493 G pool ads/s, 0.148 G eligible ads/s\n"
-      "torch.compile scoring + top-K: 198.16 ms = 0.505 G pool ads/s, 0.151 G eligible ads/s\n");
-  parse_torch_log(torch, log);
-  REQUIRE(log.peers.size() == 2);
-  CHECK(log.peers[0].label == "PyTorch eager");
-  CHECK(log.peers[1].value == Approx(0.505));
-
-  const std::string html = render_benchmark_html(log, "run 18 & 19 <H200>");
-  CHECK(html.find("run 18 &amp; 19 &lt;H200&gt;") != std::string::npos);  // the title is escaped
+  const BenchmarkLog log = read_run28();
+  const std::string html = render_benchmark_html(log, "run 28 & <H200>");
+  CHECK(html.find("run 28 &amp; &lt;H200&gt;") != std::string::npos);  // the title is escaped
   CHECK(html.find("<h2>Each stage against the streaming roofline</h2>") != std::string::npos);
   CHECK(html.find("<h2>kevo against PyTorch, one request at a time</h2>") != std::string::npos);
   CHECK(html.find("<h2>Pipeline throughput against pool size</h2>") != std::string::npos);
-  CHECK(html.find("<h2>Ad updates applied</h2>") == std::string::npos);  // none in this log
-  // kevo's fastest host-visible search (int8, 44.96 G/s) against eager's 0.493.
-  CHECK(html.find("kevo's best is 91x faster") != std::string::npos);
+  CHECK(html.find("<h2>Ad updates applied</h2>") != std::string::npos);
+  // kevo's fastest host-visible search (int8, 48.22 G/s) against eager's 0.493.
+  CHECK(html.find("kevo's best is 98x faster") != std::string::npos);
   CHECK(html.find("typical fp16: scoring") != std::string::npos);
   CHECK(html.find("1M ads, fp16") < html.find("100M ads, fp16"));  // pool sizes in ascending order
-  // Four headline rows, three bars each, in the roofline chart; three more charts.
   std::size_t bars = 0;
   for (std::size_t at = html.find("<rect"); at != std::string::npos; at = html.find("<rect", at + 1)) ++bars;
-  CHECK(bars == 12 + 4 + 6);  // roofline; kevo fp16, int8 and two peers; six pool sizes
-  CHECK(html.find("<svg") != std::string::npos);
+  // Four headline rows of three stages; kevo fp16 and int8 and two peers; six pool sizes; four updates.
+  CHECK(bars == 12 + 4 + 6 + 4);
+
+  auto older = open_data("retrieval_benchmark_run18.log");
+  const std::string without_updates = render_benchmark_html(parse_benchmark_log(older), "run 18");
+  CHECK(without_updates.find("<h2>Ad updates applied</h2>") == std::string::npos);
+  CHECK(without_updates.find("No PyTorch log was given") != std::string::npos);
 }

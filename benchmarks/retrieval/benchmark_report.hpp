@@ -117,8 +117,10 @@ inline std::string bar_chart(const std::vector<Bar>& bars, double top, bool log_
     const double f = log_scale ? (std::log10(std::max(v, 1e-9)) - low) / (std::log10(top) - low) : v / top;
     return label_width + plot_width * std::clamp(f, 0.0, 1.0);
   };
+  std::size_t longest_text = 0;  // room for the text after a full bar (~7 px a character)
+  for (const Bar& b : bars) longest_text = std::max(longest_text, b.text.size());
   std::string svg = fmt::format(R"(<svg viewBox="0 0 {0} {1}" width="{0}" height="{1}" font-size="12">)",
-                                label_width + plot_width + 140, height);
+                                label_width + plot_width + 10 + 7 * static_cast<int>(longest_text), height);
   for (std::size_t i = 0; i < bars.size(); ++i) {
     const Bar& b = bars[i];
     const double y = 10 + static_cast<double>(i) * row;
@@ -223,7 +225,7 @@ inline std::string render_benchmark_html(const BenchmarkLog& log, std::string_vi
 
   return fmt::format(
       R"(<!doctype html><html><head><meta charset="utf-8"><title>kevo retrieval benchmark: {0}</title>
-<style>body{{font-family:sans-serif;max-width:900px;margin:2em auto}} table{{border-collapse:collapse;font-size:12px}}
+<style>body{{font-family:sans-serif;max-width:1100px;margin:2em auto}} table{{border-collapse:collapse;font-size:12px}}
 td,th{{border:1px solid #ddd;padding:3px 6px;text-align:right}}</style></head><body>
 <h1>kevo retrieval benchmark</h1><p>{0}. {1}, streaming-read roofline {2:.3f} TB/s.</p>
 {3}<h2>Every stage row</h2>{4}</body></html>
