@@ -9,6 +9,16 @@ set -euo pipefail
 source benchmarks/retrieval/device_common.sh
 nvcc=${NVCC:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}
 mkdir -p .carry/bin
+# Headers the device image lacks, for when it must build there (-I.carry): Catch2 for the tests, and
+# the Boost headers the index's id map pulls in (found by the compiler itself, ~1 MB).
+mkdir -p .carry/catch2
+cp /usr/include/catch2/catch.hpp .carry/catch2/
+printf '#include <boost/unordered/unordered_flat_map.hpp>\n#include <boost/unordered/unordered_flat_set.hpp>\n' |
+  g++ -std=c++20 -M -x c++ - | tr ' \\' '\n\n' | grep '^/usr/include/boost/' | sort -u |
+  while read -r header; do
+    relative=${header#/usr/include/}
+    mkdir -p ".carry/${relative%/*}" && cp "$header" ".carry/$relative"
+  done
 "$nvcc" "${nvcc_flags[@]}" tests/cuda/retrieval_pipeline.test.cu -o .carry/bin/retrieval_pipeline_test &
 tests=$!
 "$nvcc" "${nvcc_flags[@]}" benchmarks/retrieval/retrieval_benchmark.cu -o .carry/bin/retrieval_benchmark &
