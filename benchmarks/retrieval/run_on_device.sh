@@ -4,6 +4,8 @@
 #   bash benchmarks/retrieval/run_on_device.sh [tests] [bench ARGS...] [torch N] [ncu] [server]
 # Binaries packed by pack_for_device.sh (carried in .carry/bin) are used instead of building while
 # their source stamp matches. `server` runs the packed serving example: GPU backend against CPU.
+# Back here, `build/release/benchmarks/retrieval/retrieval_report bench.log --torch torch.log -o
+# report.html` draws the logs (the device image has no fmt to build it with).
 set -u -o pipefail
 OUT=${OUT:-/tmp/kevo-out}
 mkdir -p "$OUT" build-gpu
