@@ -47,15 +47,6 @@ __global__ void stream_read(const uint4* data, std::size_t count, unsigned* sink
   if (acc == 0x12345678u) *sink = acc;  // keeps the loads alive
 }
 
-/// A 16-byte streaming load that asks L2 to fetch the whole 256-byte block around it on a miss.
-__device__ __forceinline__ uint4 load_streaming_256b_fetch(const void* address) {
-  uint4 v;
-  asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(address));
-  return v;
-}
-
 /// The memory side of scoring alone: reads the rows and biases of the `*count` slots of `list`
 /// in the order scoring does and writes one word per ad, with no arithmetic. Its speed over the
 /// request's eligible list is the ceiling for scoring's gather. The variants tell its costs apart:
@@ -78,8 +69,7 @@ __global__ void gather_probe(IndexView index, const std::uint32_t* list, const s
       const std::uint32_t slot = at < pieces ? list[at >> row_pieces_log2] : 0u;
       const uint4* piece = static_cast<const uint4*>(index.embeddings) + (static_cast<std::uint64_t>(slot) << row_pieces_log2) +
                            (at & (row_pieces - 1));
-      v[u] = at >= pieces ? make_uint4(0, 0, 0, 0)
-                          : WholeBlockFetch ? load_streaming_256b_fetch(piece) : gpu_load_streaming(piece);
+      v[u] = at < pieces ? gpu_load_streaming<WholeBlockFetch>(piece) : make_uint4(0, 0, 0, 0);
       b[u] = Bias && at < pieces && (at & (row_pieces - 1)) == 0 ? index.bias[slot] : 0.0f;
     }
 #pragma unroll

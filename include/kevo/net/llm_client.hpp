@@ -249,7 +249,6 @@ class LlmClient {
            ec == http::error::partial_message || ec == asio::ssl::error::stream_truncated;
   }
 
-
   static milliseconds backoff(State& s, int attempt) {
     const auto& r = s.options.retry;
     const double base = std::min<double>(static_cast<double>(r.max_backoff.count()),

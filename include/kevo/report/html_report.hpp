@@ -22,8 +22,6 @@ namespace kevo::report {
 
 namespace detail {
 
-using kevo::report::escape_html;
-
 /// Speedup as a colour from grey (1x or less) to deep green (the best).
 inline std::string speed_colour(double speedup, double best) {
   const double t = best > 1 ? std::clamp(std::log(std::max(speedup, 1.0)) / std::log(best), 0.0, 1.0) : 0.0;
@@ -143,8 +141,8 @@ expected<std::string, Error> render_html(Store& store, std::int64_t run_id) {
     const auto& e = *ranked[i]->evaluation;
     table += fmt::format("<tr><td>{}</td><td>{:.2f}x</td><td>{}</td><td>{:.1f} GB/s, {:.1f} GFLOP/s</td><td><code>{}</code></td><td>{}</td></tr>\n",
                          ranked[i]->key, e.speedup, to_string(e.diagnostics.bottleneck), e.diagnostics.achieved_gbytes_per_s,
-                         e.diagnostics.achieved_gflops, detail::escape_html(to_string(ranked[i]->candidate.knobs)),
-                         detail::escape_html(ranked[i]->candidate.origin));
+                         e.diagnostics.achieved_gflops, escape_html(to_string(ranked[i]->candidate.knobs)),
+                         escape_html(ranked[i]->candidate.origin));
   }
 
   return fmt::format(R"(<!doctype html>
@@ -166,13 +164,13 @@ stopped: {stopped}.</p>
 {best_source}
 </body></html>
 )",
-                     fmt::arg("problem", detail::escape_html(run->problem)), fmt::arg("run", run_id),
+                     fmt::arg("problem", escape_html(run->problem)), fmt::arg("run", run_id),
                      fmt::arg("evaluations", finished.size()), fmt::arg("best", best), fmt::arg("failures", failures_text),
                      fmt::arg("stopped", run->stopped_because.empty() ? "not yet (unfinished or killed)" : run->stopped_because),
                      fmt::arg("progress", detail::progress_svg(finished, best)), fmt::arg("table", table),
                      fmt::arg("tree", detail::tree_svg(*nodes, best)),
                      fmt::arg("best_source", best_node ? fmt::format("<h2>The best kernel (node {})</h2><pre>{}</pre>", best_node->key,
-                                                                     detail::escape_html(best_node->candidate.source))
+                                                                     escape_html(best_node->candidate.source))
                                                        : std::string()));
 }
 

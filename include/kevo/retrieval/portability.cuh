@@ -58,12 +58,20 @@ __device__ __forceinline__ void gpu_mma_m16n8k16(float (&d)[4], std::uint32_t a0
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
-/// A 16-byte load of data read once: through the non-coherent path, not kept in L1.
+/// A 16-byte load of data read once: through the non-coherent path, not kept in L1. With
+/// `FetchWholeBlock`, a miss asks L2 to fetch the whole 256-byte block around it (measured: no
+/// faster for scoring's gather on an H200, benchmarks/RESULTS.md runs 23-24).
+template <bool FetchWholeBlock = false>
 __device__ __forceinline__ uint4 gpu_load_streaming(const void* address) {
   uint4 v;
-  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(address));
+  if constexpr (FetchWholeBlock)
+    asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(address));
+  else
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(address));
   return v;
 }
 

@@ -330,7 +330,7 @@ class DeviceAdIndex {
     for (std::int64_t delta : clause_delta) live_clauses_ = static_cast<std::size_t>(static_cast<std::int64_t>(live_clauses_) + delta);
     for (const auto& [i, slot] : entries) walk_count_ += ads.live[i] ? 1 : 0;
     free_slots_.insert(free_slots_.end(), freed.begin(), freed.end());
-    auto ok = publish(held, **staging, [&]() -> expected<void, Error> {
+    auto ok = enqueue_batch(held, **staging, [&]() -> expected<void, Error> {
       slots_ = high_water;
       auto* d = (*staging)->device;
       KEVO_GPU_TRY(cudaMemcpyAsync(d, host_staging, s.total, cudaMemcpyHostToDevice, update_stream_));
@@ -351,7 +351,7 @@ class DeviceAdIndex {
     if (!ok) return ok;
     if (walk_count_ < options_.reindex_after) return {};
     if (auto ok = reindex_locked(); !ok)
-      return make_error("the batch is applied, but the reindex it started failed: " + ok.error().message);
+      return make_error("the batch is enqueued, but the reindex it started failed: " + ok.error().message);
     return {};
   }
 
@@ -394,7 +394,7 @@ class DeviceAdIndex {
     }
     if (n == 0) return std::size_t{0};
     std::unique_lock<std::mutex> held(mutex_, std::defer_lock);
-    auto ok = publish(held, **staging, [&]() -> expected<void, Error> {
+    auto ok = enqueue_batch(held, **staging, [&]() -> expected<void, Error> {
       auto* d = (*staging)->device;
       KEVO_GPU_TRY(cudaMemcpyAsync(d, (*staging)->host, s.total, cudaMemcpyHostToDevice, update_stream_));
       kernels::scatter_ads<<<static_cast<unsigned>((n * 32 + 255) / 256), 256, 0, update_stream_>>>(
@@ -743,7 +743,7 @@ class DeviceAdIndex {
   }
   /// enqueue_update for a batch read from `staging`, which is marked for reuse once read; does not wait.
   template <class Enqueue>
-  expected<void, Error> publish(std::unique_lock<std::mutex>& lock, StagingBuffer& staging, Enqueue&& enqueue) {
+  expected<void, Error> enqueue_batch(std::unique_lock<std::mutex>& lock, StagingBuffer& staging, Enqueue&& enqueue) {
     return enqueue_update(lock, [&]() -> expected<void, Error> {
       if (auto ok = enqueue(); !ok) return ok;
       KEVO_GPU_TRY(cudaEventRecord(staging.consumed, update_stream_));
