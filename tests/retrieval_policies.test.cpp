@@ -42,14 +42,29 @@ TEST_CASE("a value outside any knob's domain makes the policy illegal", "[retrie
   CHECK(illegal([](PipelinePolicy& p) { p.matching.block_threads = 1024; }));
   CHECK(illegal([](PipelinePolicy& p) { p.matching.blocks_per_sm = 3; }));
   CHECK(illegal([](PipelinePolicy& p) { p.topk.boundary_cap = 1000; }));
+  CHECK(illegal([](PipelinePolicy& p) { p.batch_scoring.one_pass_from = 1; }));
+  CHECK(illegal([](PipelinePolicy& p) { p.batch_scoring.stages = 3; }));
+  CHECK(illegal([](PipelinePolicy& p) { p.batch_scoring.group = 4; }));  // spills registers (run 31)
+  CHECK(illegal([](PipelinePolicy& p) { p.batch_scoring.blocks_per_sm = 3; }));
 }
 
-TEST_CASE("matching and top-K policies print every knob", "[retrieval][policy]") {
+TEST_CASE("matching, top-K and batch policies print every knob", "[retrieval][policy]") {
   std::set<std::string> keys;
   for (int threads : MatchingPolicy::block_threads_domain)
     for (int blocks : MatchingPolicy::blocks_per_sm_domain) keys.insert(to_string(MatchingPolicy{threads, blocks}));
   REQUIRE(keys.size() == MatchingPolicy::block_threads_domain.size() * MatchingPolicy::blocks_per_sm_domain.size());
   for (int cap : TopKPolicy::boundary_cap_domain) REQUIRE(to_string(TopKPolicy{cap}).find(std::to_string(cap)) != std::string::npos);
-  REQUIRE(to_string(PipelinePolicy{}) ==
-          to_string(PipelinePolicy{}.matching) + " " + to_string(PipelinePolicy{}.scoring) + " " + to_string(PipelinePolicy{}.topk));
+  std::set<std::string> batch_keys;
+  for (int from : BatchScoringPolicy::one_pass_from_domain)
+    for (int stages : BatchScoringPolicy::stages_domain)
+      for (int group : BatchScoringPolicy::group_domain)
+        for (int blocks : BatchScoringPolicy::blocks_per_sm_domain) {
+          const BatchScoringPolicy p{from, stages, group, blocks};
+          REQUIRE(is_legal(p));
+          batch_keys.insert(to_string(p));
+        }
+  REQUIRE(batch_keys.size() == 4u * 2u * 2u * 4u);
+  const PipelinePolicy d{};
+  REQUIRE(to_string(d) == to_string(d.matching) + " " + to_string(d.scoring) + " " + to_string(d.topk) + " " +
+                              to_string(d.batch_scoring));
 }

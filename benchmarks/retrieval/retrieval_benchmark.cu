@@ -477,18 +477,85 @@ void run_updates(Pool& fp16, const Workload& fp16_workload, const Request& typic
 
 }  // namespace
 
+/// Batches of B typical requests (different users) through search_batch_async, one pass each,
+/// against the same B requests searched one after another (search_async, back to back). Reports
+/// the union the pass lists and scores, and the pass's bytes (the union's rows, biases, list and
+/// masks read once, each eligible pair's key written) as a fraction of the roofline.
+void run_batches(Pool& pool, const Workload& w, std::uint64_t n, int repeats, double roofline, SearchOutput out,
+                 cudaStream_t stream) {
+  FusedRetrievalPipeline& p = *pool.pipeline;
+  pool.ensure_temp();
+  void* batch_temp = nullptr;
+  KEVO_GPU_ASSERT(cudaMalloc(&batch_temp, p.search_batch_temp_bytes()));
+  const BatchTempLayout& b = p.batch_temp_layout();
+  std::uint32_t* outs_memory = nullptr;
+  constexpr int kMax = kernels::kMaxBatchRequests;
+  KEVO_GPU_ASSERT(cudaMalloc(&outs_memory, kMax * (2ull * kMaxK + 1) * 4));
+  std::vector<SearchOutput> outs(kMax);
+  for (int r = 0; r < kMax; ++r)
+    outs[r] = {outs_memory + r * kMaxK, reinterpret_cast<float*>(outs_memory + (kMax + r) * kMaxK),
+               outs_memory + 2 * kMax * kMaxK + r};
+  const double row = p.index().row_bytes() + 4.0 + (p.schema().embedding_type == EmbeddingType::int8 ? 4 : 0);
+  const PipelinePolicy original = p.policy();
+  for (int size : {1, 2, 4, 8}) {
+    std::vector<Request> requests;
+    for (int r = 0; r < size; ++r) requests.push_back(w.request(500 + r, RequestKind::typical, 1000));
+    auto time_batched = [&] {
+      return median_seconds(repeats, stream, [&] {
+        CHECK_OK(p.search_batch_async(requests, batch_temp, p.search_batch_temp_bytes(), std::span(outs).first(size), stream));
+      });
+    };
+    if (size >= 4) {  // the batch knobs (the default policy's line follows)
+      for (int stages : BatchScoringPolicy::stages_domain)
+        for (int group : BatchScoringPolicy::group_domain) {
+          PipelinePolicy policy = original;
+          policy.batch_scoring = {2, stages, group, 8};
+          CHECK_OK(p.set_policy(policy));
+          std::printf("%s batch of %d, %s: one pass %.3f ms\n", to_string(p.schema().embedding_type), size,
+                      to_string(policy.batch_scoring).c_str(), time_batched() * 1e3);
+        }
+      CHECK_OK(p.set_policy(original));
+    }
+    const double batched = time_batched();
+    const double alone = median_seconds(repeats, stream, [&] {
+      for (const Request& r : requests) CHECK_OK(p.search_async(r, pool.temp, pool.temp_bytes, out, stream));
+    });
+    KEVO_GPU_ASSERT(cudaStreamSynchronize(stream));
+    const auto* base = static_cast<unsigned char*>(batch_temp);
+    std::uint32_t listed = 0;
+    KEVO_GPU_ASSERT(cudaMemcpy(&listed, base + b.listed, 4, cudaMemcpyDeviceToHost));
+    double pairs = 0;
+    for (int r = 0; r < size; ++r) {
+      TopKState state;
+      KEVO_GPU_ASSERT(cudaMemcpy(&state, base + b.first_request + r * b.request_stride + b.request.state, sizeof(state),
+                                 cudaMemcpyDeviceToHost));
+      pairs += state.eligible_count;
+    }
+    const double bytes = listed * (row + 4 + 1) + pairs * 4;
+    std::printf("%s batch of %d: one pass %.3f ms (%.3f ms a request) = %.2f G pool ads/s; one by one %.3f ms = %.2f G/s; "
+                "%.2fx; union %.1f%% of the pool, %.2f eligible pairs per listed ad; %.2f G pairs/s; pass bytes %.0f%% of roofline\n",
+                to_string(p.schema().embedding_type), size, batched * 1e3, batched / size * 1e3, size * n / batched * 1e-9,
+                alone * 1e3, size * n / alone * 1e-9, alone / batched, 100.0 * listed / n, pairs / std::max(1u, listed),
+                pairs / batched * 1e-9, 100 * bytes / batched / roofline);
+  }
+  cudaFree(batch_temp);
+  cudaFree(outs_memory);
+}
+
 int main(int argc, char** argv) {
   std::uint64_t n = 100'000'000;
-  bool quick = false, stages_only = false, updates_only = false, matching_only = false, probes_only = false;
+  bool quick = false, stages_only = false, updates_only = false, matching_only = false, probes_only = false,
+       batch_only = false;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--n") && i + 1 < argc) n = std::strtoull(argv[++i], nullptr, 10);
     else if (!std::strcmp(argv[i], "--quick")) quick = true;
     else if (!std::strcmp(argv[i], "--stages-only")) stages_only = true;
     else if (!std::strcmp(argv[i], "--updates-only")) updates_only = true;
     else if (!std::strcmp(argv[i], "--probes-only")) probes_only = true;
+    else if (!std::strcmp(argv[i], "--batch-only")) batch_only = true;
     else if (!std::strcmp(argv[i], "--matching-only")) stages_only = matching_only = true;  // stages, then the matching sweep
     else {
-      std::fprintf(stderr, "usage: %s [--n ADS] [--quick] [--stages-only | --matching-only | --updates-only | --probes-only]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--n ADS] [--quick] [--stages-only | --matching-only | --updates-only | --probes-only | --batch-only]\n", argv[0]);
       return 2;
     }
   }
@@ -544,6 +611,11 @@ int main(int argc, char** argv) {
   // map holds SSE2 vectors (it checks the element type as if for device code).
   const std::array<Pool*, 2> both_pools{&fp16, &int8};
   const Request typical = fp16_workload.request(1, RequestKind::typical, 1000);
+  if (batch_only) {
+    std::puts("## Batches: one pass per batch (search_batch_async) against one search after another\n");
+    for (Pool* p : both_pools) run_batches(*p, fp16_workload, n, repeats, roofline, out, stream);
+    return 0;
+  }
   if (updates_only) {
     run_updates(fp16, fp16_workload, typical, n, quick);
     return 0;
@@ -686,6 +758,9 @@ int main(int argc, char** argv) {
                   to_string(p->pipeline->schema().embedding_type), batch, bt / batch * 1e3, n * batch / bt * 1e-9);
     }
   }
+
+  std::puts("\n## Batches: one pass per batch (search_batch_async) against one search after another\n");
+  for (Pool* p : both_pools) run_batches(*p, fp16_workload, n, repeats, roofline, out, stream);
 
   run_updates(fp16, fp16_workload, typical, n, quick);
 

@@ -9,6 +9,8 @@
 #include <atomic>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
+#include <span>
 #include <set>
 #include <thread>
 
@@ -363,8 +365,11 @@ TEST_CASE("the default policy fits every shape, and an explicit one that does no
       INFO("d " << dim << " " << to_string(type));
       REQUIRE(by_default);
       // Only fp16 at d = 256 needs more shared memory for the default ring than a block may have.
-      const bool kept_default = (*by_default)->policy() == PipelinePolicy{};
+      const PipelinePolicy chosen = (*by_default)->policy();
+      const bool kept_default = chosen.scoring == PipelinePolicy{}.scoring;
       REQUIRE(kept_default == !(type == EmbeddingType::fp16 && dim == 256));
+      // An int8 pool's search_batch goes one by one: its one-pass batches were slower (run 32).
+      REQUIRE(chosen.batch_scoring.one_pass_from == (type == EmbeddingType::int8 ? 16 : 2));
       if (!kept_default) REQUIRE((*by_default)->policy().scoring.stages == 0);
       auto explicit_default =
           FusedRetrievalPipeline::create(w.schema(), w.model(), {.capacity = 1024, .policy = PipelinePolicy{}});
@@ -393,6 +398,90 @@ TEST_CASE("the whole pipeline agrees with the reference", "[cuda][pipeline]") {
       }
     }
   }
+}
+
+TEST_CASE("a batch is matched and scored in one pass, and each answer agrees with the reference", "[cuda][batch]") {
+  const EmbeddingType type = GENERATE(EmbeddingType::fp16, EmbeddingType::int8);
+  const int n = GENERATE(5000, 250000);
+  const std::uint64_t seed = GENERATE(21, 22);
+  Loaded pool(small_options(seed, type), n);
+  FusedRetrievalPipeline& p = *pool.pipeline;
+  // Requests of every kind, K and routing width; the first batch is full, the others are not.
+  std::vector<Request> requests;
+  const RequestKind kinds[] = {RequestKind::typical, RequestKind::broad, RequestKind::narrow};
+  const int ks[] = {1, 100, 1000, 4096};
+  for (int i = 0; i < 13; ++i)
+    requests.push_back(pool.workload.request(seed * 101 + static_cast<std::uint64_t>(i), kinds[i % 3], ks[i % 4], 1 + i % 8));
+  requests[5] = requests[0];  // one request twice in a batch
+  requests[6].query.assign(1, CategoryQuery{0, {}});  // an empty query: only the ANY-targeted ads
+
+  // The async path into poisoned buffers: every answer's count and every entry up to it written.
+  void* temp = nullptr;
+  KEVO_GPU_ASSERT(cudaMalloc(&temp, p.search_batch_temp_bytes()));
+  KEVO_GPU_ASSERT(cudaMemset(temp, 0xab, p.search_batch_temp_bytes()));
+  constexpr std::size_t batch = kernels::kMaxBatchRequests;
+  std::uint32_t* out = nullptr;
+  KEVO_GPU_ASSERT(cudaMalloc(&out, batch * (2ull * kMaxK + 1) * 4));
+  KEVO_GPU_ASSERT(cudaMemset(out, 0xab, batch * (2ull * kMaxK + 1) * 4));
+  std::vector<SearchOutput> outs(batch);
+  for (std::size_t r = 0; r < batch; ++r)
+    outs[r] = {out + r * kMaxK, reinterpret_cast<float*>(out + (batch + r) * kMaxK), out + 2 * batch * kMaxK + r};
+  cudaStream_t stream = nullptr;
+  KEVO_GPU_ASSERT(cudaStreamCreate(&stream));
+  // A full batch, and a lone request (scored beside itself, its twin's results dropped).
+  for (std::size_t size : {batch, std::size_t{1}}) {
+    const std::size_t first = batch - size;  // the lone one is a broad request
+    KEVO_GPU_ASSERT(cudaMemset(out, 0xab, batch * (2ull * kMaxK + 1) * 4));
+    REQUIRE(p.search_batch_async(std::span(requests).subspan(first, size), temp, p.search_batch_temp_bytes(),
+                                 std::span(outs).first(size), stream));
+    KEVO_GPU_ASSERT(cudaStreamSynchronize(stream));
+    const auto all = download<std::uint32_t>(out, batch * (2ull * kMaxK + 1));
+    for (std::size_t r = 0; r < size; ++r) {
+      const Request& request = requests[first + r];
+      const std::uint32_t count = all[2 * batch * kMaxK + r];
+      REQUIRE(count <= static_cast<std::uint32_t>(request.k));
+      std::vector<ScoredAd> top(count);
+      for (std::uint32_t i = 0; i < count; ++i) {
+        top[i].id = all[r * kMaxK + i];
+        std::memcpy(&top[i].score, &all[(batch + r) * kMaxK + i], 4);
+      }
+      const RequestVectors v = compute_request_vectors(pool.workload.model(), request.features);
+      auto ok = compare_with_reference(pool.host, v, request, top);
+      INFO("type " << to_string(type) << " n " << n << " request " << r << ": " << (ok ? "ok" : ok.error().message));
+      REQUIRE(ok);
+      // What the request gets alone, to rounding (the compiler may contract the two kernels' sums
+      // differently): the batch changes the pass, not the arithmetic.
+      auto alone = p.search(request);
+      REQUIRE(alone);
+      REQUIRE(alone->size() == top.size());
+      for (std::uint32_t i = 0; i < count; ++i)
+        REQUIRE(std::fabs((*alone)[i].score - top[i].score) <= 1e-5f * (1.0f + std::fabs(top[i].score)));
+    }
+  }
+  KEVO_GPU_ASSERT(cudaFree(temp));
+  KEVO_GPU_ASSERT(cudaFree(out));
+  KEVO_GPU_ASSERT(cudaStreamDestroy(stream));
+
+  // The synchronous path splits 13 requests into batches of 8 and 5; a batch of 2; and a lone
+  // request, which takes the single-request path.
+  for (std::size_t size : {requests.size(), std::size_t{2}, std::size_t{1}}) {
+    const auto some = std::span(requests).subspan(requests.size() - size);
+    auto answers = p.search_batch(some);
+    REQUIRE(answers);
+    REQUIRE(answers->size() == size);
+    for (std::size_t r = 0; r < size; ++r) {
+      auto ok = compare_with_reference(pool.host, compute_request_vectors(pool.workload.model(), some[r].features),
+                                       some[r], (*answers)[r]);
+      INFO("search_batch of " << size << ", request " << r << ": " << (ok ? "ok" : ok.error().message));
+      REQUIRE(ok);
+    }
+  }
+  // A bad request names its place in the batch, and nothing runs.
+  std::vector<Request> bad(requests.begin(), requests.begin() + 3);
+  bad[2].k = 0;
+  auto refused = p.search_batch(bad);
+  REQUIRE(!refused);
+  CHECK_THAT(refused.error().message, Catch::Contains("request 2 of the batch"));
 }
 
 TEST_CASE("ties are broken by lower id, through every radix-select level", "[cuda][topk]") {

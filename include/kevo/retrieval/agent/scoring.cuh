@@ -238,28 +238,50 @@ struct AgentScoring {
     return h;
   }
 
+  /// One row's 8 experts as routing sees them: scaled scores and logits (experts >= E at -inf),
+  /// from `mine` (experts 2q, 2q+1, 2(q^1), 2(q^1)+1) and `other` (the rest, as lane q ^ 2 held them).
+  struct RowExperts {
+    float score[8], logit[8];
+    int expert[8];
+  };
+  __device__ __forceinline__ RowExperts row_experts(int quad, const HalfRow& mine, const HalfRow& other,
+                                                    float scale) const {
+    RowExperts row;
+#pragma unroll
+    for (int p = 0; p < 4; ++p) {
+      row.score[p] = mine.score[p] * scale;
+      row.logit[p] = mine.logit[p];
+      row.score[p + 4] = other.score[p] * scale;
+      row.logit[p + 4] = other.logit[p];
+      row.expert[p] = 2 * (quad ^ (p / 2)) + (p & 1);
+      row.expert[p + 4] = 2 * (quad ^ (2 + p / 2)) + (p & 1);
+    }
+#pragma unroll
+    for (int p = 0; p < 8; ++p) row.logit[p] = row.expert[p] < experts ? row.logit[p] * scale : -INFINITY;
+    return row;
+  }
+
   /// Routing on one row's 8 experts: top-k_e by logit (ties: lower expert index), softmax over the
   /// chosen logits, weighted expert scores, plus the bias. `mine` holds experts 2q, 2q+1, 2(q^1),
   /// 2(q^1)+1 and `other` the rest, as lane q ^ 2 held them.
   __device__ __forceinline__ float route(int quad, const HalfRow& mine, const HalfRow& other, float bias,
                                          float scale) const {
-    float score[8], logit[8];
-#pragma unroll
-    for (int p = 0; p < 4; ++p) {
-      score[p] = mine.score[p];
-      logit[p] = mine.logit[p];
-      score[p + 4] = other.score[p];
-      logit[p + 4] = other.logit[p];
-    }
-    const int expert[8] = {2 * quad,       2 * quad + 1,       2 * (quad ^ 1), 2 * (quad ^ 1) + 1,
-                           2 * (quad ^ 2), 2 * (quad ^ 2) + 1, 2 * (quad ^ 3), 2 * (quad ^ 3) + 1};
-#pragma unroll
-    for (int p = 0; p < 8; ++p) {
-      score[p] *= scale;
-      logit[p] = expert[p] < experts ? logit[p] * scale : -INFINITY;
-    }
+    return route_for(routing, quad, mine, other, bias, scale);
+  }
+
+  /// Whether route_for takes the top-two path for this width (no branches on the data: requests
+  /// that all take it can be routed side by side).
+  __device__ __forceinline__ bool routes_top_two(int width) const { return width < experts && width <= 2; }
+
+  __device__ __forceinline__ float route_for(int width, int quad, const HalfRow& mine, const HalfRow& other, float bias,
+                                             float scale) const {
+    if (width < experts && width <= 2) return route_top_two(width, quad, mine, other, bias, scale);
+    const RowExperts row = row_experts(quad, mine, other, scale);
+    const float(&score)[8] = row.score;
+    const float(&logit)[8] = row.logit;
+    const int(&expert)[8] = row.expert;
     // Order: larger logit first, then lower expert index (experts >= E sit at -inf, last).
-    if (routing >= experts) {  // dense softmax gating: every expert, no selection
+    if (width >= experts) {  // dense softmax gating: every expert, no selection
       float top_logit = logit[0];
 #pragma unroll
       for (int p = 1; p < 8; ++p) top_logit = fmaxf(top_logit, logit[p]);
@@ -274,27 +296,9 @@ struct AgentScoring {
       }
       return weighted / total + bias;
     }
-    if (routing <= 2) {  // the usual widths: one pass keeping the best two (by value: no indexing)
-      float l1 = logit[0], s1 = score[0], l2 = -INFINITY, s2 = 0.0f;
-      int e1 = expert[0], e2 = kMaxGpuExperts;
-#pragma unroll
-      for (int p = 1; p < 8; ++p) {
-        const bool beats_first = logit[p] > l1 || (logit[p] == l1 && expert[p] < e1);
-        const bool beats_second = logit[p] > l2 || (logit[p] == l2 && expert[p] < e2);
-        if (beats_first) {
-          l2 = l1, s2 = s1, e2 = e1;
-          l1 = logit[p], s1 = score[p], e1 = expert[p];
-        } else if (beats_second) {
-          l2 = logit[p], s2 = score[p], e2 = expert[p];
-        }
-      }
-      if (routing == 1) return s1 + bias;
-      const float w = __expf(l2 - l1);
-      return (s1 + w * s2) / (1.0f + w) + bias;
-    }
     std::uint32_t chosen = 0;
     float top_logit = 0.0f;
-    for (int r = 0; r < routing; ++r) {
+    for (int r = 0; r < width; ++r) {
       int best = 0;
       float best_logit = -INFINITY;
       int best_expert = kMaxGpuExperts;
@@ -320,6 +324,31 @@ struct AgentScoring {
       }
     }
     return weighted / total + bias;
+  }
+
+  /// route_for's usual widths (1 or 2 of more experts): one pass keeping the best two, by value (no indexing).
+  __device__ __forceinline__ float route_top_two(int width, int quad, const HalfRow& mine, const HalfRow& other,
+                                                 float bias, float scale) const {
+    const RowExperts row = row_experts(quad, mine, other, scale);
+    const float(&score)[8] = row.score;
+    const float(&logit)[8] = row.logit;
+    const int(&expert)[8] = row.expert;
+    float l1 = logit[0], s1 = score[0], l2 = -INFINITY, s2 = 0.0f;
+    int e1 = expert[0], e2 = kMaxGpuExperts;
+#pragma unroll
+    for (int p = 1; p < 8; ++p) {
+      const bool beats_first = logit[p] > l1 || (logit[p] == l1 && expert[p] < e1);
+      const bool beats_second = logit[p] > l2 || (logit[p] == l2 && expert[p] < e2);
+      if (beats_first) {
+        l2 = l1, s2 = s1, e2 = e1;
+        l1 = logit[p], s1 = score[p], e1 = expert[p];
+      } else if (beats_second) {
+        l2 = logit[p], s2 = score[p], e2 = expert[p];
+      }
+    }
+    if (width == 1) return s1 + bias;
+    const float w = __expf(l2 - l1);
+    return (s1 + w * s2) / (1.0f + w) + bias;
   }
 
   /// Scores one loaded tile of 16 ads. Lanes with quad 0 return the score of row `group`, quad 1 of
@@ -359,6 +388,84 @@ struct AgentScoring {
       other.logit[p] = __shfl_xor_sync(0xffffffffu, upper ? first_half.logit[p] : second_half.logit[p], 2);
     }
     return route(quad, mine, other, upper ? second.bias : first.bias, upper ? second.scale : first.scale);
+  }
+
+  /// A batch's scoring: one tile against R requests at once (fragments f[0..R-1]). The A fragments
+  /// are taken from the tile once per k-step, and the R requests' mma chains are independent, so
+  /// they overlap one another's latency.
+  template <int R>
+  __device__ __forceinline__ void accumulate_group(int lane, const Tile& tile, const ScoringFragments<Dim>* f,
+                                                   HalfRow (&half)[R]) const {
+    float u2[R][2][4], g2[R][2][4];
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) u2[r][0][i] = u2[r][1][i] = g2[r][0][i] = g2[r][1][i] = 0.0f;
+#pragma unroll
+    for (int s = 0; s < Shape::k_steps; ++s) {
+      std::uint32_t a0, a1, a2, a3;
+      if constexpr (Type == EmbeddingType::fp16) {
+        a0 = quarter_word(tile.lo, 2 * s);
+        a2 = quarter_word(tile.lo, 2 * s + 1);
+        a1 = quarter_word(tile.hi, 2 * s);
+        a3 = quarter_word(tile.hi, 2 * s + 1);
+      } else {
+        int8x4_to_half2x2(quarter_word(tile.lo, s), a0, a2);
+        int8x4_to_half2x2(quarter_word(tile.hi, s), a1, a3);
+      }
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        const uint2 bu = f[r].b[0][s][lane];
+        const uint2 bg = f[r].b[1][s][lane];
+        gpu_mma_m16n8k16(u2[r][s & 1], a0, a1, a2, a3, bu.x, bu.y);
+        gpu_mma_m16n8k16(g2[r][s & 1], a0, a1, a2, a3, bg.x, bg.y);
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      float acc_u[4], acc_g[4];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        acc_u[i] = u2[r][0][i] + u2[r][1][i];
+        acc_g[i] = g2[r][0][i] + g2[r][1][i];
+      }
+      half[r] = exchange_pairs(lane & 1, acc_u, acc_g);
+    }
+  }
+
+  /// score_tile_pair for R requests at once: score[r] is request r's score of the row this lane
+  /// owns. Where every width takes the top-two path, the R routings are straight-line code side by
+  /// side (independent chains the scheduler interleaves); otherwise each branches on its own.
+  template <int R>
+  __device__ __forceinline__ void score_tile_pair_group(int lane, const Tile& first, const Tile& second,
+                                                        const ScoringFragments<Dim>* f, const int (&widths)[R],
+                                                        float (&score)[R]) const {
+    const int quad = lane & 3;
+    const bool upper = quad & 2;
+    HalfRow first_half[R], second_half[R];
+    accumulate_group<R>(lane, first, f, first_half);
+    accumulate_group<R>(lane, second, f, second_half);
+    HalfRow mine[R], other[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+      for (int p = 0; p < 4; ++p) {
+        mine[r].score[p] = upper ? second_half[r].score[p] : first_half[r].score[p];
+        mine[r].logit[p] = upper ? second_half[r].logit[p] : first_half[r].logit[p];
+        other[r].score[p] = __shfl_xor_sync(0xffffffffu, upper ? first_half[r].score[p] : second_half[r].score[p], 2);
+        other[r].logit[p] = __shfl_xor_sync(0xffffffffu, upper ? first_half[r].logit[p] : second_half[r].logit[p], 2);
+      }
+    const float bias = upper ? second.bias : first.bias, scale = upper ? second.scale : first.scale;
+    bool top_two = true;
+#pragma unroll
+    for (int r = 0; r < R; ++r) top_two = top_two && routes_top_two(widths[r]);
+    if (top_two) {
+#pragma unroll
+      for (int r = 0; r < R; ++r) score[r] = route_top_two(widths[r], quad, mine[r], other[r], bias, scale);
+    } else {
+#pragma unroll
+      for (int r = 0; r < R; ++r) score[r] = route_for(widths[r], quad, mine[r], other[r], bias, scale);
+    }
   }
 };
 

@@ -33,7 +33,7 @@ struct AgentTopKSelect {
                                 TempStorage& storage) {
     if (level == 0 && state->eligible_count <= k) {
       if (thread_rank == 0) {
-        state->threshold = 1;  // every eligible ad; no finite score has key 0
+        state->threshold = 1ull << 32;  // every eligible ad: key >= 1 (a batch's key 0 marks an ad not eligible)
         state->done = 1;
       }
       return;

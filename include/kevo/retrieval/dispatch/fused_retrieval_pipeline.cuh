@@ -45,6 +45,16 @@ struct SearchTempLayout {
   std::uint32_t candidate_capacity, chunk_size, input_words;
 };
 
+/// The layout of a batch's temp storage: the batch's shared eligible list (the union of its
+/// requests', with a request-mask byte per entry), then one region per request laid out as
+/// SearchTempLayout without its own eligible list (its keys are indexed like the shared list).
+struct BatchTempLayout {
+  std::size_t listed, eligible, request_masks, first_request;
+  std::size_t request_stride;  // bytes per request region
+  SearchTempLayout request;    // offsets within one request region
+  std::size_t total;
+};
+
 class FusedRetrievalPipeline {
  public:
   struct Options {
@@ -53,7 +63,8 @@ class FusedRetrievalPipeline {
     std::size_t reindex_after = 0;            // see DeviceAdIndex::Options
     std::uint32_t reindex_slice_segments = 512;  // see DeviceAdIndex::Options
     /// Empty: the defaults, except that a pool whose d and dtype make the default ring too big for
-    /// shared memory (fp16 at d = 256) scores with register loads instead.
+    /// shared memory (fp16 at d = 256) scores with register loads instead, and that an int8 pool's
+    /// search_batch searches one by one (its one-pass batches were slower, run 32).
     std::optional<PipelinePolicy> policy{};
   };
 
@@ -82,7 +93,8 @@ class FusedRetrievalPipeline {
   ~FusedRetrievalPipeline() {
     for (void* p : {static_cast<void*>(w1_), static_cast<void*>(c1_), static_cast<void*>(w2_),
                     static_cast<void*>(c2_), static_cast<void*>(projection_), static_cast<void*>(own_temp_),
-                    static_cast<void*>(own_out_ids_),
+                    static_cast<void*>(own_out_ids_), static_cast<void*>(own_batch_temp_),
+                    static_cast<void*>(own_batch_out_),
                     static_cast<void*>(own_out_scores_), static_cast<void*>(own_out_count_)})
       if (p) cudaFree(p);
     for (Upload& u : uploads_) {
@@ -104,6 +116,12 @@ class FusedRetrievalPipeline {
     std::lock_guard lock(own_mutex_);
     policy_ = policy;
     layout_ = compute_layout();
+    batch_layout_ = compute_batch_layout();
+    if (own_batch_temp_ && batch_layout_.total > own_batch_temp_bytes_) {
+      KEVO_GPU_TRY(cudaStreamSynchronize(own_stream_));
+      KEVO_GPU_TRY(cudaFree(own_batch_temp_));
+      own_batch_temp_ = nullptr;  // allocated again by the next search_batch
+    }
     if (search_temp_bytes() > own_temp_bytes_) {
       KEVO_GPU_TRY(cudaStreamSynchronize(own_stream_));
       KEVO_GPU_TRY(cudaFree(own_temp_));
@@ -140,6 +158,49 @@ class FusedRetrievalPipeline {
     return index_->after_search(stream);
   }
 
+  /// Phase one of two for search_batch_async: the temp storage bytes a batch of up to
+  /// kernels::kMaxBatchRequests requests needs.
+  std::size_t search_batch_temp_bytes() const { return batch_layout_.total; }
+  const BatchTempLayout& batch_temp_layout() const { return batch_layout_; }
+
+  /// Enqueues a batch of 1 .. kernels::kMaxBatchRequests searches on `stream` as one pass: the
+  /// requests are matched together (one list of the ads eligible for any of them, with a byte
+  /// saying for which), every listed row is read once and scored against each request, and then
+  /// each request's top-K lands in its own `outs[r]`. The answers are the same as search_async's.
+  expected<void, Error> search_batch_async(std::span<const Request> requests, void* d_temp, std::size_t temp_bytes,
+                                           std::span<const SearchOutput> outs, gpu_stream_t stream) {
+    if (requests.empty() || requests.size() > static_cast<std::size_t>(kernels::kMaxBatchRequests))
+      return make_error("search_batch_async takes 1 to " + std::to_string(kernels::kMaxBatchRequests) + " requests, not " +
+                        std::to_string(requests.size()));
+    if (outs.size() != requests.size()) return make_error("search_batch_async: one output per request");
+    for (std::size_t r = 0; r < requests.size(); ++r)
+      if (auto ok = validate_request(schema(), model_, requests[r]); !ok)
+        return make_error("request " + std::to_string(r) + " of the batch: " + ok.error().message);
+    const BatchTempLayout& b = batch_layout_;
+    if (d_temp == nullptr || temp_bytes < b.total) return make_error("search_batch_async: temp storage too small");
+    auto* t = static_cast<unsigned char*>(d_temp);
+    auto region = [&](std::size_t r) { return t + b.first_request + r * b.request_stride; };
+    auto lock = index_->search_lock();
+    auto view = index_->before_search(stream);
+    if (!view) return unexpected(view.error());
+    for (std::size_t r = 0; r < requests.size(); ++r)
+      if (auto ok = prepare(requests[r], b.request, region(r), stream); !ok) return ok;
+    KEVO_GPU_TRY(cudaMemsetAsync(t + b.listed, 0, 4, stream));
+    if (auto ok = enqueue_batch_matching(*view, t, requests.size(), stream); !ok) return ok;
+    if (auto ok = enqueue_batch_scoring(*view, t, requests, stream); !ok) return ok;
+    const auto* listed = reinterpret_cast<const std::uint32_t*>(t + b.listed);
+    const auto* list = reinterpret_cast<const std::uint32_t*>(t + b.eligible);
+    for (std::size_t r = 0; r < requests.size(); ++r) {
+      unsigned char* at = region(r);
+      kernels::topk_histogram<256><<<static_cast<unsigned>(multiprocessors_ * 2), 256, 0, stream>>>(
+          reinterpret_cast<const std::uint32_t*>(at + b.request.keys), listed,
+          reinterpret_cast<TopKState*>(at + b.request.state));
+      KEVO_GPU_TRY(cudaGetLastError());
+      if (auto ok = topk(*view, b.request, at, list, listed, requests[r].k, outs[r], stream); !ok) return ok;
+    }
+    return index_->after_search(stream);
+  }
+
   /// Searches one request and waits for the answer (the pipeline's own stream and temp storage).
   expected<std::vector<ScoredAd>, Error> search(const Request& request) {
     std::lock_guard lock(own_mutex_);
@@ -162,13 +223,47 @@ class FusedRetrievalPipeline {
     return result;
   }
 
-  /// Searches several requests one after another on the pipeline's stream.
+  /// Searches several requests and waits for the answers, on the pipeline's own stream: groups of
+  /// up to kMaxBatchRequests go through search_batch_async (each row read once per group) when they
+  /// hold at least policy().batch_scoring.one_pass_from requests, the others one by one.
   expected<std::vector<std::vector<ScoredAd>>, Error> search_batch(std::span<const Request> requests) {
+    constexpr std::size_t group = kernels::kMaxBatchRequests;
+    std::lock_guard lock(own_mutex_);
+    if (!own_batch_temp_) {  // the first batch pays for its temp storage (~37 B per ad of capacity)
+      own_batch_temp_bytes_ = search_batch_temp_bytes();
+      KEVO_GPU_TRY(cudaMalloc(&own_batch_temp_, own_batch_temp_bytes_));
+    }
+    if (!own_batch_out_) KEVO_GPU_TRY(cudaMalloc(&own_batch_out_, group * (kMaxK * 8ull + 4)));
+    auto* ids = static_cast<std::uint32_t*>(own_batch_out_);
+    auto* scores = reinterpret_cast<float*>(ids + group * kMaxK);
+    auto* counts = reinterpret_cast<std::uint32_t*>(scores + group * kMaxK);
     std::vector<std::vector<ScoredAd>> all;
-    for (const Request& r : requests) {
-      auto one = search(r);
-      if (!one) return unexpected(one.error());
-      all.push_back(std::move(*one));
+    std::vector<std::uint32_t> host_ids(group * kMaxK);
+    std::vector<float> host_scores(group * kMaxK);
+    for (std::size_t first = 0; first < requests.size(); first += group) {
+      const std::size_t n = std::min(group, requests.size() - first);
+      const auto some = requests.subspan(first, n);
+      std::vector<SearchOutput> outs(n);
+      for (std::size_t r = 0; r < n; ++r) outs[r] = {ids + r * kMaxK, scores + r * kMaxK, counts + r};
+      if (n >= static_cast<std::size_t>(policy_.batch_scoring.one_pass_from)) {
+        if (auto ok = search_batch_async(some, own_batch_temp_, own_batch_temp_bytes_, outs, own_stream_); !ok)
+          return unexpected(ok.error());
+      } else {
+        for (std::size_t r = 0; r < n; ++r)  // stream-ordered: they share the temp storage
+          if (auto ok = search_async(some[r], own_temp_, own_temp_bytes_, outs[r], own_stream_); !ok)
+            return make_error("request " + std::to_string(first + r) + " of the batch: " + ok.error().message);
+      }
+      std::uint32_t count[group];
+      KEVO_GPU_TRY(cudaMemcpyAsync(count, counts, n * 4, cudaMemcpyDeviceToHost, own_stream_));
+      KEVO_GPU_TRY(cudaMemcpyAsync(host_ids.data(), ids, n * kMaxK * 4ull, cudaMemcpyDeviceToHost, own_stream_));
+      KEVO_GPU_TRY(cudaMemcpyAsync(host_scores.data(), scores, n * kMaxK * 4ull, cudaMemcpyDeviceToHost, own_stream_));
+      KEVO_GPU_TRY(cudaStreamSynchronize(own_stream_));
+      for (std::size_t r = 0; r < n; ++r) {
+        if (count[r] == ~0u) return make_error("top-K candidate buffer overflowed (a bug)");
+        std::vector<ScoredAd> top(count[r]);
+        for (std::uint32_t i = 0; i < count[r]; ++i) top[i] = {host_ids[r * kMaxK + i], host_scores[r * kMaxK + i]};
+        all.push_back(std::move(top));
+      }
     }
     return all;
   }
@@ -177,8 +272,21 @@ class FusedRetrievalPipeline {
 
   /// Resets top-K state, uploads features and query bits, runs towers and gating keys, sets the bitmap.
   expected<void, Error> enqueue_prepare(const Request& request, void* d_temp, gpu_stream_t stream) {
+    return prepare(request, layout_, static_cast<unsigned char*>(d_temp), stream);
+  }
+
+  /// Index matching: the eligible slots, and their count in the top-K state.
+  expected<void, Error> enqueue_matching(const IndexView& view, void* d_temp, gpu_stream_t stream) {
     const SearchTempLayout& l = layout_;
     auto* t = static_cast<unsigned char*>(d_temp);
+    auto* state = reinterpret_cast<TopKState*>(t + l.state);
+    return match<1>(view, requests_of(l, {&t, 1}), reinterpret_cast<std::uint32_t*>(t + l.eligible), nullptr,
+                    &state->eligible_count, stream);
+  }
+
+ private:
+  expected<void, Error> prepare(const Request& request, const SearchTempLayout& l, unsigned char* t,
+                                gpu_stream_t stream) {
     Upload& up = uploads_[next_upload_++ % uploads_.size()];
     KEVO_GPU_TRY(cudaEventSynchronize(up.done));  // its previous copy has left
     auto* words = reinterpret_cast<std::uint32_t*>(up.host);
@@ -210,26 +318,37 @@ class FusedRetrievalPipeline {
     return {};
   }
 
-  /// Index matching: the eligible slots, and their count in the top-K state.
-  expected<void, Error> enqueue_matching(const IndexView& view, void* d_temp, gpu_stream_t stream) {
-    const SearchTempLayout& l = layout_;
-    auto* t = static_cast<unsigned char*>(d_temp);
-    const QueryView query{reinterpret_cast<const std::uint32_t*>(t + l.bitmap), index_->category_offsets()};
-    const auto* bit_count = reinterpret_cast<const std::uint32_t*>(t + l.input) + model_.features;
+  /// What matching sees of the requests whose temp regions (laid out as `l`) are `regions`.
+  kernels::MatchingRequests requests_of(const SearchTempLayout& l, std::span<unsigned char* const> regions) const {
+    kernels::MatchingRequests m{};
+    for (std::size_t r = 0; r < regions.size(); ++r) {
+      unsigned char* t = regions[r];
+      m.bitmap[r] = reinterpret_cast<const std::uint32_t*>(t + l.bitmap);
+      m.bit_count[r] = reinterpret_cast<const std::uint32_t*>(t + l.input) + model_.features;
+      m.bits[r] = m.bit_count[r] + 1;
+      m.state[r] = reinterpret_cast<TopKState*>(t + l.state);
+    }
+    m.category_offsets = index_->category_offsets();
+    m.count = static_cast<int>(regions.size());
+    return m;
+  }
+
+  /// Launches matching for a batch of up to MaxRequests (1: a single search).
+  template <int MaxRequests>
+  expected<void, Error> match(const IndexView& view, const kernels::MatchingRequests& requests, std::uint32_t* list,
+                              std::uint8_t* request_masks, std::uint32_t* listed, gpu_stream_t stream) {
     const MatchingPolicy& p = policy_.matching;
-    auto* list = reinterpret_cast<std::uint32_t*>(t + l.eligible);
-    auto* state = reinterpret_cast<TopKState*>(t + l.state);
     const std::uint64_t segments = (view.slots + kSegmentSlots - 1) / kSegmentSlots;
     if (segments == 0) return {};
     bool launched = false;
     for_each_matching_variant([&](auto block_threads) {
       if (block_threads() != p.block_threads) return;
-      auto* kernel = kernels::matching<decltype(block_threads)::value>;
+      auto* kernel = kernels::matching<decltype(block_threads)::value, MaxRequests>;
       const int resident = resident_blocks(kernel, p.block_threads, 0);
       if (resident == 0) return;
       const auto grid = static_cast<unsigned>(std::max<std::uint64_t>(
           1, std::min<std::uint64_t>(segments, static_cast<std::uint64_t>(std::min(resident, p.blocks_per_sm)) * multiprocessors_)));
-      kernel<<<grid, p.block_threads, 0, stream>>>(view, query, bit_count + 1, bit_count, list, state);
+      kernel<<<grid, p.block_threads, 0, stream>>>(view, requests, list, request_masks, listed);
       launched = true;
     });
     if (!launched) return make_error("no prebuilt matching variant for " + to_string(p));
@@ -237,6 +356,58 @@ class FusedRetrievalPipeline {
     return {};
   }
 
+  expected<void, Error> enqueue_batch_matching(const IndexView& view, unsigned char* t, std::size_t requests,
+                                               gpu_stream_t stream) {
+    const BatchTempLayout& b = batch_layout_;
+    std::vector<unsigned char*> regions(requests);
+    for (std::size_t r = 0; r < requests; ++r) regions[r] = t + b.first_request + r * b.request_stride;
+    return match<kernels::kMaxBatchRequests>(view, requests_of(b.request, regions),
+                                             reinterpret_cast<std::uint32_t*>(t + b.eligible), t + b.request_masks,
+                                             reinterpret_cast<std::uint32_t*>(t + b.listed), stream);
+  }
+
+  /// Batched scoring over the batch's union list (128-thread blocks: every request's fragments and,
+  /// with a ring, each warp's stages share one block's shared memory).
+  expected<void, Error> enqueue_batch_scoring(const IndexView& view, unsigned char* t, std::span<const Request> requests,
+                                              gpu_stream_t stream) {
+    const BatchTempLayout& b = batch_layout_;
+    kernels::ScoringRequests s{};
+    for (std::size_t r = 0; r < requests.size(); ++r) {
+      unsigned char* at = t + b.first_request + r * b.request_stride;
+      s.vectors[r] = reinterpret_cast<const __half*>(at + b.request.vectors);
+      s.keys[r] = reinterpret_cast<std::uint32_t*>(at + b.request.keys);
+      s.chunk_max[r] = reinterpret_cast<std::uint32_t*>(at + b.request.chunk_max);
+      s.routing[r] = requests[r].routing;
+    }
+    s.count = static_cast<int>(requests.size());
+    const BatchScoringPolicy& p = policy_.batch_scoring;
+    const int tiles_per_chunk = policy_.scoring.tiles_per_chunk;  // the chunk maxima's layout is shared
+    bool launched = false;
+    for_each_scoring_variant([&]<int Threads, int Dim, EmbeddingType Type>() {
+      if constexpr (Threads == kBatchScoringThreads) {  // (only these are built)
+        if (model_.dim != Dim || schema().embedding_type != Type) return;
+        const std::size_t bytes = kernels::scoring_batch_dynamic_bytes<Dim, Type>(Threads / 32, p.stages, b.request.chunk_size);
+        auto launch = [&](auto* kernel) {
+          const int resident = resident_blocks(kernel, Threads, bytes);
+          if (resident == 0) return;
+          const auto grid = static_cast<unsigned>(multiprocessors_ * std::min(resident, p.blocks_per_sm));
+          kernel<<<grid, Threads, bytes, stream>>>(view, s, reinterpret_cast<const std::uint32_t*>(t + b.eligible),
+                                                  t + b.request_masks, reinterpret_cast<const std::uint32_t*>(t + b.listed),
+                                                  model_.experts, tiles_per_chunk);
+          launched = true;
+        };
+        if (p.stages == 0 && p.group == 1) launch(kernels::scoring_batch<Threads, Dim, Type, 0, 1>);
+        if (p.stages == 0 && p.group == 2) launch(kernels::scoring_batch<Threads, Dim, Type, 0, 2>);
+        if (p.stages == 2 && p.group == 1) launch(kernels::scoring_batch<Threads, Dim, Type, 2, 1>);
+        if (p.stages == 2 && p.group == 2) launch(kernels::scoring_batch<Threads, Dim, Type, 2, 2>);
+      }
+    });
+    if (!launched) return make_error("no batched scoring variant fits this GPU for " + to_string(policy_.batch_scoring));
+    KEVO_GPU_TRY(cudaGetLastError());
+    return {};
+  }
+
+ public:
   /// Fused scoring of every eligible ad, with the level-0 top-K histogram.
   expected<void, Error> enqueue_scoring(const IndexView& view, void* d_temp, int routing, gpu_stream_t stream) {
     const SearchTempLayout& l = layout_;
@@ -276,12 +447,20 @@ class FusedRetrievalPipeline {
 
   /// Top-K from the scored keys: select, refine while crowded, compact, sort, decode.
   expected<void, Error> enqueue_topk(const IndexView& view, void* d_temp, int k, SearchOutput out, gpu_stream_t stream) {
-    const SearchTempLayout& l = layout_;
     auto* t = static_cast<unsigned char*>(d_temp);
+    auto* state = reinterpret_cast<TopKState*>(t + layout_.state);
+    return topk(view, layout_, t, reinterpret_cast<const std::uint32_t*>(t + layout_.eligible), &state->eligible_count, k,
+                out, stream);
+  }
+
+ private:
+  /// Top-K over `*listed` keys at l.keys, position i scoring ad list[i] (a batch's key 0: not eligible).
+  expected<void, Error> topk(const IndexView& view, const SearchTempLayout& l, unsigned char* t,
+                             const std::uint32_t* list, const std::uint32_t* listed, int k, SearchOutput out,
+                             gpu_stream_t stream) {
     const TopKPolicy& p = policy_.topk;
     constexpr int threads = 256;
     auto* state = reinterpret_cast<TopKState*>(t + l.state);
-    const auto* list = reinterpret_cast<const std::uint32_t*>(t + l.eligible);
     const auto* keys = reinterpret_cast<const std::uint32_t*>(t + l.keys);
     const auto* chunk_max = reinterpret_cast<const std::uint32_t*>(t + l.chunk_max);
     auto* candidates = reinterpret_cast<unsigned long long*>(t + l.candidates);
@@ -292,13 +471,14 @@ class FusedRetrievalPipeline {
     kernels::topk_select<threads><<<1, threads, 0, stream>>>(state, 0, kk, cap);
     KEVO_GPU_TRY(cudaGetLastError());
     for (int level = 1; level < kTopKLevels; ++level) {
-      kernels::topk_refine<threads><<<grid, threads, 0, stream>>>(view, list, keys, chunk_max, state, level, l.chunk_size);
+      kernels::topk_refine<threads><<<grid, threads, 0, stream>>>(view, list, keys, chunk_max, listed, state, level,
+                                                                  l.chunk_size);
       kernels::topk_select<threads><<<1, threads, 0, stream>>>(state, level, kk, cap);
     }
     KEVO_GPU_TRY(cudaGetLastError());
     KEVO_GPU_TRY(cudaMemsetAsync(candidates, 0, l.candidate_capacity * 8ull, stream));
-    kernels::topk_compact<threads><<<grid, threads, 0, stream>>>(view, list, keys, chunk_max, state, l.chunk_size,
-                                                                 candidates, l.candidate_capacity);
+    kernels::topk_compact<threads><<<grid, threads, 0, stream>>>(view, list, keys, chunk_max, listed, state,
+                                                                 l.chunk_size, candidates, l.candidate_capacity);
     KEVO_GPU_TRY(cudaGetLastError());
     std::size_t sort_bytes = l.sort_temp_bytes;
     KEVO_GPU_TRY(gpu_cub::DeviceRadixSort::SortKeysDescending(t + l.sort_temp, sort_bytes, candidates, sorted,
@@ -308,6 +488,7 @@ class FusedRetrievalPipeline {
     return {};
   }
 
+ public:
   /// Shared memory one scoring block needs (static and dynamic) under `p`, for this pool's d and type.
   std::size_t scoring_shared_bytes(const ScoringPolicy& p) const {
     std::size_t bytes = 0;
@@ -330,7 +511,8 @@ class FusedRetrievalPipeline {
   }
 
  private:
-  SearchTempLayout compute_layout() const {
+  /// One request's layout; a request of a batch has no eligible list of its own.
+  SearchTempLayout compute_layout(bool own_eligible_list = true) const {
     auto round = [](std::size_t b) { return (b + 255) & ~std::size_t{255}; };
     SearchTempLayout l{};
     const std::size_t n = index_->capacity();
@@ -346,7 +528,7 @@ class FusedRetrievalPipeline {
     take(l.expert, static_cast<std::size_t>(model_.experts) * d * 4);
     take(l.vectors, 2ull * kMaxGpuExperts * d * 2);
     take(l.bitmap, (index_->total_query_bits() + 31) / 32 * 4ull);
-    take(l.eligible, n * 4);
+    take(l.eligible, own_eligible_list ? n * 4 : 0);
     take(l.keys, n * 4);
     take(l.chunk_max, (n / l.chunk_size + 1) * 4);
     take(l.candidates, l.candidate_capacity * 8ull);
@@ -358,6 +540,20 @@ class FusedRetrievalPipeline {
     take(l.sort_temp, l.sort_temp_bytes);
     l.total = at;
     return l;
+  }
+
+  BatchTempLayout compute_batch_layout() const {
+    auto round = [](std::size_t b) { return (b + 255) & ~std::size_t{255}; };
+    const std::size_t n = index_->capacity();
+    BatchTempLayout b{};
+    b.listed = 0;
+    b.eligible = 256;
+    b.request_masks = b.eligible + round(n * 4);
+    b.first_request = b.request_masks + round(n);
+    b.request = compute_layout(false);
+    b.request_stride = b.request.total;
+    b.total = b.first_request + kernels::kMaxBatchRequests * b.request_stride;
+    return b;
   }
 
 
@@ -427,6 +623,7 @@ class FusedRetrievalPipeline {
     max_shared_per_block_ = static_cast<std::size_t>(max_shared);
     policy_ = options_.policy.value_or(PipelinePolicy{});
     if (!options_.policy && !check_shared_memory(policy_.scoring)) policy_.scoring = kRegisterScoringPolicy;
+    if (!options_.policy && schema().embedding_type == EmbeddingType::int8) policy_.batch_scoring.one_pass_from = 16;
     if (auto ok = check_shared_memory(policy_.scoring); !ok) return ok;
     auto upload = [](float*& d, const std::vector<float>& h) -> expected<void, Error> {
       KEVO_GPU_TRY(cudaMalloc(&d, h.size() * 4));
@@ -437,6 +634,7 @@ class FusedRetrievalPipeline {
                         std::pair{&c2_, &model_.c2}, std::pair{&projection_, &model_.gate_projection}})
       if (auto ok = upload(*d, *h); !ok) return ok;
     layout_ = compute_layout();
+    batch_layout_ = compute_batch_layout();
     const std::size_t upload_bytes = layout_.input_words * 4ull;
     for (Upload& u : uploads_) {
       KEVO_GPU_TRY(cudaMallocHost(&u.host, upload_bytes));
@@ -462,17 +660,23 @@ class FusedRetrievalPipeline {
   Model model_;
   Options options_;
   SearchTempLayout layout_{};
+  BatchTempLayout batch_layout_{};
+  /// Batched scoring's block: every request's fragments and a 4-warp ring fit one block's shared memory.
+  static constexpr int kBatchScoringThreads = 128;
   /// The fallback scoring policy where the default ring does not fit (measured best of the register path).
   static constexpr ScoringPolicy kRegisterScoringPolicy{128, 16, 4, 2, 0};
   PipelinePolicy policy_{};
   int multiprocessors_ = 0;
   std::size_t max_shared_per_block_ = 0;
   float *w1_ = nullptr, *c1_ = nullptr, *w2_ = nullptr, *c2_ = nullptr, *projection_ = nullptr;
-  std::vector<Upload> uploads_ = std::vector<Upload>(4);
+  std::vector<Upload> uploads_ = std::vector<Upload>(2 * kernels::kMaxBatchRequests);  // a batch's uploads in flight at once
   std::size_t next_upload_ = 0;
   std::mutex own_mutex_;
   void* own_temp_ = nullptr;
   std::size_t own_temp_bytes_ = 0;
+  void* own_batch_temp_ = nullptr;  // search_batch's, allocated by its first call
+  std::size_t own_batch_temp_bytes_ = 0;
+  void* own_batch_out_ = nullptr;   // search_batch's ids, scores and counts
   std::uint32_t* own_out_ids_ = nullptr;
   float* own_out_scores_ = nullptr;
   std::uint32_t* own_out_count_ = nullptr;

@@ -60,18 +60,38 @@ __global__ void query_set_bits(const std::uint32_t* bits, const std::uint32_t* c
 
 // ---- index matching ----------------------------------------------------------------------------
 
-/// Appends every eligible slot to `eligible_list` and counts them in state->eligible_count. A block
-/// takes one postings segment at a time (agent/matching.cuh): clear a mask byte per ad, OR in the
-/// postings of each query bit, then compare each ad's mask with the need mask in its header.
+/// The most requests one batched pass matches and scores together (a request-mask byte per ad).
+inline constexpr int kMaxBatchRequests = 8;
+
+/// What matching sees of the requests it serves at once: each one's query bitmap and bit list,
+/// and its top-K state (whose eligible_count it fills). One request is a batch of one.
+struct MatchingRequests {
+  const std::uint32_t* bitmap[kMaxBatchRequests];
+  const std::uint32_t* bits[kMaxBatchRequests];
+  const std::uint32_t* bit_count[kMaxBatchRequests];
+  TopKState* state[kMaxBatchRequests];
+  const std::uint32_t* category_offsets;  // shared by every request
+  int count;
+};
+
+/// Appends every slot eligible for at least one request to `eligible_list` and counts them in
+/// `*listed`. A block takes one postings segment at a time (agent/matching.cuh) and, for each
+/// request in turn, clears a mask byte per ad, ORs in the postings of each query bit, then
+/// compares each ad's mask with the need mask in its header. With MaxRequests > 1 it also writes
+/// `request_masks` (bit r: eligible for request r) beside the list and counts each request's
+/// eligible ads in its state; a batch of one lists exactly its eligible ads (`listed` is then its
+/// state's eligible_count, and no masks are written).
 ///
 /// The postings of all the round's query bits are walked as one list of 16-byte chunks spread
 /// evenly over the block (one bit's list may be long, the next empty), each thread holding
 /// kChunksInFlight loads at once. The eligible slots of a segment are gathered in shared memory
 /// first, so that the list is written in whole lines (scattered 4-byte stores cost more, run 17).
-template <int BlockThreads>
+template <int BlockThreads, int MaxRequests = 1>
 __global__ void __launch_bounds__(BlockThreads, 1536 / BlockThreads)  // 48 warps resident: it is latency-bound
-    matching(IndexView index, QueryView query, const std::uint32_t* query_bits, const std::uint32_t* query_bit_count,
-             std::uint32_t* eligible_list, TopKState* state) {
+    matching(IndexView index, MatchingRequests requests, std::uint32_t* eligible_list, std::uint8_t* request_masks,
+             std::uint32_t* listed) {
+  static_assert(MaxRequests >= 1 && MaxRequests <= kMaxBatchRequests);
+  constexpr bool kBatch = MaxRequests > 1;
   constexpr int kAdsPerLoad = 16;  // one uint4 of header bytes
   constexpr int kLoads = static_cast<int>(kSegmentSlots) / (kAdsPerLoad * BlockThreads);
   static_assert(kLoads >= 1 && kSegmentSlots % (kAdsPerLoad * BlockThreads) == 0);
@@ -82,27 +102,25 @@ __global__ void __launch_bounds__(BlockThreads, 1536 / BlockThreads)  // 48 warp
   auto* found = reinterpret_cast<std::uint16_t*>(segment_words);
   constexpr int kChunksInFlight = 2;
   __shared__ __align__(16) std::uint8_t headers[kSegmentSlots];  // fetched by cp.async behind the postings
+  // Batches only: a byte per ad, bit r set once request r finds it eligible.
+  __shared__ __align__(16) std::uint8_t request_bytes[kBatch ? kSegmentSlots : 16];
+  __shared__ std::uint32_t request_totals[MaxRequests];
   __shared__ PostingRange ranges[BlockThreads];
   __shared__ std::uint32_t chunk_start[BlockThreads + 1];  // first chunk of each range in the round's list
   __shared__ typename Scan::TempStorage scan_storage;
   __shared__ std::uint32_t offsets[kMaxCategories];
   __shared__ std::uint32_t block_base;
   const int rank = static_cast<int>(threadIdx.x);
-  if (rank < kMaxCategories) offsets[rank] = query.category_offsets[rank];
-  const std::uint32_t keys = *query_bit_count;
+  if (rank < kMaxCategories) offsets[rank] = requests.category_offsets[rank];
+  if (rank < MaxRequests) request_totals[rank] = 0;
   const std::uint32_t segments = (index.slots + kSegmentSlots - 1) / kSegmentSlots;
   const auto* header_quads = reinterpret_cast<const uint4*>(index.postings.headers);
-  for (std::uint32_t segment = blockIdx.x; segment < segments; segment += gridDim.x) {
-    const std::uint64_t base = static_cast<std::uint64_t>(segment) * kSegmentSlots;
-#pragma unroll
-    for (int l = 0; l < kLoads; ++l) {
-      const int quad = l * BlockThreads + rank;
-      gpu_copy_async_16(headers + quad * kAdsPerLoad, header_quads + base / kAdsPerLoad + quad, 16);
-    }
-    gpu_copy_async_commit();
-    for (int i = rank; i < static_cast<int>(kSegmentSlots / 4); i += BlockThreads) masks[i] = 0;
-    const SegmentDirectory dir = index.postings.segments[segment];
-    const auto* chunks = reinterpret_cast<const uint4*>(index.postings.postings);  // 8 postings each
+  const auto* chunks = reinterpret_cast<const uint4*>(index.postings.postings);  // 8 postings each
+
+  // ORs the postings of request r's query bits into the segment's mask bytes (cleared before).
+  auto or_postings = [&](const SegmentDirectory& dir, int r) {
+    const std::uint32_t keys = *requests.bit_count[r];
+    const std::uint32_t* query_bits = requests.bits[r];
     for (std::uint32_t first = 0; dir.table_size != 0 && first < keys; first += BlockThreads) {
       __syncthreads();  // masks cleared; the previous round's ranges and scan storage consumed
       const PostingRange mine = first + rank < keys ? find_postings(dir, __ldg(query_bits + first + rank)) : PostingRange{};
@@ -114,7 +132,7 @@ __global__ void __launch_bounds__(BlockThreads, 1536 / BlockThreads)  // 48 warp
       chunk_start[rank] = my_start;
       if (rank == 0) chunk_start[BlockThreads] = total_chunks;
       __syncthreads();
-      int r = 0;  // the range of this thread's current chunk; chunks are taken in order, so it only grows
+      int range = 0;  // the range of this thread's current chunk; chunks are taken in order, so it only grows
       for (std::uint32_t i0 = rank; i0 < total_chunks; i0 += BlockThreads * kChunksInFlight) {
         uint4 data[kChunksInFlight];
         std::uint64_t at[kChunksInFlight];
@@ -124,61 +142,116 @@ __global__ void __launch_bounds__(BlockThreads, 1536 / BlockThreads)  // 48 warp
           const std::uint32_t i = i0 + u * BlockThreads;
           of[u] = -1;
           if (i >= total_chunks) continue;
-          while (chunk_start[r + 1] <= i) ++r;
-          of[u] = r;
-          at[u] = ranges[r].begin / 8 + (i - chunk_start[r]);
+          while (chunk_start[range + 1] <= i) ++range;
+          of[u] = range;
+          at[u] = ranges[range].begin / 8 + (i - chunk_start[range]);
           data[u] = __ldg(chunks + at[u]);
         }
 #pragma unroll
         for (int u = 0; u < kChunksInFlight; ++u) {
           if (of[u] < 0) continue;
-          const PostingRange range = ranges[of[u]];
+          const PostingRange range_u = ranges[of[u]];
           const std::uint32_t words[4] = {data[u].x, data[u].y, data[u].z, data[u].w};
 #pragma unroll
           for (int k = 0; k < 8; ++k) {
             const std::uint64_t e = at[u] * 8 + k;
-            if (e < range.begin || e >= range.begin + range.count) continue;  // the chunk's edges
+            if (e < range_u.begin || e >= range_u.begin + range_u.count) continue;  // the chunk's edges
             const std::uint32_t p = (words[k / 2] >> (16 * (k % 2))) & 0xffffu;
             atomicOr(&masks[p >> 5], (1u << (p & 7u)) << (((p >> 3) & 3u) * 8u));
           }
         }
       }
     }
-    gpu_copy_async_wait<0>();
-    __syncthreads();
+  };
 
+  // Bit j of the result: ad `local + j` is eligible for request r (the masks hold r's postings).
+  auto eligible16 = [&](std::uint32_t local, std::uint64_t base, std::uint64_t limit, int r) {
+    const uint4 hq = *reinterpret_cast<const uint4*>(headers + local);
+    const std::uint32_t h[4] = {hq.x, hq.y, hq.z, hq.w};
+    const uint4 mq = *reinterpret_cast<const uint4*>(masks + local / 4);
+    const std::uint32_t m[4] = {mq.x, mq.y, mq.z, mq.w};
+    std::uint32_t f = 0, walkers = 0;
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      f |= indexed_eligible4(h[k], m[k]) << (4 * k);
+      walkers |= h[k] & 0x7f7f7f7fu & ~(((h[k] & 0x80808080u) >> 7) * 0x7fu);  // a byte in 1..0x7f
+    }
+    if (walkers) {  // ads upserted since the last reindex, too long to index, or prefiltered
+      for (int j = 0; j < kAdsPerLoad; ++j) {
+        const std::uint32_t byte = (h[j / 4] >> (8 * (j % 4))) & 0xffu;
+        if (byte == 0 || (byte & match_header::indexed) || local + j >= limit) continue;
+        if (byte == match_header::prefiltered && ((m[j / 4] >> (8 * (j % 4))) & 0xffu) != match_header::prefiltered)
+          continue;  // one of its first 7 categories unmet, or an excluded value held
+        const std::uint64_t slot = base + local + j;
+        if (walk_clause_run(index.clauses, __ldg(index.targeting + slot), requests.bitmap[r], offsets)) f |= 1u << j;
+      }
+    }
+    if (local + kAdsPerLoad > limit) f &= limit > local ? (1u << (limit - local)) - 1u : 0u;
+    return f;
+  };
+
+  for (std::uint32_t segment = blockIdx.x; segment < segments; segment += gridDim.x) {
+    const std::uint64_t base = static_cast<std::uint64_t>(segment) * kSegmentSlots;
     const std::uint64_t limit = min(static_cast<std::uint64_t>(kSegmentSlots), index.slots - base);
-    std::uint32_t flags[kLoads], total = 0;
 #pragma unroll
     for (int l = 0; l < kLoads; ++l) {
-      const std::uint32_t local = static_cast<std::uint32_t>(l * BlockThreads + rank) * kAdsPerLoad;
-      const uint4 hq = *reinterpret_cast<const uint4*>(headers + local);
-      const std::uint32_t h[4] = {hq.x, hq.y, hq.z, hq.w};
-      const uint4 mq = *reinterpret_cast<const uint4*>(masks + local / 4);
-      const std::uint32_t m[4] = {mq.x, mq.y, mq.z, mq.w};
-      std::uint32_t f = 0, walkers = 0;
+      const int quad = l * BlockThreads + rank;
+      gpu_copy_async_16(headers + quad * kAdsPerLoad, header_quads + base / kAdsPerLoad + quad, 16);
+    }
+    gpu_copy_async_commit();
+    const SegmentDirectory dir = index.postings.segments[segment];
+    std::uint32_t flags[kLoads], total = 0;
+    const int request_count = kBatch ? requests.count : 1;
+    for (int r = 0; r < request_count; ++r) {
+      if (r > 0) __syncthreads();  // the previous request's masks are read
+      for (int i = rank; i < static_cast<int>(kSegmentSlots / 4); i += BlockThreads) masks[i] = 0;
+      or_postings(dir, r);
+      if (r == 0) gpu_copy_async_wait<0>();
+      __syncthreads();
+      std::uint32_t request_total = 0;
 #pragma unroll
-      for (int k = 0; k < 4; ++k) {
-        f |= indexed_eligible4(h[k], m[k]) << (4 * k);
-        walkers |= h[k] & 0x7f7f7f7fu & ~(((h[k] & 0x80808080u) >> 7) * 0x7fu);  // a byte in 1..0x7f
-      }
-      if (walkers) {  // ads upserted since the last reindex, too long to index, or prefiltered
-        for (int j = 0; j < kAdsPerLoad; ++j) {
-          const std::uint32_t byte = (h[j / 4] >> (8 * (j % 4))) & 0xffu;
-          if (byte == 0 || (byte & match_header::indexed) || local + j >= limit) continue;
-          if (byte == match_header::prefiltered && ((m[j / 4] >> (8 * (j % 4))) & 0xffu) != match_header::prefiltered)
-            continue;  // one of its first 7 categories unmet, or an excluded value held
-          const std::uint64_t slot = base + local + j;
-          if (walk_clause_run(index.clauses, __ldg(index.targeting + slot), query.bitmap, offsets)) f |= 1u << j;
+      for (int l = 0; l < kLoads; ++l) {
+        const std::uint32_t local = static_cast<std::uint32_t>(l * BlockThreads + rank) * kAdsPerLoad;
+        const std::uint32_t f = eligible16(local, base, limit, r);
+        request_total += __popc(f);
+        if constexpr (kBatch) {
+          // Spread bit j of f to byte j as bit r, and OR it into this thread's 16 request bytes.
+          std::uint32_t spread[4];
+#pragma unroll
+          for (int k = 0; k < 4; ++k) spread[k] = (((f >> (4 * k)) & 0xfu) * 0x00204081u & 0x01010101u) << r;
+          uint4& bytes = *reinterpret_cast<uint4*>(request_bytes + local);
+          const uint4 old = r == 0 ? make_uint4(0, 0, 0, 0) : bytes;
+          bytes = make_uint4(old.x | spread[0], old.y | spread[1], old.z | spread[2], old.w | spread[3]);
+        } else {
+          flags[l] = f;
         }
       }
-      if (local + kAdsPerLoad > limit) f &= limit > local ? (1u << (limit - local)) - 1u : 0u;
-      flags[l] = f;
-      total += __popc(f);
+      if constexpr (kBatch) atomicAdd(&request_totals[r], request_total);
+      else total = request_total;
+    }
+    if constexpr (kBatch) {
+#pragma unroll
+      for (int l = 0; l < kLoads; ++l) {
+        const std::uint32_t local = static_cast<std::uint32_t>(l * BlockThreads + rank) * kAdsPerLoad;
+        const uint4 bytes = *reinterpret_cast<const uint4*>(request_bytes + local);
+        const std::uint32_t b[4] = {bytes.x, bytes.y, bytes.z, bytes.w};
+        std::uint32_t f = 0;
+#pragma unroll
+        for (int k = 0; k < 4; ++k) f |= (__vcmpne4(b[k], 0u) & 0x01010101u) * 0x01020408u >> 24 << (4 * k);
+        flags[l] = f;
+        total += __popc(f);
+      }
+    }
+    if constexpr (kBatch) {
+      __syncthreads();  // every request's total is in
+      if (rank < requests.count) {
+        atomicAdd(&requests.state[rank]->eligible_count, request_totals[rank]);
+        request_totals[rank] = 0;  // (read again only after the barriers below)
+      }
     }
     std::uint32_t offset = 0, block_total = 0;
     Scan(scan_storage).ExclusiveSum(total, offset, block_total);
-    if (rank == 0) block_base = atomicAdd(&state->eligible_count, block_total);
+    if (rank == 0) block_base = atomicAdd(listed, block_total);
     __syncthreads();  // every mask read: `found` overwrites them
 #pragma unroll
     for (int l = 0; l < kLoads; ++l) {
@@ -186,8 +259,10 @@ __global__ void __launch_bounds__(BlockThreads, 1536 / BlockThreads)  // 48 warp
       for (std::uint32_t f = flags[l]; f; f &= f - 1u) found[offset++] = static_cast<std::uint16_t>(local + __ffs(f) - 1);
     }
     __syncthreads();
-    for (std::uint32_t i = rank; i < block_total; i += BlockThreads)
+    for (std::uint32_t i = rank; i < block_total; i += BlockThreads) {
       eligible_list[block_base + i] = static_cast<std::uint32_t>(base + found[i]);
+      if constexpr (kBatch) request_masks[block_base + i] = request_bytes[found[i]];
+    }
     __syncthreads();  // `found` read before the next segment clears its masks
   }
 }
@@ -281,34 +356,23 @@ constexpr std::size_t scoring_staged_dynamic_bytes(int warps, int stages, std::u
   return static_cast<std::size_t>(warps) * (stages * sizeof(StagedPair<Dim, Type>) + 2 * chunk_size * 4);
 }
 
-/// The same contract as `scoring`, with the rows streamed by cp.async into a per-warp ring of
-/// `Stages` pairs of tiles in shared memory: while the warp scores pair c, pairs c + 1 .. c + Stages - 1
-/// are in flight, and the slot list of its next chunk is fetched the same way one chunk ahead, so
-/// the warp never stops issuing loads to wait for its own compute, nor computes while waiting on a
-/// slot list. Rows never pass through registers until they are scored.
-template <int BlockThreads, int Dim, EmbeddingType Type, int Stages>
-__global__ void __launch_bounds__(BlockThreads)
-    scoring_staged(IndexView index, const __half* vectors, const std::uint32_t* eligible_list, TopKState* state,
-                   std::uint32_t* keys, std::uint32_t* chunk_max, int routing, int experts, int tiles_per_chunk) {
+/// One warp's walk over its chunks of the eligible list (chunks first_chunk, + stride, ...), with
+/// the rows streamed by cp.async into its ring of `Stages` pairs of tiles in shared memory: while
+/// the warp consumes pair c, pairs c + 1 .. c + Stages - 1 are in flight, and the slot list of its
+/// next chunk is fetched the same way one chunk ahead, so the warp never stops issuing loads to
+/// wait for its own compute, nor computes while waiting on a slot list. Calls
+/// consume(stage, chunk, begin, length, pair) for each pair of 16-ad tiles as it lands (rows
+/// begin + 32 pair .. + 31 of the list, those at or past `length` zero), then chunk_done(chunk)
+/// after a chunk's last pair. `ring` and `slot_buffers` (2 chunk_size words) are the warp's own.
+template <int Stages, int Dim, EmbeddingType Type, class Consume, class ChunkDone>
+__device__ __forceinline__ void stream_staged_pairs(const AgentScoring<Dim, Type>& agent, StagedPair<Dim, Type>* ring,
+                                                    std::uint32_t* slot_buffers, const std::uint32_t* eligible_list,
+                                                    std::uint32_t count, std::uint32_t chunk_size,
+                                                    std::uint32_t first_chunk, std::uint32_t stride, int lane,
+                                                    Consume&& consume, ChunkDone&& chunk_done) {
   static_assert(Stages >= 2, "one stage computing, at least one in flight");
-  constexpr int warps = BlockThreads / 32;
-  using Agent = AgentScoring<Dim, Type>;
-  using Stage = StagedPair<Dim, Type>;
-  __shared__ ScoringBlock<Dim, Type> block;
-  extern __shared__ uint4 staged_shared[];  // scoring_staged_dynamic_bytes
-  const int rank = static_cast<int>(threadIdx.x);
-  const int lane = rank % 32, warp = rank / 32, group = lane / 4, quad = lane % 4;
-  const std::uint32_t chunk_size = 16u * static_cast<std::uint32_t>(tiles_per_chunk);
   const std::uint32_t pairs_per_chunk = chunk_size / 32;
-  Stage* ring = reinterpret_cast<Stage*>(staged_shared) + warp * Stages;
-  std::uint32_t* slot_buffers =
-      reinterpret_cast<std::uint32_t*>(reinterpret_cast<Stage*>(staged_shared) + warps * Stages) + warp * 2 * chunk_size;
-  block.begin(vectors, rank, BlockThreads);
-
-  const Agent agent{index, &block.fragments, routing, experts};
-  const std::uint32_t count = state->eligible_count;
   const std::uint32_t chunks = (count + chunk_size - 1) / chunk_size;
-  const std::uint32_t first_chunk = blockIdx.x * warps + warp, stride = gridDim.x * warps;
   const std::uint32_t my_chunks = first_chunk < chunks ? (chunks - first_chunk + stride - 1) / stride : 0u;
   const std::uint32_t total_pairs = my_chunks * pairs_per_chunk;
   auto chunk_begin = [&](std::uint32_t j) { return (first_chunk + j * stride) * chunk_size; };
@@ -343,26 +407,167 @@ __global__ void __launch_bounds__(BlockThreads)
   __syncwarp();
 #pragma unroll
   for (int q = 0; q < Stages - 1; ++q) produce(static_cast<std::uint32_t>(q));
-  std::uint32_t largest = 0;
   for (std::uint32_t c = 0; c < total_pairs; ++c) {
     gpu_copy_async_wait<Stages - 2>();  // pair c has landed (the newest commit is pair c + Stages - 2)
     __syncwarp();
     produce(c + Stages - 1);
     const std::uint32_t j = c / pairs_per_chunk, pair = c % pairs_per_chunk;
     const std::uint32_t begin = chunk_begin(j), length = chunk_length(j);
-    if (pair * 32u < length) {
-      const Stage& stage = ring[c % Stages];
-      const float score = agent.score_tile_pair(lane, agent.staged_tile(lane, stage, 0), agent.staged_tile(lane, stage, 1));
-      const std::uint32_t local = pair * 32u + 16u * (quad >> 1) + group + ((quad & 1) ? 8u : 0u);
-      if (local < length) block.record(score, keys, begin + local, largest);
+    if (pair * 32u < length) consume(ring[c % Stages], begin, length, pair);
+    if (pair + 1 == pairs_per_chunk) chunk_done(begin / chunk_size);
+  }
+}
+
+/// The same contract as `scoring`, with the rows streamed through a per-warp ring in shared memory
+/// (stream_staged_pairs). Rows never pass through registers until they are scored.
+template <int BlockThreads, int Dim, EmbeddingType Type, int Stages>
+__global__ void __launch_bounds__(BlockThreads)
+    scoring_staged(IndexView index, const __half* vectors, const std::uint32_t* eligible_list, TopKState* state,
+                   std::uint32_t* keys, std::uint32_t* chunk_max, int routing, int experts, int tiles_per_chunk) {
+  constexpr int warps = BlockThreads / 32;
+  using Agent = AgentScoring<Dim, Type>;
+  using Stage = StagedPair<Dim, Type>;
+  __shared__ ScoringBlock<Dim, Type> block;
+  extern __shared__ uint4 staged_shared[];  // scoring_staged_dynamic_bytes
+  const int rank = static_cast<int>(threadIdx.x);
+  const int lane = rank % 32, warp = rank / 32, group = lane / 4, quad = lane % 4;
+  const std::uint32_t chunk_size = 16u * static_cast<std::uint32_t>(tiles_per_chunk);
+  Stage* ring = reinterpret_cast<Stage*>(staged_shared) + warp * Stages;
+  std::uint32_t* slot_buffers =
+      reinterpret_cast<std::uint32_t*>(reinterpret_cast<Stage*>(staged_shared) + warps * Stages) + warp * 2 * chunk_size;
+  block.begin(vectors, rank, BlockThreads);
+
+  const Agent agent{index, &block.fragments, routing, experts};
+  std::uint32_t largest = 0;
+  stream_staged_pairs<Stages>(
+      agent, ring, slot_buffers, eligible_list, state->eligible_count, chunk_size, blockIdx.x * warps + warp,
+      gridDim.x * warps, lane,
+      [&](const Stage& stage, std::uint32_t begin, std::uint32_t length, std::uint32_t pair) {
+        const float score = agent.score_tile_pair(lane, agent.staged_tile(lane, stage, 0), agent.staged_tile(lane, stage, 1));
+        const std::uint32_t local = pair * 32u + 16u * (quad >> 1) + group + ((quad & 1) ? 8u : 0u);
+        if (local < length) block.record(score, keys, begin + local, largest);
+      },
+      [&](std::uint32_t chunk) {
+        largest = __reduce_max_sync(0xffffffffu, largest);
+        if (lane == 0) chunk_max[chunk] = largest;
+        largest = 0;
+      });
+  block.flush(state, rank, BlockThreads);
+}
+
+/// What batched scoring writes for each request of a batch: its routing width, its fp16 vectors
+/// (16, d) and its keys and chunk maxima, both indexed like the batch's (union) eligible list.
+struct ScoringRequests {
+  const __half* vectors[kMaxBatchRequests];
+  std::uint32_t* keys[kMaxBatchRequests];
+  std::uint32_t* chunk_max[kMaxBatchRequests];
+  int routing[kMaxBatchRequests];
+  int count;
+};
+
+/// The dynamic shared memory of scoring_batch: every request's fragments, then scoring_staged's
+/// ring and slot buffers (Stages > 0) or one chunk-slot buffer per warp (Stages = 0).
+template <int Dim, EmbeddingType Type>
+constexpr std::size_t scoring_batch_dynamic_bytes(int warps, int stages, std::uint32_t chunk_size) {
+  return kMaxBatchRequests * sizeof(ScoringFragments<Dim>) +
+         (stages > 0 ? scoring_staged_dynamic_bytes<Dim, Type>(warps, stages, chunk_size)
+                     : static_cast<std::size_t>(warps) * chunk_size * 4);
+}
+
+/// Scores a batch of requests over the union of their eligible ads, reading each row once: each
+/// pair of 16-ad tiles is scored against the requests `Group` at a time (with 2, their mma chains
+/// and routings side by side, so that one's latency hides behind the other's), and request r's key
+/// is written where `request_masks` says the ad is eligible for it, 0 (no finite score's key)
+/// elsewhere. A group past the batch's last request repeats that request, and its results are
+/// dropped. Rows come through a two-stage cp.async ring (Stages = 2, as scoring_staged) or straight
+/// into registers (Stages = 0: no ring in shared memory, so more warps fit, and this kernel is
+/// bound by its arithmetic, not by memory). Level-0 histograms are left to topk_histogram (one per
+/// request would not fit shared memory).
+template <int BlockThreads, int Dim, EmbeddingType Type, int Stages, int Group>
+__global__ void __launch_bounds__(BlockThreads)
+    scoring_batch(IndexView index, ScoringRequests requests, const std::uint32_t* eligible_list,
+                  const std::uint8_t* request_masks, const std::uint32_t* listed, int experts, int tiles_per_chunk) {
+  static_assert(kMaxBatchRequests % Group == 0 && (Stages == 0 || Stages == 2));
+  constexpr int warps = BlockThreads / 32;
+  using Agent = AgentScoring<Dim, Type>;
+  using Tile = typename Agent::Tile;
+  extern __shared__ uint4 batch_shared[];  // scoring_batch_dynamic_bytes
+  const int rank = static_cast<int>(threadIdx.x);
+  const int lane = rank % 32, warp = rank / 32, group = lane / 4, quad = lane % 4;
+  const std::uint32_t chunk_size = 16u * static_cast<std::uint32_t>(tiles_per_chunk);
+  auto* fragments = reinterpret_cast<ScoringFragments<Dim>*>(batch_shared);
+  const int last = requests.count - 1;
+  for (int r = 0; r < (requests.count + Group - 1) / Group * Group; ++r)
+    load_scoring_fragments<Dim, Type>(fragments[r], requests.vectors[min(r, last)], rank, BlockThreads);
+  __syncthreads();
+
+  std::uint32_t largest[kMaxBatchRequests] = {};
+  const Agent agent{index, fragments, 0, experts};
+  // Rows begin + 32 pair .. + 31 of the list, loaded: every request's key of the row this lane owns.
+  auto score_pair = [&](const Tile& first, const Tile& second, std::uint32_t begin, std::uint32_t length,
+                        std::uint32_t pair) {
+    const std::uint32_t local = pair * 32u + 16u * (quad >> 1) + group + ((quad & 1) ? 8u : 0u);
+    const bool listed_row = local < length;
+    const std::uint32_t mask = listed_row ? __ldg(request_masks + begin + local) : 0u;
+#pragma unroll
+    for (int first_request = 0; first_request < kMaxBatchRequests; first_request += Group) {
+      if (first_request > last) break;
+      int widths[Group];
+#pragma unroll
+      for (int i = 0; i < Group; ++i) widths[i] = requests.routing[min(first_request + i, last)];
+      float score[Group];
+      agent.score_tile_pair_group<Group>(lane, first, second, fragments + first_request, widths, score);
+#pragma unroll
+      for (int i = 0; i < Group; ++i) {
+        const int r = first_request + i;
+        if (r > last) break;
+        const std::uint32_t key = (mask >> r) & 1u ? score_key(score[i]) : 0u;
+        if (listed_row) requests.keys[r][begin + local] = key;
+        largest[r] = max(largest[r], key);
+      }
     }
-    if (pair + 1 == pairs_per_chunk) {
-      largest = __reduce_max_sync(0xffffffffu, largest);
-      if (lane == 0) chunk_max[begin / chunk_size] = largest;
-      largest = 0;
+  };
+  auto chunk_done = [&](std::uint32_t chunk) {
+#pragma unroll
+    for (int r = 0; r < kMaxBatchRequests; ++r) {
+      if (r > last) break;
+      const std::uint32_t chunk_largest = __reduce_max_sync(0xffffffffu, largest[r]);
+      if (lane == 0) requests.chunk_max[r][chunk] = chunk_largest;
+      largest[r] = 0;
+    }
+  };
+  const std::uint32_t count = *listed, first_chunk = blockIdx.x * warps + warp, stride = gridDim.x * warps;
+  if constexpr (Stages > 0) {
+    using Stage = StagedPair<Dim, Type>;
+    auto* staged = reinterpret_cast<Stage*>(fragments + kMaxBatchRequests);
+    std::uint32_t* slot_buffers = reinterpret_cast<std::uint32_t*>(staged + warps * Stages) + warp * 2 * chunk_size;
+    stream_staged_pairs<Stages>(
+        agent, staged + warp * Stages, slot_buffers, eligible_list, count, chunk_size, first_chunk, stride, lane,
+        [&](const Stage& stage, std::uint32_t begin, std::uint32_t length, std::uint32_t pair) {
+          score_pair(agent.staged_tile(lane, stage, 0), agent.staged_tile(lane, stage, 1), begin, length, pair);
+        },
+        chunk_done);
+  } else {
+    std::uint32_t* slots = reinterpret_cast<std::uint32_t*>(fragments + kMaxBatchRequests) + warp * chunk_size;
+    const std::uint32_t chunks = (count + chunk_size - 1) / chunk_size;
+    for (std::uint32_t chunk = first_chunk; chunk < chunks; chunk += stride) {
+      const std::uint32_t begin = chunk * chunk_size, length = min(count - begin, chunk_size);
+      for (std::uint32_t i = lane; i < length; i += 32) slots[i] = __ldg(eligible_list + begin + i);
+      __syncwarp();
+      for (std::uint32_t pair = 0; pair * 32u < length; ++pair) {
+        Tile loaded[2];
+#pragma unroll
+        for (int t = 0; t < 2; ++t) {
+          const std::uint32_t lo = pair * 32u + 16u * t + group, hi = lo + 8;
+          loaded[t] = agent.load_tile(lane, lo < length ? slots[lo] : 0u, hi < length ? slots[hi] : 0u, lo < length,
+                                      hi < length);
+        }
+        score_pair(loaded[0], loaded[1], begin, length, pair);
+      }
+      __syncwarp();  // the next chunk overwrites the staged slots
+      chunk_done(chunk);
     }
   }
-  block.flush(state, rank, BlockThreads);
 }
 
 // ---- top-K -------------------------------------------------------------------------------------
@@ -398,11 +603,36 @@ __device__ __forceinline__ void for_each_hot_chunk(const std::uint32_t* chunk_ma
   }
 }
 
+/// The level-0 histogram of one request's keys, where scoring did not fill it (a batch): every
+/// listed position whose key is not 0 (0: not eligible for this request).
+template <int BlockThreads>
+__global__ void __launch_bounds__(BlockThreads)
+    topk_histogram(const std::uint32_t* keys, const std::uint32_t* listed, TopKState* state) {
+  __shared__ std::uint32_t histogram[kTopKBins];
+  const int rank = static_cast<int>(threadIdx.x);
+  for (int i = rank; i < kTopKBins; i += BlockThreads) histogram[i] = 0;
+  __syncthreads();
+  const std::uint32_t count = *listed;
+  const auto* quads = reinterpret_cast<const uint4*>(keys);  // the keys region is 256-byte aligned
+  for (std::uint32_t q = blockIdx.x * BlockThreads + rank; q < (count + 3) / 4; q += gridDim.x * BlockThreads) {
+    const uint4 v = quads[q];
+    const std::uint32_t four[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int k = 0; k < 4; ++k)
+      if (4 * q + k < count && four[k] != 0) atomicAdd(&histogram[four[k] >> 20], 1u);
+  }
+  __syncthreads();
+  for (int i = rank; i < kTopKBins; i += BlockThreads)
+    if (histogram[i]) atomicAdd(&state->histogram[0][i], histogram[i]);
+}
+
 /// Histograms the next digit of the ads that share the resolved prefix (skipped once done).
+/// `listed`: how many positions the keys and `eligible_list` hold.
 template <int BlockThreads>
 __global__ void __launch_bounds__(BlockThreads)
     topk_refine(IndexView index, const std::uint32_t* eligible_list, const std::uint32_t* keys,
-                const std::uint32_t* chunk_max, TopKState* state, int level, std::uint32_t chunk_size) {
+                const std::uint32_t* chunk_max, const std::uint32_t* listed, TopKState* state, int level,
+                std::uint32_t chunk_size) {
   __shared__ std::uint32_t histogram[kTopKBins];
   if (state->done) return;
   const int rank = static_cast<int>(threadIdx.x);
@@ -411,7 +641,7 @@ __global__ void __launch_bounds__(BlockThreads)
   const unsigned long long prefix = state->prefix;
   const int prefix_shift = topk_level_shift(level - 1), shift = topk_level_shift(level);
   const std::uint64_t digit_mask = (1ull << topk_level_bits(level)) - 1ull;
-  const std::uint32_t count = state->eligible_count;
+  const std::uint32_t count = *listed;
   const std::uint32_t chunks = (count + chunk_size - 1) / chunk_size;
   for_each_hot_chunk<BlockThreads>(
       chunk_max, chunks, [&](std::uint32_t largest) { return (chunk_ranking_bound(largest) >> prefix_shift) >= prefix; },
@@ -433,10 +663,10 @@ __global__ void __launch_bounds__(BlockThreads)
 template <int BlockThreads>
 __global__ void __launch_bounds__(BlockThreads)
     topk_compact(IndexView index, const std::uint32_t* eligible_list, const std::uint32_t* keys,
-                 const std::uint32_t* chunk_max, TopKState* state, std::uint32_t chunk_size,
-                 unsigned long long* candidates, std::uint32_t capacity) {
+                 const std::uint32_t* chunk_max, const std::uint32_t* listed, TopKState* state,
+                 std::uint32_t chunk_size, unsigned long long* candidates, std::uint32_t capacity) {
   const unsigned long long threshold = state->threshold;
-  const std::uint32_t count = state->eligible_count;
+  const std::uint32_t count = *listed;
   const std::uint32_t chunks = (count + chunk_size - 1) / chunk_size;
   const auto rank = static_cast<std::uint32_t>(threadIdx.x);
   for_each_hot_chunk<BlockThreads>(

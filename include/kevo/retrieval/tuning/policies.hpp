@@ -47,11 +47,29 @@ struct TopKPolicy {
   friend bool operator==(const TopKPolicy&, const TopKPolicy&) = default;
 };
 
+/// Batched scoring (search_batch_async): a warp scores each pair of tiles against the batch's
+/// requests `group` at a time, its rows loaded into registers (`stages` = 0) or streamed through a
+/// two-stage cp.async ring (2). Blocks are 128 threads; the batch's fragments take 32 KB of each.
+/// search_batch takes the one-pass path for groups of at least `one_pass_from` requests and
+/// searches smaller ones one by one (16: never; int8's default, where one pass was slower, run 32).
+struct BatchScoringPolicy {
+  int one_pass_from = 2;
+  static constexpr std::array<int, 4> one_pass_from_domain{2, 4, 8, 16};  // run time
+  int stages = 0;
+  static constexpr std::array<int, 2> stages_domain{0, 2};  // compile-time variants
+  int group = 1;
+  static constexpr std::array<int, 2> group_domain{1, 2};  // compile-time variants
+  int blocks_per_sm = 8;  // capped by what is resident at once
+  static constexpr std::array<int, 4> blocks_per_sm_domain{1, 2, 4, 8};  // run time (grid size)
+  friend bool operator==(const BatchScoringPolicy&, const BatchScoringPolicy&) = default;
+};
+
 /// All the pipeline's knobs together.
 struct PipelinePolicy {
   MatchingPolicy matching{};
   ScoringPolicy scoring{};
   TopKPolicy topk{};
+  BatchScoringPolicy batch_scoring{};
   friend bool operator==(const PipelinePolicy&, const PipelinePolicy&) = default;
 };
 
@@ -74,8 +92,14 @@ inline bool is_legal(const ScoringPolicy& p) {
          detail::in_domain(p.stages, ScoringPolicy::stages_domain);
 }
 inline bool is_legal(const TopKPolicy& p) { return detail::in_domain(p.boundary_cap, TopKPolicy::boundary_cap_domain); }
+inline bool is_legal(const BatchScoringPolicy& p) {
+  return detail::in_domain(p.one_pass_from, BatchScoringPolicy::one_pass_from_domain) &&
+         detail::in_domain(p.stages, BatchScoringPolicy::stages_domain) &&
+         detail::in_domain(p.group, BatchScoringPolicy::group_domain) &&
+         detail::in_domain(p.blocks_per_sm, BatchScoringPolicy::blocks_per_sm_domain);
+}
 inline bool is_legal(const PipelinePolicy& p) {
-  return is_legal(p.matching) && is_legal(p.scoring) && is_legal(p.topk);
+  return is_legal(p.matching) && is_legal(p.scoring) && is_legal(p.topk) && is_legal(p.batch_scoring);
 }
 
 inline std::string to_string(const MatchingPolicy& p) {
@@ -90,8 +114,13 @@ inline std::string to_string(const ScoringPolicy& p) {
 inline std::string to_string(const TopKPolicy& p) {
   return "topk{boundary_cap=" + std::to_string(p.boundary_cap) + "}";
 }
+inline std::string to_string(const BatchScoringPolicy& p) {
+  return "batch_scoring{one_pass_from=" + std::to_string(p.one_pass_from) + ",stages=" + std::to_string(p.stages) +
+         ",group=" + std::to_string(p.group) +
+         ",blocks_per_sm=" + std::to_string(p.blocks_per_sm) + "}";
+}
 inline std::string to_string(const PipelinePolicy& p) {
-  return to_string(p.matching) + " " + to_string(p.scoring) + " " + to_string(p.topk);
+  return to_string(p.matching) + " " + to_string(p.scoring) + " " + to_string(p.topk) + " " + to_string(p.batch_scoring);
 }
 
 }  // namespace kevo::retrieval
