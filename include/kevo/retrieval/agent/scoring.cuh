@@ -188,6 +188,20 @@ struct AgentScoring {
     return t;
   }
 
+  /// The A fragment of k-step s from a loaded tile (int8 widened to fp16 exactly).
+  __device__ __forceinline__ static void a_fragment(const Tile& tile, int s, std::uint32_t& a0, std::uint32_t& a1,
+                                                    std::uint32_t& a2, std::uint32_t& a3) {
+    if constexpr (Type == EmbeddingType::fp16) {
+      a0 = quarter_word(tile.lo, 2 * s);
+      a2 = quarter_word(tile.lo, 2 * s + 1);
+      a1 = quarter_word(tile.hi, 2 * s);
+      a3 = quarter_word(tile.hi, 2 * s + 1);
+    } else {
+      int8x4_to_half2x2(quarter_word(tile.lo, s), a0, a2);
+      int8x4_to_half2x2(quarter_word(tile.hi, s), a1, a3);
+    }
+  }
+
   /// The tile's expert scores and gate logits on tensor cores: acc[0..1] hold row `group`, experts
   /// 2 quad and 2 quad + 1; acc[2..3] the same experts of row `group + 8`.
   /// Even and odd k-steps accumulate separately and are summed at the end: two independent mma
@@ -199,15 +213,7 @@ struct AgentScoring {
 #pragma unroll
     for (int s = 0; s < Shape::k_steps; ++s) {
       std::uint32_t a0, a1, a2, a3;
-      if constexpr (Type == EmbeddingType::fp16) {
-        a0 = quarter_word(tile.lo, 2 * s);
-        a2 = quarter_word(tile.lo, 2 * s + 1);
-        a1 = quarter_word(tile.hi, 2 * s);
-        a3 = quarter_word(tile.hi, 2 * s + 1);
-      } else {
-        int8x4_to_half2x2(quarter_word(tile.lo, s), a0, a2);
-        int8x4_to_half2x2(quarter_word(tile.hi, s), a1, a3);
-      }
+      a_fragment(tile, s, a0, a1, a2, a3);
       const uint2 bu = fragments->b[0][s][lane];
       const uint2 bg = fragments->b[1][s][lane];
       gpu_mma_m16n8k16(u2[s & 1], a0, a1, a2, a3, bu.x, bu.y);
@@ -326,29 +332,47 @@ struct AgentScoring {
     return weighted / total + bias;
   }
 
-  /// route_for's usual widths (1 or 2 of more experts): one pass keeping the best two, by value (no indexing).
+  /// route_for's usual widths (1 or 2 of more experts), with the least arithmetic: the top two are
+  /// chosen on the unscaled logits (a per-ad scale > 0 keeps their order; a zero scale makes every
+  /// score the bias either way), by a max and a scan for the lowest expert holding it, and only the
+  /// chosen four values are scaled. The same values as scaling first (to the spec's tie rule).
   __device__ __forceinline__ float route_top_two(int width, int quad, const HalfRow& mine, const HalfRow& other,
                                                  float bias, float scale) const {
-    const RowExperts row = row_experts(quad, mine, other, scale);
-    const float(&score)[8] = row.score;
-    const float(&logit)[8] = row.logit;
-    const int(&expert)[8] = row.expert;
-    float l1 = logit[0], s1 = score[0], l2 = -INFINITY, s2 = 0.0f;
-    int e1 = expert[0], e2 = kMaxGpuExperts;
+    float score[8], logit[8];
+    int expert[8];
 #pragma unroll
-    for (int p = 1; p < 8; ++p) {
-      const bool beats_first = logit[p] > l1 || (logit[p] == l1 && expert[p] < e1);
-      const bool beats_second = logit[p] > l2 || (logit[p] == l2 && expert[p] < e2);
-      if (beats_first) {
-        l2 = l1, s2 = s1, e2 = e1;
-        l1 = logit[p], s1 = score[p], e1 = expert[p];
-      } else if (beats_second) {
-        l2 = logit[p], s2 = score[p], e2 = expert[p];
-      }
+    for (int p = 0; p < 4; ++p) {
+      score[p] = mine.score[p];
+      logit[p] = mine.logit[p];
+      score[p + 4] = other.score[p];
+      logit[p + 4] = other.logit[p];
+      expert[p] = 2 * (quad ^ (p / 2)) + (p & 1);
+      expert[p + 4] = 2 * (quad ^ (2 + p / 2)) + (p & 1);
     }
-    if (width == 1) return s1 + bias;
-    const float w = __expf(l2 - l1);
-    return (s1 + w * s2) / (1.0f + w) + bias;
+    if (experts < kMaxGpuExperts)
+#pragma unroll
+      for (int p = 0; p < 8; ++p) logit[p] = expert[p] < experts ? logit[p] : -INFINITY;
+    // The largest logit, and the lowest expert that holds it.
+    const float l1 = fmaxf(fmaxf(fmaxf(logit[0], logit[1]), fmaxf(logit[2], logit[3])),
+                           fmaxf(fmaxf(logit[4], logit[5]), fmaxf(logit[6], logit[7])));
+    int e1 = kMaxGpuExperts;
+    float s1 = 0.0f;
+#pragma unroll
+    for (int p = 0; p < 8; ++p)
+      if (logit[p] == l1 && expert[p] < e1) e1 = expert[p], s1 = score[p];
+    // (Products rounded on their own, as scaling first rounds them: no contraction into the sums.)
+    if (width == 1) return __fmul_rn(s1, scale) + bias;
+    // The same among the others.
+    float l2 = -INFINITY;
+#pragma unroll
+    for (int p = 0; p < 8; ++p) l2 = fmaxf(l2, expert[p] == e1 ? -INFINITY : logit[p]);
+    int e2 = kMaxGpuExperts;
+    float s2 = 0.0f;
+#pragma unroll
+    for (int p = 0; p < 8; ++p)
+      if (expert[p] != e1 && logit[p] == l2 && expert[p] < e2) e2 = expert[p], s2 = score[p];
+    const float w = __expf(__fmul_rn(l2, scale) - __fmul_rn(l1, scale));
+    return (__fmul_rn(s1, scale) + w * __fmul_rn(s2, scale)) / (1.0f + w) + bias;
   }
 
   /// Scores one loaded tile of 16 ads. Lanes with quad 0 return the score of row `group`, quad 1 of
@@ -404,15 +428,7 @@ struct AgentScoring {
 #pragma unroll
     for (int s = 0; s < Shape::k_steps; ++s) {
       std::uint32_t a0, a1, a2, a3;
-      if constexpr (Type == EmbeddingType::fp16) {
-        a0 = quarter_word(tile.lo, 2 * s);
-        a2 = quarter_word(tile.lo, 2 * s + 1);
-        a1 = quarter_word(tile.hi, 2 * s);
-        a3 = quarter_word(tile.hi, 2 * s + 1);
-      } else {
-        int8x4_to_half2x2(quarter_word(tile.lo, s), a0, a2);
-        int8x4_to_half2x2(quarter_word(tile.hi, s), a1, a3);
-      }
+      a_fragment(tile, s, a0, a1, a2, a3);
 #pragma unroll
       for (int r = 0; r < R; ++r) {
         const uint2 bu = f[r].b[0][s][lane];
