@@ -1,6 +1,6 @@
 // The retrieval benchmark's report (benchmarks/retrieval/benchmark_report.hpp) over logs the
 // benchmark and torch_peer.py printed on the H200 (tests/data/retrieval_*_run*.log, copied
-// unchanged from runs 18 and 28 of benchmarks/RESULTS.md).
+// unchanged from runs 18, 28 and 33 of benchmarks/RESULTS.md).
 #include <catch2/catch.hpp>
 
 #include <fstream>
@@ -107,4 +107,37 @@ TEST_CASE("the page draws every section it has figures for", "[bench][report]") 
   const std::string without_updates = render_benchmark_html(parse_benchmark_log(older), "run 18");
   CHECK(without_updates.find("<h2>Ad updates applied</h2>") == std::string::npos);
   CHECK(without_updates.find("No PyTorch log was given") != std::string::npos);
+}
+
+TEST_CASE("a batches log yields one row per dtype and batch size, and its own chart", "[bench][report]") {
+  auto batches = open_data("retrieval_benchmark_run33_batches.log");
+  BenchmarkLog log = parse_benchmark_log(batches);
+  CHECK(log.roofline_tbs == Approx(4.597));
+  REQUIRE(log.batches.size() == 8);  // fp16 and int8, 1 2 4 8 requests; the knob lines are not rows
+  const BatchRow& fp16_4 = log.batches[2];
+  CHECK(fp16_4.dtype == "fp16");
+  CHECK(fp16_4.requests == 4);
+  CHECK(fp16_4.one_pass_ms == Approx(7.775));
+  CHECK(fp16_4.one_by_one_ms == Approx(11.405));
+  CHECK(fp16_4.union_percent == Approx(51.5));
+  CHECK(fp16_4.pairs_per_listed_ad == Approx(2.77));
+  CHECK(fp16_4.pairs_gps == Approx(18.35));
+  CHECK(log.batches[7].dtype == "int8");
+  CHECK(log.batches[7].requests == 8);
+  CHECK(log.host_searches.empty());  // "batch of N: one pass" is not a host-visible search line
+  CHECK(log.stages.empty());
+
+  // Read after a full log into the same page: the first log's header stands.
+  BenchmarkLog both = read_run28();
+  auto again = open_data("retrieval_benchmark_run33_batches.log");
+  parse_benchmark_log(again, both);
+  CHECK(both.roofline_tbs == Approx(4.494));
+  CHECK(both.stages.size() == 12);
+  CHECK(both.host_searches.size() == 6);
+  CHECK(both.batches.size() == 8);
+  const std::string html = render_benchmark_html(both, "runs 28 and 33");
+  CHECK(html.find("<h2>Batches in one pass</h2>") != std::string::npos);
+  CHECK(html.find("1.47x (7.78 ms against 11.40 ms") != std::string::npos);  // fp16, 4 requests (11.405 rounds down)
+  CHECK(html.find("<h2>Batches in one pass</h2>") > html.find("<h2>Pipeline throughput against pool size</h2>"));
+  CHECK(render_benchmark_html(read_run28(), "run 28").find("Batches in one pass") == std::string::npos);
 }

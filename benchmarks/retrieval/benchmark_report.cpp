@@ -1,37 +1,45 @@
 // retrieval_report: draws a run of the retrieval benchmark as an HTML page (benchmark_report.hpp).
 //
-//   retrieval_report bench.log [--torch torch.log] [--title "run 28, 2026-11-30"] [-o report.html]
+//   retrieval_report bench.log [more.log ...] [--torch torch.log] [--title "run 28, 2026-11-30"] [-o report.html]
+//
+// Several benchmark logs (one run's steps, e.g. --stages-only and --batch-only) are drawn as one page.
 #include "benchmark_report.hpp"
 
 #include <cstring>
 #include <fstream>
 #include <iostream>
+#include <vector>
 
 int main(int argc, char** argv) {
-  const char* bench_path = nullptr;
+  std::vector<const char*> bench_paths;
   const char* torch_path = nullptr;
   const char* out_path = nullptr;
   std::string title = "retrieval benchmark run";
+  bool usage_error = false;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--torch") && i + 1 < argc) torch_path = argv[++i];
     else if (!std::strcmp(argv[i], "--title") && i + 1 < argc) title = argv[++i];
     else if (!std::strcmp(argv[i], "-o") && i + 1 < argc) out_path = argv[++i];
-    else if (!bench_path && argv[i][0] != '-') bench_path = argv[i];
-    else bench_path = nullptr, i = argc;
+    else if (argv[i][0] != '-') bench_paths.push_back(argv[i]);
+    else usage_error = true;
   }
-  if (!bench_path) {
-    std::cerr << "usage: retrieval_report BENCH_LOG [--torch TORCH_LOG] [--title TITLE] [-o OUT.html]\n";
+  if (bench_paths.empty() || usage_error) {
+    std::cerr << "usage: retrieval_report BENCH_LOG [BENCH_LOG ...] [--torch TORCH_LOG] [--title TITLE] [-o OUT.html]\n";
     return 2;
   }
-  std::ifstream bench(bench_path);
-  if (!bench) {
-    std::cerr << "retrieval_report: cannot read " << bench_path << "\n";
-    return 1;
-  }
-  kevo::bench::BenchmarkLog log = kevo::bench::parse_benchmark_log(bench);
-  if (log.stages.empty() && log.updates.empty() && log.host_searches.empty()) {
-    std::cerr << "retrieval_report: " << bench_path << " has no figures: not a retrieval benchmark log?\n";
-    return 1;
+  kevo::bench::BenchmarkLog log;
+  for (const char* path : bench_paths) {
+    std::ifstream bench(path);
+    if (!bench) {
+      std::cerr << "retrieval_report: cannot read " << path << "\n";
+      return 1;
+    }
+    const std::size_t figures_before = log.stages.size() + log.batches.size() + log.updates.size() + log.host_searches.size();
+    kevo::bench::parse_benchmark_log(bench, log);
+    if (log.stages.size() + log.batches.size() + log.updates.size() + log.host_searches.size() == figures_before) {
+      std::cerr << "retrieval_report: " << path << " has no figures: not a retrieval benchmark log?\n";
+      return 1;
+    }
   }
   if (torch_path) {
     std::ifstream torch(torch_path);

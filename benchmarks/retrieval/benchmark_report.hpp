@@ -42,37 +42,49 @@ struct Figure {
   std::string note;  // shown after the value
 };
 
+/// One batch size of the benchmark's "Batches" section: one pass against the same requests one by one.
+struct BatchRow {
+  std::string dtype;
+  int requests = 0;
+  double one_pass_ms = 0, one_by_one_ms = 0;
+  double union_percent = 0;  // of the pool: the ads eligible for any request of the batch
+  double pairs_per_listed_ad = 0, pairs_gps = 0;
+};
+
 struct BenchmarkLog {
   std::string device;
   double roofline_tbs = 0;
   std::vector<StageRow> stages;
+  std::vector<BatchRow> batches;
   std::vector<Figure> host_searches;  // G pool ads/s, request in to top-K out
   std::vector<Figure> updates;        // M ads/s applied
   std::vector<Figure> peers;          // G pool ads/s (PyTorch)
   std::vector<Figure> recall;         // int8 recall@K against fp16
 };
 
-/// Reads what retrieval_benchmark prints. Lines it does not know are skipped, so logs of older
-/// runs (fewer sections) still parse.
-inline BenchmarkLog parse_benchmark_log(std::istream& in) {
+/// Reads what retrieval_benchmark prints into `log` (several logs of one run may be read into one).
+/// Lines it does not know are skipped, so logs of older runs (fewer sections) still parse.
+inline void parse_benchmark_log(std::istream& in, BenchmarkLog& log) {
   static const std::regex header(R"(^# retrieval benchmark on (.+), \d+ SMs; streaming-read roofline ([\d.]+) TB/s)");
   static const std::regex stage(
       R"(^\| (\w+) \| (\w+) \| (\d+) \| ([\d.]+)% \| (\d+) \| ([\d.]+) G/s \(([\d.]+)%\) \| ([\d.]+) G/s \(([\d.]+)%\) \| ([\d.]+) ms .*\| ([\d.]+) ms \| ([\d.]+) G/s \(([\d.]+)%\) \|)");
+  static const std::regex batch(
+      R"(^(fp16|int8) batch of (\d+): one pass ([\d.]+) ms .*one by one ([\d.]+) ms .*union ([\d.]+)% of the pool, ([\d.]+) eligible pairs per listed ad; ([\d.]+) G pairs/s)");
   static const std::regex host_search(R"(^(fp16|int8) (one request at a time|batch of \d+).*= ([\d.]+) G pool ads/s)");
   static const std::regex update(
       R"(^batches of (\d+), (alone|while searching): ([\d.]+) M ads/s applied[^;]*(?:; (\d+) searches alongside, median ([\d.]+) ms, p99 ([\d.]+) ms)?)");
   static const std::regex recall(R"(^recall@(\d+) = ([\d.]+))");
-  BenchmarkLog log;
   std::string line;
   std::smatch m;
   auto number = [&](int i) { return std::stod(m[i].str()); };
   while (std::getline(in, line)) {
     if (std::regex_search(line, m, header)) {
-      log.device = m[1];
-      log.roofline_tbs = number(2);
+      if (log.device.empty()) log.device = m[1], log.roofline_tbs = number(2);  // the first log's
     } else if (std::regex_search(line, m, stage)) {
       log.stages.push_back({m[1], m[2], number(3), number(4), std::stoi(m[5]), number(6), number(7), number(8),
                             number(9), number(10), number(11), number(12), number(13)});
+    } else if (std::regex_search(line, m, batch)) {  // (before host_search: both begin "fp16 batch of")
+      log.batches.push_back({m[1], std::stoi(m[2]), number(3), number(4), number(5), number(6), number(7)});
     } else if (std::regex_search(line, m, host_search)) {
       log.host_searches.push_back({fmt::format("kevo {}, {}", m[1].str(), m[2].str()), number(3), ""});
     } else if (std::regex_search(line, m, update)) {
@@ -83,6 +95,11 @@ inline BenchmarkLog parse_benchmark_log(std::istream& in) {
       log.recall.push_back({"recall@" + m[1].str(), number(2), ""});
     }
   }
+}
+
+inline BenchmarkLog parse_benchmark_log(std::istream& in) {
+  BenchmarkLog log;
+  parse_benchmark_log(in, log);
   return log;
 }
 
@@ -200,6 +217,22 @@ inline std::string render_benchmark_html(const BenchmarkLog& log, std::string_vi
   if (!sizes.empty())
     section("Pipeline throughput against pool size", "Typical request, K = 1000, device time. Small pools are bound by launches.",
             detail::bar_chart(sizes, most * 1.2));
+
+  std::vector<Bar> batches;
+  double best_gain = 1;
+  for (const BatchRow& b : log.batches) {
+    const double gain = b.one_by_one_ms / b.one_pass_ms;
+    batches.push_back({fmt::format("{}, {} request{}", b.dtype, b.requests, b.requests > 1 ? "s" : ""), gain,
+                       fmt::format("{:.2f}x ({:.2f} ms against {:.2f} ms; union {:.1f}% of the pool, {:.1f} G pairs/s)", gain,
+                                   b.one_pass_ms, b.one_by_one_ms, b.union_percent, b.pairs_gps),
+                       detail::dtype_colour(b.dtype)});
+    best_gain = std::max(best_gain, gain);
+  }
+  if (!batches.empty())
+    section("Batches in one pass",
+            "search_batch_async against the same requests searched one by one (device time). A bar past the dashed "
+            "line is a batch that gains from reading each listed row once for all its requests.",
+            detail::bar_chart(batches, best_gain * 1.25, false, 1.0, "1x"));
 
   std::vector<Bar> updates;
   double fastest_update = 0;
