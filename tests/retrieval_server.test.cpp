@@ -148,6 +148,50 @@ TEST_CASE("the retrieval server answers on loopback with the CPU backend", "[ret
     CHECK(parse_results(again.body).size() == 25);
   }
 
+  SECTION("a batch of searches answers each request as /search does, in order") {
+    std::vector<Request> batch{request, w.request(2, RequestKind::typical, 10, 1), w.request(3, RequestKind::narrow, 40)};
+    std::string body;
+    for (const Request& r : batch) body += (body.empty() ? "" : ",") + search_body(r);
+    Reply answered = call(port, http::verb::post, "/search_batch", "{\"requests\":[" + body + "]}");
+    REQUIRE(answered.status == 200);
+    simdjson::ondemand::parser parser;
+    simdjson::padded_string input(answered.body);
+    auto doc = parser.iterate(input);
+    std::size_t r = 0;
+    for (auto answer : doc["answers"].get_array()) {
+      REQUIRE(r < batch.size());
+      auto direct_answer = backend.search(batch[r]);
+      REQUIRE(direct_answer);
+      std::size_t i = 0;
+      for (auto result : answer["results"].get_array()) {
+        REQUIRE(i < direct_answer->size());
+        CHECK(static_cast<std::uint32_t>(std::uint64_t(result["id"])) == (*direct_answer)[i].id);
+        CHECK(double(result["score"]) == Approx((*direct_answer)[i].score).epsilon(1e-5));
+        ++i;
+      }
+      CHECK(i == direct_answer->size());
+      ++r;
+    }
+    CHECK(r == batch.size());
+
+    Request bad_k = request;
+    bad_k.k = 0;
+    Reply refused = call(port, http::verb::post, "/search_batch",
+                         "{\"requests\":[" + search_body(request) + "," + search_body(bad_k) + "]}");
+    CHECK(refused.status == 400);
+    CHECK_THAT(refused.body, Catch::Contains("request 1 of the batch: K out of range"));
+    Reply unknown_field = call(port, http::verb::post, "/search_batch", "{\"requests\":[{\"colour\":1}]}");
+    CHECK(unknown_field.status == 400);
+    CHECK_THAT(unknown_field.body, Catch::Contains("request 0 of the batch: unknown field"));
+    CHECK(call(port, http::verb::post, "/search_batch", "{\"requests\":[]}").status == 400);
+    std::string too_many;
+    for (int i = 0; i < 65; ++i) too_many += (i ? "," : "") + search_body(request);
+    Reply overflow = call(port, http::verb::post, "/search_batch", "{\"requests\":[" + too_many + "]}");
+    CHECK(overflow.status == 400);
+    CHECK_THAT(overflow.body, Catch::Contains("at most 64 requests"));
+    CHECK(call(port, http::verb::post, "/search", search_body(request)).status == 200);  // still serving
+  }
+
   SECTION("upserts and expiries apply to later searches") {
     // A new ad with ANY targeting and a large bias comes first; after its expiry it is gone.
     AdRecord ad = w.ad(5000);

@@ -4,6 +4,8 @@ Starts two servers over the same workload (same seed and ad count), one with --b
 one with --backend cpu, then:
   - sends the same random requests to both and compares the answers (the same ids, scores within
     the spec's 1e-3 * (1 + |score|), except at the K-th score's tolerance boundary);
+  - sends a batch of 8 of them to both through /search_batch (the GPU's one-pass path) and compares
+    each answer the same way;
   - sends malformed requests to the GPU server and expects 400s with a message, then a good answer;
   - upserts an ad that must rank first, sees it first on both, expires it, and sees it gone.
 Exits non-zero on the first failure. Standard library only (the device has no extra packages).
@@ -76,12 +78,15 @@ def main():
     cpu_proc, cpu = start(args.binary, "cpu", 18182, args.ads, args.seed)
     try:
         rng = random.Random(args.seed)
+
+        def random_request():
+            return {"features": [rng.gauss(0, 1) for _ in range(256)],
+                    "query": [{"category": c, "values": [rng.randrange(2)]} for c in range(32) if rng.random() < 0.7],
+                    "k": rng.choice([1, 10, 100, 1000, 4096]), "routing": rng.choice([1, 2, 8])}
+
         for i in range(args.requests):
-            k = rng.choice([1, 10, 100, 1000, 4096])
-            request = {"features": [rng.gauss(0, 1) for _ in range(256)],
-                       "query": [{"category": c, "values": [rng.randrange(2)]} for c in range(32)
-                                 if rng.random() < 0.7],
-                       "k": k, "routing": rng.choice([1, 2, 8])}
+            request = random_request()
+            k = request["k"]
             t = time.perf_counter()
             a = post(gpu + "/search", request)["results"]
             gpu_ms = (time.perf_counter() - t) * 1e3
@@ -91,6 +96,19 @@ def main():
                   + (f": {problem}" if problem else ""), flush=True)
             if problem:
                 sys.exit("FAIL: GPU and CPU servers disagree")
+        batch = [random_request() for _ in range(8)]
+        t = time.perf_counter()
+        a = post(gpu + "/search_batch", {"requests": batch})["answers"]
+        batch_ms = (time.perf_counter() - t) * 1e3
+        b = post(cpu + "/search_batch", {"requests": batch})["answers"]
+        if len(a) != len(batch) or len(b) != len(batch):
+            sys.exit(f"FAIL: /search_batch answered {len(a)} and {len(b)} of {len(batch)} requests")
+        for i, (request, x, y) in enumerate(zip(batch, a, b)):
+            problem = compare(x["results"], y["results"], request["k"])
+            if problem:
+                sys.exit(f"FAIL: batch request {i}: GPU and CPU servers disagree: {problem}")
+        print(f"batch of {len(batch)}: every answer agrees ({args.first.upper()} server: {batch_ms:.1f} ms)", flush=True)
+        post(gpu + "/search_batch", {"requests": [batch[0], dict(batch[1], k=0)]}, expect=400)
         for bad in [b"{not json", {"features": [1.0], "k": 10}, {"features": [0.0] * 256, "k": 5000},
                     {"features": [0.0] * 256, "query": [{"category": 99, "values": [0]}], "k": 10}]:
             reply = post(gpu + "/search", bad, expect=400)

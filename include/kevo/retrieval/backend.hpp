@@ -28,6 +28,17 @@ class RetrievalBackend {
   virtual const Model& model() const = 0;
   /// Top-K for one request; bad requests come back as errors with a message for the caller.
   virtual expected<std::vector<ScoredAd>, Error> search(const Request& request) = 0;
+  /// Top-K for each of several requests, in order; an engine that serves a batch faster than its
+  /// requests one by one overrides this. A bad request fails the batch, naming its place in it.
+  virtual expected<std::vector<std::vector<ScoredAd>>, Error> search_batch(std::span<const Request> requests) {
+    std::vector<std::vector<ScoredAd>> all;
+    for (std::size_t r = 0; r < requests.size(); ++r) {
+      auto top = search(requests[r]);
+      if (!top) return make_error("request " + std::to_string(r) + " of the batch: " + top.error().message);
+      all.push_back(std::move(*top));
+    }
+    return all;
+  }
   /// Inserts or replaces ads; every later search sees all of them.
   virtual expected<void, Error> upsert(std::span<const AdRecord> ads) = 0;
   /// Expires ads by id; returns how many were live.
@@ -53,6 +64,20 @@ class CpuRetrievalBackend final : public RetrievalBackend {
     const RequestVectors vectors = compute_request_vectors(model_, request.features);
     std::shared_lock lock(mutex_);
     return reference_search(pool_, vectors, request, threads_);
+  }
+
+  /// Every request of the batch sees the same pool: no update lands between them.
+  expected<std::vector<std::vector<ScoredAd>>, Error> search_batch(std::span<const Request> requests) override {
+    std::vector<RequestVectors> vectors;
+    for (std::size_t r = 0; r < requests.size(); ++r) {  // validate all first, so a bad batch runs nothing
+      if (auto ok = validate_request(pool_.schema(), model_, requests[r]); !ok)
+        return make_error("request " + std::to_string(r) + " of the batch: " + ok.error().message);
+      vectors.push_back(compute_request_vectors(model_, requests[r].features));
+    }
+    std::shared_lock lock(mutex_);
+    std::vector<std::vector<ScoredAd>> all;
+    for (std::size_t r = 0; r < requests.size(); ++r) all.push_back(reference_search(pool_, vectors[r], requests[r], threads_));
+    return all;
   }
 
   expected<void, Error> upsert(std::span<const AdRecord> ads) override {

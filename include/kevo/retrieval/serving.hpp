@@ -5,6 +5,8 @@
 //
 //   POST /search  {"features":[...], "query":[{"category":0,"values":[1,2]}], "k":100, "routing":2}
 //              -> {"results":[{"id":7,"score":1.25}, ...]}
+//   POST /search_batch  {"requests":[{...as /search...}, ...]}   (at most ServingOptions::max_batch_requests)
+//              -> {"answers":[{"results":[...]}, ...]}   (in order; one bad request: a 400 naming it)
 //   POST /ads     {"ads":[{"id":7,"embedding":[...],"bias":0.1,"clauses":[{"category":3,"value":5,"exclude":false}],"live":true}]}
 //              -> {"upserted":1}
 //   POST /expire  {"ids":[7]} -> {"expired":1}
@@ -51,9 +53,9 @@ inline std::vector<float> float_array(json::value v) {
   return out;
 }
 
-inline Request parse_search(json::document& doc) {
+inline Request parse_search(json::object object) {
   Request r;
-  for (auto field : doc.get_object()) {
+  for (auto field : object) {
     const std::string_view key = field.unescaped_key();
     if (key == "features") {
       r.features = float_array(field.value());
@@ -78,6 +80,25 @@ inline Request parse_search(json::document& doc) {
     }
   }
   return r;
+}
+
+inline Request parse_search(json::document& doc) { return parse_search(doc.get_object()); }
+
+inline std::vector<Request> parse_search_batch(json::document& doc, std::size_t most) {
+  std::vector<Request> requests;
+  for (auto field : doc.get_object()) {
+    if (std::string_view(field.unescaped_key()) != "requests") throw BadRequest{"expected {\"requests\": [...]}"};
+    for (auto entry : field.value().get_array()) {
+      if (requests.size() == most) throw BadRequest{"a batch holds at most " + std::to_string(most) + " requests"};
+      try {
+        requests.push_back(parse_search(entry.get_object()));
+      } catch (const BadRequest& e) {
+        throw BadRequest{"request " + std::to_string(requests.size()) + " of the batch: " + e.message};
+      }
+    }
+  }
+  if (requests.empty()) throw BadRequest{"a batch needs at least one request"};
+  return requests;
 }
 
 inline std::vector<AdRecord> parse_ads(json::document& doc) {
@@ -145,11 +166,20 @@ inline std::string json_escape(std::string_view s) {
   return out;
 }
 
+/// {"results":[{"id":..,"score":..}, ...]}
+inline std::string results_json(const std::vector<ScoredAd>& top) {
+  std::string out = "{\"results\":[";
+  for (std::size_t i = 0; i < top.size(); ++i)
+    out += (i ? ",{\"id\":" : "{\"id\":") + number(top[i].id) + ",\"score\":" + number(top[i].score) + "}";
+  return out + "]}";
+}
+
 }  // namespace serving_detail
 
 struct ServingOptions {
   std::chrono::milliseconds io_timeout{10000};  // each read and each write
   std::size_t max_body_bytes = 64u << 20;
+  std::size_t max_batch_requests = 64;  // per POST /search_batch
 };
 
 /// One HTTP server over one backend; runs on the io_context it is given (any number of threads).
@@ -179,7 +209,8 @@ class RetrievalHttpServer {
     if (method == verb::get && target == "/health")
       return {status::ok, "{\"backend\":\"" + sd::json_escape(backend_.name()) + "\"}"};
     if (method != verb::post) return error(status::method_not_allowed, "use POST (or GET /health)");
-    if (target != "/search" && target != "/ads" && target != "/expire") return error(status::not_found, "no such path");
+    if (target != "/search" && target != "/search_batch" && target != "/ads" && target != "/expire")
+      return error(status::not_found, "no such path");
     try {
       // The padded copy and the document live together in this scope; no view outlives them.
       const simdjson::padded_string input(body);
@@ -188,10 +219,14 @@ class RetrievalHttpServer {
         const Request request = sd::parse_search(doc);
         auto top = backend_.search(request);
         if (!top) return error(status::bad_request, top.error().message);
-        std::string out = "{\"results\":[";
-        for (std::size_t i = 0; i < top->size(); ++i)
-          out += (i ? ",{\"id\":" : "{\"id\":") + sd::number((*top)[i].id) + ",\"score\":" +
-                 sd::number((*top)[i].score) + "}";
+        return {status::ok, sd::results_json(*top)};
+      }
+      if (target == "/search_batch") {
+        const std::vector<Request> requests = sd::parse_search_batch(doc, options_.max_batch_requests);
+        auto answers = backend_.search_batch(std::span<const Request>(requests.data(), requests.size()));
+        if (!answers) return error(status::bad_request, answers.error().message);
+        std::string out = "{\"answers\":[";
+        for (std::size_t r = 0; r < answers->size(); ++r) out += (r ? "," : "") + sd::results_json((*answers)[r]);
         return {status::ok, out + "]}"};
       }
       if (target == "/ads") {

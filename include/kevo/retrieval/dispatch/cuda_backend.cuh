@@ -26,6 +26,9 @@ class CudaRetrievalBackend final : public RetrievalBackend {
   const Schema& schema() const override { return pipeline_->schema(); }
   const Model& model() const override { return pipeline_->model(); }
   expected<std::vector<ScoredAd>, Error> search(const Request& request) override { return pipeline_->search(request); }
+  expected<std::vector<std::vector<ScoredAd>>, Error> search_batch(std::span<const Request> requests) override {
+    return pipeline_->search_batch(requests);
+  }
   expected<void, Error> upsert(std::span<const AdRecord> ads) override { return pipeline_->index().upsert(ads); }
   expected<std::size_t, Error> expire(std::span<const std::uint32_t> ids) override {
     return pipeline_->index().expire(ids);
