@@ -284,6 +284,72 @@ class FusedRetrievalPipeline {
                     &state->eligible_count, stream);
   }
 
+  /// Fused scoring of every eligible ad, with the level-0 top-K histogram.
+  expected<void, Error> enqueue_scoring(const IndexView& view, void* d_temp, int routing, gpu_stream_t stream) {
+    const SearchTempLayout& l = layout_;
+    auto* t = static_cast<unsigned char*>(d_temp);
+    const ScoringPolicy& p = policy_.scoring;
+    const auto* vectors = reinterpret_cast<const __half*>(t + l.vectors);
+    const auto* list = reinterpret_cast<const std::uint32_t*>(t + l.eligible);
+    auto* state = reinterpret_cast<TopKState*>(t + l.state);
+    auto* keys = reinterpret_cast<std::uint32_t*>(t + l.keys);
+    auto* chunk_max = reinterpret_cast<std::uint32_t*>(t + l.chunk_max);
+    bool launched = false;
+    auto launch = [&](auto* kernel, int threads, std::size_t dynamic_shared) {
+      const int resident = resident_blocks(kernel, threads, dynamic_shared);
+      if (resident == 0) return;
+      // No more blocks than are resident at once: a partial second wave would idle most SMs.
+      const auto grid = static_cast<unsigned>(multiprocessors_ * std::min(p.blocks_per_sm, resident));
+      kernel<<<grid, threads, dynamic_shared, stream>>>(view, vectors, list, state, keys, chunk_max, routing,
+                                                       model_.experts, p.tiles_per_chunk);
+      launched = true;
+    };
+    for_each_scoring_variant([&]<int Threads, int Dim, EmbeddingType Type>() {
+      if (p.block_threads != Threads || model_.dim != Dim || schema().embedding_type != Type) return;
+      if (p.stages == 0) {
+        if (p.tiles_in_flight == 1) launch(kernels::scoring<Threads, Dim, Type, 1>, Threads, 0);
+        else if (p.tiles_in_flight == 2) launch(kernels::scoring<Threads, Dim, Type, 2>, Threads, 0);
+        return;
+      }
+      const std::size_t bytes = kernels::scoring_staged_dynamic_bytes<Dim, Type>(Threads / 32, p.stages, l.chunk_size);
+      if (p.stages == 2) launch(kernels::scoring_staged<Threads, Dim, Type, 2>, Threads, bytes);
+      else if (p.stages == 3) launch(kernels::scoring_staged<Threads, Dim, Type, 3>, Threads, bytes);
+      else if (p.stages == 4) launch(kernels::scoring_staged<Threads, Dim, Type, 4>, Threads, bytes);
+    });
+    if (!launched) return make_error("no prebuilt scoring variant for " + to_string(p));
+    KEVO_GPU_TRY(cudaGetLastError());
+    return {};
+  }
+
+  /// Top-K from the scored keys: select, refine while crowded, compact, sort, decode.
+  expected<void, Error> enqueue_topk(const IndexView& view, void* d_temp, int k, SearchOutput out, gpu_stream_t stream) {
+    auto* t = static_cast<unsigned char*>(d_temp);
+    auto* state = reinterpret_cast<TopKState*>(t + layout_.state);
+    return topk(view, layout_, t, reinterpret_cast<const std::uint32_t*>(t + layout_.eligible), &state->eligible_count, k,
+                out, stream);
+  }
+
+  /// Shared memory one scoring block needs (static and dynamic) under `p`, for this pool's d and type.
+  std::size_t scoring_shared_bytes(const ScoringPolicy& p) const {
+    std::size_t bytes = 0;
+    for_each_scoring_variant([&]<int Threads, int Dim, EmbeddingType Type>() {
+      if (p.block_threads != Threads || model_.dim != Dim || schema().embedding_type != Type) return;
+      bytes = sizeof(ScoringFragments<Dim>) + 4 * kTopKBins;
+      if (p.stages == 0) bytes += sizeof(std::uint32_t) * (Threads / 32) * kernels::kMaxChunkSlots;
+      else bytes += kernels::scoring_staged_dynamic_bytes<Dim, Type>(Threads / 32, p.stages, 16u * p.tiles_per_chunk);
+    });
+    return bytes;
+  }
+
+  /// A staged policy whose ring does not fit one block's shared memory is refused up front.
+  expected<void, Error> check_shared_memory(const ScoringPolicy& p) const {
+    const std::size_t need = scoring_shared_bytes(p);
+    if (need > max_shared_per_block_)
+      return make_error(to_string(p) + " needs " + std::to_string(need) + " bytes of shared memory per block; this GPU allows " +
+                        std::to_string(max_shared_per_block_) + " (use fewer stages or threads)");
+    return {};
+  }
+
  private:
   expected<void, Error> prepare(const Request& request, const SearchTempLayout& l, unsigned char* t,
                                 gpu_stream_t stream) {
@@ -407,53 +473,6 @@ class FusedRetrievalPipeline {
     return {};
   }
 
- public:
-  /// Fused scoring of every eligible ad, with the level-0 top-K histogram.
-  expected<void, Error> enqueue_scoring(const IndexView& view, void* d_temp, int routing, gpu_stream_t stream) {
-    const SearchTempLayout& l = layout_;
-    auto* t = static_cast<unsigned char*>(d_temp);
-    const ScoringPolicy& p = policy_.scoring;
-    const auto* vectors = reinterpret_cast<const __half*>(t + l.vectors);
-    const auto* list = reinterpret_cast<const std::uint32_t*>(t + l.eligible);
-    auto* state = reinterpret_cast<TopKState*>(t + l.state);
-    auto* keys = reinterpret_cast<std::uint32_t*>(t + l.keys);
-    auto* chunk_max = reinterpret_cast<std::uint32_t*>(t + l.chunk_max);
-    bool launched = false;
-    auto launch = [&](auto* kernel, int threads, std::size_t dynamic_shared) {
-      const int resident = resident_blocks(kernel, threads, dynamic_shared);
-      if (resident == 0) return;
-      // No more blocks than are resident at once: a partial second wave would idle most SMs.
-      const auto grid = static_cast<unsigned>(multiprocessors_ * std::min(p.blocks_per_sm, resident));
-      kernel<<<grid, threads, dynamic_shared, stream>>>(view, vectors, list, state, keys, chunk_max, routing,
-                                                       model_.experts, p.tiles_per_chunk);
-      launched = true;
-    };
-    for_each_scoring_variant([&]<int Threads, int Dim, EmbeddingType Type>() {
-      if (p.block_threads != Threads || model_.dim != Dim || schema().embedding_type != Type) return;
-      if (p.stages == 0) {
-        if (p.tiles_in_flight == 1) launch(kernels::scoring<Threads, Dim, Type, 1>, Threads, 0);
-        else if (p.tiles_in_flight == 2) launch(kernels::scoring<Threads, Dim, Type, 2>, Threads, 0);
-        return;
-      }
-      const std::size_t bytes = kernels::scoring_staged_dynamic_bytes<Dim, Type>(Threads / 32, p.stages, l.chunk_size);
-      if (p.stages == 2) launch(kernels::scoring_staged<Threads, Dim, Type, 2>, Threads, bytes);
-      else if (p.stages == 3) launch(kernels::scoring_staged<Threads, Dim, Type, 3>, Threads, bytes);
-      else if (p.stages == 4) launch(kernels::scoring_staged<Threads, Dim, Type, 4>, Threads, bytes);
-    });
-    if (!launched) return make_error("no prebuilt scoring variant for " + to_string(p));
-    KEVO_GPU_TRY(cudaGetLastError());
-    return {};
-  }
-
-  /// Top-K from the scored keys: select, refine while crowded, compact, sort, decode.
-  expected<void, Error> enqueue_topk(const IndexView& view, void* d_temp, int k, SearchOutput out, gpu_stream_t stream) {
-    auto* t = static_cast<unsigned char*>(d_temp);
-    auto* state = reinterpret_cast<TopKState*>(t + layout_.state);
-    return topk(view, layout_, t, reinterpret_cast<const std::uint32_t*>(t + layout_.eligible), &state->eligible_count, k,
-                out, stream);
-  }
-
- private:
   /// Top-K over `*listed` keys at l.keys, position i scoring ad list[i] (a batch's key 0: not eligible).
   expected<void, Error> topk(const IndexView& view, const SearchTempLayout& l, unsigned char* t,
                              const std::uint32_t* list, const std::uint32_t* listed, int k, SearchOutput out,
@@ -488,29 +507,6 @@ class FusedRetrievalPipeline {
     return {};
   }
 
- public:
-  /// Shared memory one scoring block needs (static and dynamic) under `p`, for this pool's d and type.
-  std::size_t scoring_shared_bytes(const ScoringPolicy& p) const {
-    std::size_t bytes = 0;
-    for_each_scoring_variant([&]<int Threads, int Dim, EmbeddingType Type>() {
-      if (p.block_threads != Threads || model_.dim != Dim || schema().embedding_type != Type) return;
-      bytes = sizeof(ScoringFragments<Dim>) + 4 * kTopKBins;
-      if (p.stages == 0) bytes += sizeof(std::uint32_t) * (Threads / 32) * kernels::kMaxChunkSlots;
-      else bytes += kernels::scoring_staged_dynamic_bytes<Dim, Type>(Threads / 32, p.stages, 16u * p.tiles_per_chunk);
-    });
-    return bytes;
-  }
-
-  /// A staged policy whose ring does not fit one block's shared memory is refused up front.
-  expected<void, Error> check_shared_memory(const ScoringPolicy& p) const {
-    const std::size_t need = scoring_shared_bytes(p);
-    if (need > max_shared_per_block_)
-      return make_error(to_string(p) + " needs " + std::to_string(need) + " bytes of shared memory per block; this GPU allows " +
-                        std::to_string(max_shared_per_block_) + " (use fewer stages or threads)");
-    return {};
-  }
-
- private:
   /// One request's layout; a request of a batch has no eligible list of its own.
   SearchTempLayout compute_layout(bool own_eligible_list = true) const {
     auto round = [](std::size_t b) { return (b + 255) & ~std::size_t{255}; };
