@@ -229,10 +229,7 @@ class FusedRetrievalPipeline {
   expected<std::vector<std::vector<ScoredAd>>, Error> search_batch(std::span<const Request> requests) {
     constexpr std::size_t group = kernels::kMaxBatchRequests;
     std::lock_guard lock(own_mutex_);
-    if (!own_batch_temp_) {  // the first batch pays for its temp storage (~37 B per ad of capacity)
-      own_batch_temp_bytes_ = search_batch_temp_bytes();
-      KEVO_GPU_TRY(cudaMalloc(&own_batch_temp_, own_batch_temp_bytes_));
-    }
+    if (requests.empty()) return std::vector<std::vector<ScoredAd>>{};
     if (!own_batch_out_) KEVO_GPU_TRY(cudaMalloc(&own_batch_out_, group * (kMaxK * 8ull + 4)));
     auto* ids = static_cast<std::uint32_t*>(own_batch_out_);
     auto* scores = reinterpret_cast<float*>(ids + group * kMaxK);
@@ -246,6 +243,10 @@ class FusedRetrievalPipeline {
       std::vector<SearchOutput> outs(n);
       for (std::size_t r = 0; r < n; ++r) outs[r] = {ids + r * kMaxK, scores + r * kMaxK, counts + r};
       if (n >= static_cast<std::size_t>(policy_.batch_scoring.one_pass_from)) {
+        if (!own_batch_temp_) {  // the first one-pass batch pays for its temp storage (~37 B per ad of capacity)
+          own_batch_temp_bytes_ = search_batch_temp_bytes();
+          KEVO_GPU_TRY(cudaMalloc(&own_batch_temp_, own_batch_temp_bytes_));
+        }
         if (auto ok = search_batch_async(some, own_batch_temp_, own_batch_temp_bytes_, outs, own_stream_); !ok)
           return unexpected(ok.error());
       } else {
