@@ -10,7 +10,10 @@ one with --backend cpu, then:
   - upserts an ad that must rank first, sees it first on both, expires it, and sees it gone.
 Exits non-zero on the first failure. Standard library only (the device has no extra packages).
 
-  python3 benchmarks/retrieval/server_check.py BINARY [--ads 200000] [--requests 20]
+  python3 benchmarks/retrieval/server_check.py BINARY [--ads 200000] [--requests 20] [--dtype int8]
+
+With --first cpu both servers run the CPU backend: no GPU needed, and what is checked is the
+binary's HTTP path end to end (CI runs it so, tests/cli).
 """
 import argparse
 import json
@@ -35,9 +38,9 @@ def post(url, payload, expect=200):
     return json.loads(body) if body else None
 
 
-def start(binary, backend, port, ads, seed):
+def start(binary, backend, port, ads, seed, dtype):
     proc = subprocess.Popen([binary, "--backend", backend, "--port", str(port), "--ads", str(ads), "--seed",
-                             str(seed)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                             str(seed), "--dtype", dtype], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     line = proc.stdout.readline()  # "serving N ads on http://... with the X backend" once loaded
     print(f"{backend}: {line.strip()}", flush=True)
     if f"with the {'cuda' if backend == 'gpu' else 'cpu'} backend" not in line:
@@ -73,9 +76,11 @@ def main():
     ap.add_argument("--requests", type=int, default=20)
     ap.add_argument("--seed", type=int, default=5)
     ap.add_argument("--first", default="gpu", choices=["gpu", "cpu"], help="cpu: try the script without a GPU")
+    ap.add_argument("--dtype", default="fp16", choices=["fp16", "int8"])
+    ap.add_argument("--port", type=int, default=18181, help="the first server's; the second takes the next")
     args = ap.parse_args()
-    gpu_proc, gpu = start(args.binary, args.first, 18181, args.ads, args.seed)
-    cpu_proc, cpu = start(args.binary, "cpu", 18182, args.ads, args.seed)
+    gpu_proc, gpu = start(args.binary, args.first, args.port, args.ads, args.seed, args.dtype)
+    cpu_proc, cpu = start(args.binary, "cpu", args.port + 1, args.ads, args.seed, args.dtype)
     try:
         rng = random.Random(args.seed)
 

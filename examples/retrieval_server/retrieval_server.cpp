@@ -6,7 +6,7 @@
 // CPU reference elsewhere; the GPU backend comes from cuda_backend.cu beside this file, a separate
 // translation unit because Boost.Beast does not compile under nvcc:
 //
-//   retrieval_server --port 8080 --ads 1000000
+//   retrieval_server --port 8080 --ads 1000000 [--dtype int8]
 //   curl -s localhost:8080/search -d '{"features":[...256 floats...],"query":[{"category":0,"values":[1]}],"k":10}'
 #include <kevo/retrieval/retrieval.hpp>
 #include <kevo/retrieval/serving.hpp>
@@ -39,6 +39,7 @@ struct Options {
   std::string model;
   std::string backend = "auto";
   unsigned threads = 4;
+  EmbeddingType dtype = EmbeddingType::fp16;
 };
 
 bool parse(int argc, char** argv, Options& o) {
@@ -53,6 +54,8 @@ bool parse(int argc, char** argv, Options& o) {
     else if (a == "--model") o.model = v;
     else if (a == "--backend" && (std::strcmp(v, "auto") == 0 || std::strcmp(v, "cpu") == 0 || std::strcmp(v, "gpu") == 0)) o.backend = v;
     else if (a == "--threads") o.threads = static_cast<unsigned>(std::max(1, std::atoi(v)));
+    else if (a == "--dtype" && (std::strcmp(v, "fp16") == 0 || std::strcmp(v, "int8") == 0))
+      o.dtype = std::strcmp(v, "int8") == 0 ? EmbeddingType::int8 : EmbeddingType::fp16;
     else return false;
   }
   return true;
@@ -77,10 +80,11 @@ int main(int argc, char** argv) {
   Options o;
   if (!parse(argc, argv, o)) {
     std::fprintf(stderr, "usage: %s [--host 127.0.0.1] [--port 8080] [--ads 100000] [--seed 1] "
-                         "[--model FILE.safetensors] [--backend auto|cpu|gpu] [--threads 4]\n", argv[0]);
+                         "[--model FILE.safetensors] [--backend auto|cpu|gpu] [--threads 4] [--dtype fp16|int8]\n",
+                 argv[0]);
     return 2;
   }
-  WorkloadOptions shape{.seed = o.seed};
+  WorkloadOptions shape{.seed = o.seed, .embedding_type = o.dtype};
   Model model;
   if (!o.model.empty()) {
     auto loaded = load_model(o.model);
