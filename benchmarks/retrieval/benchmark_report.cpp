@@ -28,15 +28,16 @@ int main(int argc, char** argv) {
     return 2;
   }
   kevo::bench::BenchmarkLog log;
+  auto figures = [&] { return log.stages.size() + log.batches.size() + log.updates.size() + log.host_searches.size(); };
   for (const char* path : bench_paths) {
     std::ifstream bench(path);
     if (!bench) {
       std::cerr << "retrieval_report: cannot read " << path << "\n";
       return 1;
     }
-    const std::size_t figures_before = log.stages.size() + log.batches.size() + log.updates.size() + log.host_searches.size();
+    const std::size_t figures_before = figures();
     kevo::bench::parse_benchmark_log(bench, log);
-    if (log.stages.size() + log.batches.size() + log.updates.size() + log.host_searches.size() == figures_before) {
+    if (figures() == figures_before) {
       std::cerr << "retrieval_report: " << path << " has no figures: not a retrieval benchmark log?\n";
       return 1;
     }

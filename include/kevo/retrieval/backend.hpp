@@ -34,7 +34,7 @@ class RetrievalBackend {
     std::vector<std::vector<ScoredAd>> all;
     for (std::size_t r = 0; r < requests.size(); ++r) {
       auto top = search(requests[r]);
-      if (!top) return make_error("request " + std::to_string(r) + " of the batch: " + top.error().message);
+      if (!top) return batch_error(r, top.error());
       all.push_back(std::move(*top));
     }
     return all;
@@ -71,7 +71,7 @@ class CpuRetrievalBackend final : public RetrievalBackend {
     std::vector<RequestVectors> vectors;
     for (std::size_t r = 0; r < requests.size(); ++r) {  // validate all first, so a bad batch runs nothing
       if (auto ok = validate_request(pool_.schema(), model_, requests[r]); !ok)
-        return make_error("request " + std::to_string(r) + " of the batch: " + ok.error().message);
+        return batch_error(r, ok.error());
       vectors.push_back(compute_request_vectors(model_, requests[r].features));
     }
     std::shared_lock lock(mutex_);

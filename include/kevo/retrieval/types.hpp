@@ -119,6 +119,11 @@ inline expected<void, Error> validate_request(const Schema& schema, const Model&
   return {};
 }
 
+/// A batch's error: what went wrong with the request at `index`, naming its place in the batch.
+inline unexpected<Error> batch_error(std::size_t index, const Error& error) {
+  return make_error("request " + std::to_string(index) + " of the batch: " + error.message);
+}
+
 /// Checks an ad against the schema before it enters a pool.
 inline expected<void, Error> validate_ad(const Schema& schema, const AdRecord& ad) {
   if (static_cast<int>(ad.embedding.size()) != schema.dim)

@@ -175,23 +175,22 @@ class FusedRetrievalPipeline {
     if (outs.size() != requests.size()) return make_error("search_batch_async: one output per request");
     for (std::size_t r = 0; r < requests.size(); ++r)
       if (auto ok = validate_request(schema(), model_, requests[r]); !ok)
-        return make_error("request " + std::to_string(r) + " of the batch: " + ok.error().message);
+        return batch_error(r, ok.error());
     const BatchTempLayout& b = batch_layout_;
     if (d_temp == nullptr || temp_bytes < b.total) return make_error("search_batch_async: temp storage too small");
     auto* t = static_cast<unsigned char*>(d_temp);
-    auto region = [&](std::size_t r) { return t + b.first_request + r * b.request_stride; };
     auto lock = index_->search_lock();
     auto view = index_->before_search(stream);
     if (!view) return unexpected(view.error());
     for (std::size_t r = 0; r < requests.size(); ++r)
-      if (auto ok = prepare(requests[r], b.request, region(r), stream); !ok) return ok;
+      if (auto ok = prepare(requests[r], b.request, batch_region(t, r), stream); !ok) return ok;
     KEVO_GPU_TRY(cudaMemsetAsync(t + b.listed, 0, 4, stream));
     if (auto ok = enqueue_batch_matching(*view, t, requests.size(), stream); !ok) return ok;
     if (auto ok = enqueue_batch_scoring(*view, t, requests, stream); !ok) return ok;
     const auto* listed = reinterpret_cast<const std::uint32_t*>(t + b.listed);
     const auto* list = reinterpret_cast<const std::uint32_t*>(t + b.eligible);
     for (std::size_t r = 0; r < requests.size(); ++r) {
-      unsigned char* at = region(r);
+      unsigned char* at = batch_region(t, r);
       kernels::topk_histogram<256><<<static_cast<unsigned>(multiprocessors_ * 2), 256, 0, stream>>>(
           reinterpret_cast<const std::uint32_t*>(at + b.request.keys), listed,
           reinterpret_cast<TopKState*>(at + b.request.state));
@@ -252,7 +251,7 @@ class FusedRetrievalPipeline {
       } else {
         for (std::size_t r = 0; r < n; ++r)  // stream-ordered: they share the temp storage
           if (auto ok = search_async(some[r], own_temp_, own_temp_bytes_, outs[r], own_stream_); !ok)
-            return make_error("request " + std::to_string(first + r) + " of the batch: " + ok.error().message);
+            return batch_error(first + r, ok.error());
       }
       std::uint32_t count[group];
       KEVO_GPU_TRY(cudaMemcpyAsync(count, counts, n * 4, cudaMemcpyDeviceToHost, own_stream_));
@@ -423,11 +422,16 @@ class FusedRetrievalPipeline {
     return {};
   }
 
+  /// Request r's region of a batch's temp storage `t`.
+  unsigned char* batch_region(unsigned char* t, std::size_t r) const {
+    return t + batch_layout_.first_request + r * batch_layout_.request_stride;
+  }
+
   expected<void, Error> enqueue_batch_matching(const IndexView& view, unsigned char* t, std::size_t requests,
                                                gpu_stream_t stream) {
     const BatchTempLayout& b = batch_layout_;
     std::vector<unsigned char*> regions(requests);
-    for (std::size_t r = 0; r < requests; ++r) regions[r] = t + b.first_request + r * b.request_stride;
+    for (std::size_t r = 0; r < requests; ++r) regions[r] = batch_region(t, r);
     return match<kernels::kMaxBatchRequests>(view, requests_of(b.request, regions),
                                              reinterpret_cast<std::uint32_t*>(t + b.eligible), t + b.request_masks,
                                              reinterpret_cast<std::uint32_t*>(t + b.listed), stream);
@@ -440,7 +444,7 @@ class FusedRetrievalPipeline {
     const BatchTempLayout& b = batch_layout_;
     kernels::ScoringRequests s{};
     for (std::size_t r = 0; r < requests.size(); ++r) {
-      unsigned char* at = t + b.first_request + r * b.request_stride;
+      unsigned char* at = batch_region(t, r);
       s.vectors[r] = reinterpret_cast<const __half*>(at + b.request.vectors);
       s.keys[r] = reinterpret_cast<std::uint32_t*>(at + b.request.keys);
       s.chunk_max[r] = reinterpret_cast<std::uint32_t*>(at + b.request.chunk_max);

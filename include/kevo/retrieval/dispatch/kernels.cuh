@@ -241,8 +241,6 @@ __global__ void __launch_bounds__(BlockThreads, 1536 / BlockThreads)  // 48 warp
         flags[l] = f;
         total += __popc(f);
       }
-    }
-    if constexpr (kBatch) {
       __syncthreads();  // every request's total is in
       if (rank < requests.count) {
         atomicAdd(&requests.state[rank]->eligible_count, request_totals[rank]);
@@ -301,6 +299,39 @@ struct ScoringBlock {
   }
 };
 
+/// One warp's walk over its chunks of the eligible list (chunks first_chunk, + stride, ...), with
+/// the rows loaded straight into registers: the chunk's slots are staged in `slots` (the warp's
+/// chunk_size words of shared memory) by one coalesced read, then its tiles are loaded
+/// TilesInFlight at a time. Calls consume(loaded, begin, length, tile) for the tiles of rows
+/// begin + tile .. + 16 TilesInFlight - 1 of the list (those at or past `length` zero), then
+/// chunk_done(chunk) after a chunk's last.
+template <int TilesInFlight, int Dim, EmbeddingType Type, class Consume, class ChunkDone>
+__device__ __forceinline__ void stream_loaded_tiles(const AgentScoring<Dim, Type>& agent, std::uint32_t* slots,
+                                                    const std::uint32_t* eligible_list, std::uint32_t count,
+                                                    std::uint32_t chunk_size, std::uint32_t first_chunk,
+                                                    std::uint32_t stride, int lane, Consume&& consume,
+                                                    ChunkDone&& chunk_done) {
+  const int group = lane / 4;
+  const std::uint32_t chunks = (count + chunk_size - 1) / chunk_size;
+  for (std::uint32_t chunk = first_chunk; chunk < chunks; chunk += stride) {
+    const std::uint32_t begin = chunk * chunk_size, length = min(count - begin, chunk_size);
+    for (std::uint32_t i = lane; i < length; i += 32) slots[i] = __ldg(eligible_list + begin + i);
+    __syncwarp();
+    for (std::uint32_t tile = 0; tile < length; tile += 16 * TilesInFlight) {
+      typename AgentScoring<Dim, Type>::Tile loaded[TilesInFlight];
+#pragma unroll
+      for (int p = 0; p < TilesInFlight; ++p) {
+        const std::uint32_t lo = tile + 16 * p + group, hi = lo + 8;
+        loaded[p] = agent.load_tile(lane, lo < length ? slots[lo] : 0u, hi < length ? slots[hi] : 0u, lo < length,
+                                    hi < length);
+      }
+      consume(loaded, begin, length, tile);
+    }
+    __syncwarp();  // the next chunk overwrites the staged slots
+    chunk_done(chunk);
+  }
+}
+
 template <int BlockThreads, int Dim, EmbeddingType Type, int TilesInFlight>
 __global__ void __launch_bounds__(BlockThreads)
     scoring(IndexView index, const __half* vectors, const std::uint32_t* eligible_list, TopKState* state,
@@ -313,40 +344,31 @@ __global__ void __launch_bounds__(BlockThreads)
   block.begin(vectors, rank, BlockThreads);
 
   const Agent agent{index, &block.fragments, routing, experts};
-  const std::uint32_t count = state->eligible_count;
-  const std::uint32_t chunk_size = 16u * static_cast<std::uint32_t>(tiles_per_chunk);
-  const std::uint32_t chunks = (count + chunk_size - 1) / chunk_size;
   const int lane = rank % 32, group = lane / 4, quad = lane % 4, warp = rank / 32;
-  std::uint32_t* slots = chunk_slots[warp];
-  for (std::uint32_t chunk = blockIdx.x * warps + warp; chunk < chunks; chunk += gridDim.x * warps) {
-    const std::uint32_t begin = chunk * chunk_size, length = min(count - begin, chunk_size);
-    for (std::uint32_t i = lane; i < length; i += 32) slots[i] = __ldg(eligible_list + begin + i);
-    __syncwarp();
-    std::uint32_t largest = 0;
-    for (std::uint32_t tile = 0; tile < length; tile += 16 * TilesInFlight) {
-      typename Agent::Tile loaded[TilesInFlight];
+  std::uint32_t largest = 0;
+  stream_loaded_tiles<TilesInFlight>(
+      agent, chunk_slots[warp], eligible_list, state->eligible_count, 16u * static_cast<std::uint32_t>(tiles_per_chunk),
+      blockIdx.x * warps + warp, gridDim.x * warps, lane,
+      [&](const typename Agent::Tile(&loaded)[TilesInFlight], std::uint32_t begin, std::uint32_t length,
+          std::uint32_t tile) {
+        auto record = [&](float score, std::uint32_t local, bool owner) {
+          if (owner && local < length) block.record(score, keys, begin + local, largest);
+        };
+        const std::uint32_t row = group + ((quad & 1) ? 8u : 0u);
+        if constexpr (TilesInFlight == 2) {
+          // Every lane owns one row of one of the two tiles.
+          record(agent.score_tile_pair(lane, loaded[0], loaded[1]), tile + 16u * (quad >> 1) + row, true);
+        } else {
 #pragma unroll
-      for (int p = 0; p < TilesInFlight; ++p) {
-        const std::uint32_t lo = tile + 16 * p + group, hi = lo + 8;
-        loaded[p] = agent.load_tile(lane, lo < length ? slots[lo] : 0u, hi < length ? slots[hi] : 0u, lo < length,
-                                    hi < length);
-      }
-      auto record = [&](float score, std::uint32_t local, bool owner) {
-        if (owner && local < length) block.record(score, keys, begin + local, largest);
-      };
-      const std::uint32_t row = group + ((quad & 1) ? 8u : 0u);
-      if constexpr (TilesInFlight == 2) {
-        // Every lane owns one row of one of the two tiles.
-        record(agent.score_tile_pair(lane, loaded[0], loaded[1]), tile + 16u * (quad >> 1) + row, true);
-      } else {
-#pragma unroll
-        for (int p = 0; p < TilesInFlight; ++p) record(agent.score_tile(lane, loaded[p]), tile + 16u * p + row, quad < 2);
-      }
-    }
-    __syncwarp();  // the next chunk overwrites the staged slots
-    largest = __reduce_max_sync(0xffffffffu, largest);
-    if (lane == 0) chunk_max[chunk] = largest;
-  }
+          for (int p = 0; p < TilesInFlight; ++p)
+            record(agent.score_tile(lane, loaded[p]), tile + 16u * p + row, quad < 2);
+        }
+      },
+      [&](std::uint32_t chunk) {
+        largest = __reduce_max_sync(0xffffffffu, largest);
+        if (lane == 0) chunk_max[chunk] = largest;
+        largest = 0;
+      });
   block.flush(state, rank, BlockThreads);
 }
 
@@ -548,25 +570,13 @@ __global__ void __launch_bounds__(BlockThreads)
         },
         chunk_done);
   } else {
-    std::uint32_t* slots = reinterpret_cast<std::uint32_t*>(fragments + kMaxBatchRequests) + warp * chunk_size;
-    const std::uint32_t chunks = (count + chunk_size - 1) / chunk_size;
-    for (std::uint32_t chunk = first_chunk; chunk < chunks; chunk += stride) {
-      const std::uint32_t begin = chunk * chunk_size, length = min(count - begin, chunk_size);
-      for (std::uint32_t i = lane; i < length; i += 32) slots[i] = __ldg(eligible_list + begin + i);
-      __syncwarp();
-      for (std::uint32_t pair = 0; pair * 32u < length; ++pair) {
-        Tile loaded[2];
-#pragma unroll
-        for (int t = 0; t < 2; ++t) {
-          const std::uint32_t lo = pair * 32u + 16u * t + group, hi = lo + 8;
-          loaded[t] = agent.load_tile(lane, lo < length ? slots[lo] : 0u, hi < length ? slots[hi] : 0u, lo < length,
-                                      hi < length);
-        }
-        score_pair(loaded[0], loaded[1], begin, length, pair);
-      }
-      __syncwarp();  // the next chunk overwrites the staged slots
-      chunk_done(chunk);
-    }
+    stream_loaded_tiles<2>(
+        agent, reinterpret_cast<std::uint32_t*>(fragments + kMaxBatchRequests) + warp * chunk_size, eligible_list, count,
+        chunk_size, first_chunk, stride, lane,
+        [&](const Tile(&loaded)[2], std::uint32_t begin, std::uint32_t length, std::uint32_t tile) {
+          score_pair(loaded[0], loaded[1], begin, length, tile / 32);
+        },
+        chunk_done);
   }
 }
 
