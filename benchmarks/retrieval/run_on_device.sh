@@ -31,11 +31,13 @@ if [[ $prebuilt == 0 && " $* " == *" bench "* ]]; then
 fi
 for p in "${pids[@]}"; do wait "$p" || { echo "build failed"; tail -30 "$OUT"/build-*.log; exit 1; }; done
 status=0
+benches=0  # the first bench step logs to bench.log, later ones to bench-2.log, ...
 while [[ $# -gt 0 ]]; do
   case "$1" in
     tests) shift; ./build-gpu/retrieval_pipeline_test --durations yes 2>&1 | tee "$OUT/test.log" | grep -v "^ *[0-9.]* s: " ; status=$((status | $?)) ;;
     bench) shift; args=(); while [[ $# -gt 0 && "$1" != tests && "$1" != bench && "$1" != torch && "$1" != ncu && "$1" != server ]]; do args+=("$1"); shift; done
-           ./build-gpu/retrieval_benchmark "${args[@]}" 2>&1 | tee "$OUT/bench.log"; status=$((status | $?)) ;;
+           benches=$((benches + 1)); log="$OUT/bench.log"; [[ $benches == 1 ]] || log="$OUT/bench-$benches.log"
+           ./build-gpu/retrieval_benchmark "${args[@]}" 2>&1 | tee "$log"; status=$((status | $?)) ;;
     ncu) shift; ncu --clock-control none --kernel-name regex:"scoring|matching" --launch-skip 6 --launch-count 4 \
            --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats --section Occupancy \
            --section LaunchStats ./build-gpu/retrieval_benchmark --n 8000000 --quick --stages-only > "$OUT/ncu.log" 2>&1
