@@ -232,6 +232,49 @@ TEST_CASE("the comparison rejects every departure the spec forbids", "[retrieval
   }
 }
 
+TEST_CASE("an ad whose routing is a near-tie may rank by either routing, and only by the one it was scored with",
+          "[retrieval][compare]") {
+  // Find an eligible ad whose 2nd and 3rd logits are within the spec's 1e-3 and whose two routings
+  // score far apart, and a K whose K-th reference score falls between them.
+  Fixture fx(5, 20000, EmbeddingType::fp16);
+  for (std::uint64_t r = 0; r < 64; ++r) {
+    Request request = fx.workload.request(r, RequestKind::broad, 1);
+    const RequestVectors v = compute_request_vectors(fx.model, request.features);
+    const EligibleScores eligible = score_eligible_ads(fx.pool, v, request);
+    std::vector<double> primary;
+    for (const ReferenceScore& s : eligible.scores) primary.push_back(s.score);
+    std::sort(primary.begin(), primary.end(), std::greater<>());
+    for (std::size_t i = 0; i < eligible.scores.size(); ++i) {
+      const ReferenceScore& x = eligible.scores[i];
+      if (!x.ambiguous || x.alternative - x.score < 0.05) continue;
+      // K = the ads scoring above the midpoint; the K-th must lie clear of both routings.
+      const double middle = (x.score + x.alternative) / 2;
+      const auto k = static_cast<std::size_t>(std::count_if(primary.begin(), primary.end(), [&](double p) { return p > middle; }));
+      if (k == 0 || k > 4096) continue;
+      const double kth = primary[k - 1];
+      if (kth - x.score <= 2 * score_tolerance(kth) || x.alternative - kth <= 2 * score_tolerance(kth)) continue;
+
+      request.k = static_cast<int>(k);
+      const std::vector<ScoredAd> top = reference_search(fx.pool, v, request);
+      const std::uint32_t id = fx.pool.id(eligible.slots[i]);
+      REQUIRE(std::none_of(top.begin(), top.end(), [&](const ScoredAd& a) { return a.id == id; }));
+      REQUIRE(compare_with_reference(fx.pool, v, request, top));
+      // Scored with its other routing, the ad outranks the K-th: the kernel must return it.
+      auto with_alternative = top;
+      with_alternative.back() = {id, static_cast<float>(x.alternative)};
+      std::sort(with_alternative.begin(), with_alternative.end(), ranks_before);
+      CHECK(compare_with_reference(fx.pool, v, request, with_alternative));
+      // With the score of its primary routing it does not belong there.
+      auto with_primary = top;
+      with_primary.back() = {id, static_cast<float>(x.score)};
+      std::sort(with_primary.begin(), with_primary.end(), ranks_before);
+      CHECK_FALSE(compare_with_reference(fx.pool, v, request, with_primary));
+      return;
+    }
+  }
+  FAIL("no ad with an ambiguous routing whose two scores straddle a K-th score");
+}
+
 TEST_CASE("requests are validated with messages a caller can act on", "[retrieval][validation]") {
   Fixture fx(2, 10, EmbeddingType::fp16);
   Request r = fx.workload.request(1);

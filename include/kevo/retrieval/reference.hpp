@@ -226,26 +226,23 @@ inline double score_tolerance(double reference) { return 1e-3 * (1.0 + std::fabs
 
 /// Checks a result against the reference under the spec's rules: scores within tolerance (either
 /// routing where the routing is ambiguous), the reference's top-K except for ads within tolerance
-/// of the K-th score, ordered, and no missing, extra, ineligible or duplicate ad.
+/// of the K-th score, ordered, and no missing, extra, ineligible or duplicate ad. An ad with an
+/// ambiguous routing ranks by the routing it was scored with: where it was returned, the one its
+/// score matches; where it was not, the lower (the kernel may have taken either).
 inline expected<void, Error> compare_with_reference(const HostAdPool& pool, const RequestVectors& v,
                                                     const Request& request, const std::vector<ScoredAd>& result,
                                                     unsigned threads = default_thread_count()) {
   const EligibleScores eligible = score_eligible_ads(pool, v, request, threads);
   std::unordered_map<std::uint32_t, std::size_t> index_of_id;  // id -> index into eligible
   for (std::size_t i = 0; i < eligible.slots.size(); ++i) index_of_id[pool.id(eligible.slots[i])] = i;
-
-  std::vector<ScoredAd> reference(eligible.slots.size());
-  for (std::size_t i = 0; i < reference.size(); ++i)
-    reference[i] = {pool.id(eligible.slots[i]), static_cast<float>(eligible.scores[i].score)};
-  const std::size_t k = std::min(reference.size(), static_cast<std::size_t>(request.k));
-  std::partial_sort(reference.begin(), reference.begin() + static_cast<std::ptrdiff_t>(k), reference.end(),
-                    ranks_before);
-  reference.resize(k);
-
   auto fail = [](std::string why) { return make_error(std::move(why)); };
-  if (result.size() != k)
-    return fail("returned " + std::to_string(result.size()) + " ads, expected " + std::to_string(k));
 
+  // Each eligible ad's score under the routing it was taken with.
+  std::vector<double> ranked_score(eligible.scores.size());
+  for (std::size_t i = 0; i < ranked_score.size(); ++i) {
+    const ReferenceScore& ref = eligible.scores[i];
+    ranked_score[i] = ref.ambiguous ? std::min(ref.score, ref.alternative) : ref.score;
+  }
   std::unordered_set<std::uint32_t> returned;
   for (std::size_t i = 0; i < result.size(); ++i) {
     const ScoredAd& r = result[i];
@@ -253,14 +250,25 @@ inline expected<void, Error> compare_with_reference(const HostAdPool& pool, cons
     auto it = index_of_id.find(r.id);
     if (it == index_of_id.end()) return fail("id " + std::to_string(r.id) + " is not an eligible ad");
     const ReferenceScore& ref = eligible.scores[it->second];
-    const bool close = std::fabs(r.score - ref.score) <= score_tolerance(ref.score) ||
-                       (ref.ambiguous && std::fabs(r.score - ref.alternative) <= score_tolerance(ref.alternative));
-    if (!close)
+    const bool primary = std::fabs(r.score - ref.score) <= score_tolerance(ref.score);
+    const bool alternative = ref.ambiguous && std::fabs(r.score - ref.alternative) <= score_tolerance(ref.alternative);
+    if (!primary && !alternative)
       return fail("id " + std::to_string(r.id) + " scored " + std::to_string(r.score) + ", reference " +
                   std::to_string(ref.score));
+    ranked_score[it->second] = primary ? ref.score : ref.alternative;
     if (i > 0 && !ranks_before(result[i - 1], r))
       return fail("results out of order at position " + std::to_string(i));
   }
+
+  std::vector<ScoredAd> reference(eligible.slots.size());
+  for (std::size_t i = 0; i < reference.size(); ++i)
+    reference[i] = {pool.id(eligible.slots[i]), static_cast<float>(ranked_score[i])};
+  const std::size_t k = std::min(reference.size(), static_cast<std::size_t>(request.k));
+  std::partial_sort(reference.begin(), reference.begin() + static_cast<std::ptrdiff_t>(k), reference.end(),
+                    ranks_before);
+  reference.resize(k);
+  if (result.size() != k)
+    return fail("returned " + std::to_string(result.size()) + " ads, expected " + std::to_string(k));
   if (k == 0 || k == eligible.slots.size()) {
     for (const ScoredAd& ref : reference)
       if (!returned.count(ref.id)) return fail("eligible id " + std::to_string(ref.id) + " is missing");
@@ -269,9 +277,7 @@ inline expected<void, Error> compare_with_reference(const HostAdPool& pool, cons
   // Ads may swap in or out of the top-K only at the K-th score, within tolerance.
   const double kth = reference.back().score;
   auto near_boundary = [&](std::uint32_t id) {
-    const ReferenceScore& ref = eligible.scores[index_of_id.at(id)];
-    return std::fabs(ref.score - kth) <= score_tolerance(kth) ||
-           (ref.ambiguous && std::fabs(ref.alternative - kth) <= score_tolerance(kth));
+    return std::fabs(ranked_score[index_of_id.at(id)] - kth) <= score_tolerance(kth);
   };
   std::unordered_set<std::uint32_t> in_reference;
   for (const ScoredAd& ref : reference) {
