@@ -542,10 +542,76 @@ void run_batches(Pool& pool, const Workload& w, std::uint64_t n, int repeats, do
   cudaFree(outs_memory);
 }
 
+/// A benchmark pool's pipeline as a RetrievalBackend, without owning it.
+class PipelineEngine final : public RetrievalBackend {
+ public:
+  explicit PipelineEngine(FusedRetrievalPipeline& pipeline) : pipeline_(pipeline) {}
+  std::string name() const override { return "cuda"; }
+  const Schema& schema() const override { return pipeline_.schema(); }
+  const Model& model() const override { return pipeline_.model(); }
+  kevo::expected<std::vector<ScoredAd>, kevo::Error> search(const Request& request) override { return pipeline_.search(request); }
+  kevo::expected<std::vector<std::vector<ScoredAd>>, kevo::Error> search_batch(std::span<const Request> requests) override {
+    return pipeline_.search_batch(requests);
+  }
+  kevo::expected<void, kevo::Error> upsert(std::span<const AdRecord> ads) override { return pipeline_.index().upsert(ads); }
+  kevo::expected<std::size_t, kevo::Error> expire(std::span<const std::uint32_t> ids) override { return pipeline_.index().expire(ids); }
+
+ private:
+  FusedRetrievalPipeline& pipeline_;
+};
+
+/// A server's view: `clients` threads searching at once (each its own users' typical requests),
+/// through the pipeline's search() as it is (searches take turns) and through BatchingBackend
+/// (searches that queue are answered together). Searches per second, and each search's latency
+/// on the host, request in to top-K out.
+void run_concurrent_searches(Pool& pool, const Workload& w, std::uint64_t n, bool quick) {
+  PipelineEngine engine(*pool.pipeline);
+  const double seconds = quick ? 0.5 : 2.0;
+  for (int clients : {1, 4, 8, 16}) {
+    std::vector<std::vector<Request>> requests(static_cast<std::size_t>(clients));
+    for (int c = 0; c < clients; ++c)
+      for (int i = 0; i < 32; ++i)
+        requests[static_cast<std::size_t>(c)].push_back(
+            w.request(static_cast<std::uint64_t>(5000 + 100 * c + i), RequestKind::typical, 1000));
+    for (bool batching : {false, true}) {
+      BatchingBackend batched(engine, {.max_batch = 8});
+      RetrievalBackend& backend = batching ? static_cast<RetrievalBackend&>(batched) : engine;
+      std::atomic<bool> stop{false};
+      std::vector<std::vector<double>> latencies(static_cast<std::size_t>(clients));
+      std::vector<std::thread> threads;
+      for (int c = 0; c < clients; ++c)
+        threads.emplace_back([&, c] {
+          const auto& mine = requests[static_cast<std::size_t>(c)];
+          for (std::size_t i = 0; !stop; ++i) {
+            const auto a = std::chrono::steady_clock::now();
+            CHECK_OK(backend.search(mine[i % mine.size()]));
+            latencies[static_cast<std::size_t>(c)].push_back(
+                std::chrono::duration<double>(std::chrono::steady_clock::now() - a).count());
+          }
+        });
+      std::this_thread::sleep_for(std::chrono::duration<double>(seconds));
+      stop = true;
+      for (std::thread& t : threads) t.join();
+      std::vector<double> all;
+      for (auto& l : latencies) all.insert(all.end(), l.begin(), l.end());
+      std::sort(all.begin(), all.end());
+      const double rate = all.size() / seconds;
+      const auto counts = batched.counts();
+      char per_batch[64] = "";
+      if (batching)
+        std::snprintf(per_batch, sizeof per_batch, ", %.1f searches a batch",
+                      static_cast<double>(counts.searches) / std::max<std::size_t>(1, counts.batches));
+      std::printf("%s, %2d clients, %s: %.0f searches/s = %.2f G pool ads/s; latency p50 %.2f ms, p99 %.2f ms%s\n",
+                  to_string(pool.pipeline->schema().embedding_type), clients, batching ? "batching" : "in turn ",
+                  rate, rate * n * 1e-9, all[all.size() / 2] * 1e3, all[all.size() * 99 / 100] * 1e3, per_batch);
+    }
+  }
+}
+
 int main(int argc, char** argv) {
   std::uint64_t n = 100'000'000;
   bool quick = false, stages_only = false, updates_only = false, matching_only = false, probes_only = false,
-       batch_only = false;
+       batch_only = false, serving_only = false;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--n") && i + 1 < argc) n = std::strtoull(argv[++i], nullptr, 10);
     else if (!std::strcmp(argv[i], "--quick")) quick = true;
@@ -553,9 +619,10 @@ int main(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--updates-only")) updates_only = true;
     else if (!std::strcmp(argv[i], "--probes-only")) probes_only = true;
     else if (!std::strcmp(argv[i], "--batch-only")) batch_only = true;
+    else if (!std::strcmp(argv[i], "--serving-only")) serving_only = true;
     else if (!std::strcmp(argv[i], "--matching-only")) stages_only = matching_only = true;  // stages, then the matching sweep
     else {
-      std::fprintf(stderr, "usage: %s [--n ADS] [--quick] [--stages-only | --matching-only | --updates-only | --probes-only | --batch-only]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--n ADS] [--quick] [--stages-only | --matching-only | --updates-only | --probes-only | --batch-only | --serving-only]\n", argv[0]);
       return 2;
     }
   }
@@ -614,6 +681,11 @@ int main(int argc, char** argv) {
   if (batch_only) {
     std::puts("## Batches: one pass per batch (search_batch_async) against one search after another\n");
     for (Pool* p : both_pools) run_batches(*p, fp16_workload, n, repeats, roofline, out, stream);
+    return 0;
+  }
+  if (serving_only) {
+    std::puts("## Concurrent searches: threads searching at once, in turn or batched (BatchingBackend)\n");
+    for (Pool* p : both_pools) run_concurrent_searches(*p, fp16_workload, n, quick);
     return 0;
   }
   if (updates_only) {
@@ -761,6 +833,9 @@ int main(int argc, char** argv) {
 
   std::puts("\n## Batches: one pass per batch (search_batch_async) against one search after another\n");
   for (Pool* p : both_pools) run_batches(*p, fp16_workload, n, repeats, roofline, out, stream);
+
+  std::puts("\n## Concurrent searches: threads searching at once, in turn or batched (BatchingBackend)\n");
+  for (Pool* p : both_pools) run_concurrent_searches(*p, fp16_workload, n, quick);
 
   run_updates(fp16, fp16_workload, typical, n, quick);
 

@@ -6,6 +6,8 @@ one with --backend cpu, then:
     the spec's 1e-3 * (1 + |score|), except at the K-th score's tolerance boundary);
   - sends a batch of 8 of them to both through /search_batch (the GPU's one-pass path) and compares
     each answer the same way;
+  - sends 12 searches to the GPU server at once (it answers searches that queue together, as a
+    batch) and compares each answer with the CPU server's;
   - sends malformed requests to the GPU server and expects 400s with a message, then a good answer;
   - upserts an ad that must rank first, sees it first on both, expires it, and sees it gone.
 Exits non-zero on the first failure. Standard library only (the device has no extra packages).
@@ -20,6 +22,7 @@ import json
 import random
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -113,6 +116,24 @@ def main():
             if problem:
                 sys.exit(f"FAIL: batch request {i}: GPU and CPU servers disagree: {problem}")
         print(f"batch of {len(batch)}: every answer agrees ({args.first.upper()} server: {batch_ms:.1f} ms)", flush=True)
+        burst = [random_request() for _ in range(12)]
+        answers = [None] * len(burst)
+
+        def ask(i):
+            answers[i] = post(gpu + "/search", burst[i])["results"]
+
+        threads = [threading.Thread(target=ask, args=(i,)) for i in range(len(burst))]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        for i, (request, answer) in enumerate(zip(burst, answers)):
+            if answer is None:
+                sys.exit(f"FAIL: search {i} of a burst got no answer")
+            problem = compare(answer, post(cpu + "/search", request)["results"], request["k"])
+            if problem:
+                sys.exit(f"FAIL: search {i} of a burst: GPU and CPU servers disagree: {problem}")
+        print(f"{len(burst)} searches at once: every answer agrees", flush=True)
         post(gpu + "/search_batch", {"requests": [batch[0], dict(batch[1], k=0)]}, expect=400)
         for bad in [b"{not json", {"features": [1.0], "k": 10}, {"features": [0.0] * 256, "k": 5000},
                     {"features": [0.0] * 256, "query": [{"category": 99, "values": [0]}], "k": 10}]:

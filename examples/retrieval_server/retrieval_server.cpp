@@ -39,6 +39,7 @@ struct Options {
   std::string model;
   std::string backend = "auto";
   unsigned threads = 4;
+  std::size_t batch = 8;  // concurrent searches answered together (1: one at a time)
   EmbeddingType dtype = EmbeddingType::fp16;
 };
 
@@ -54,6 +55,7 @@ bool parse(int argc, char** argv, Options& o) {
     else if (a == "--model") o.model = v;
     else if (a == "--backend" && (std::strcmp(v, "auto") == 0 || std::strcmp(v, "cpu") == 0 || std::strcmp(v, "gpu") == 0)) o.backend = v;
     else if (a == "--threads") o.threads = static_cast<unsigned>(std::max(1, std::atoi(v)));
+    else if (a == "--batch") o.batch = static_cast<std::size_t>(std::max(1, std::atoi(v)));
     else if (a == "--dtype" && (std::strcmp(v, "fp16") == 0 || std::strcmp(v, "int8") == 0))
       o.dtype = std::strcmp(v, "int8") == 0 ? EmbeddingType::int8 : EmbeddingType::fp16;
     else return false;
@@ -80,7 +82,7 @@ int main(int argc, char** argv) {
   Options o;
   if (!parse(argc, argv, o)) {
     std::fprintf(stderr, "usage: %s [--host 127.0.0.1] [--port 8080] [--ads 100000] [--seed 1] "
-                         "[--model FILE.safetensors] [--backend auto|cpu|gpu] [--threads 4] [--dtype fp16|int8]\n",
+                         "[--model FILE.safetensors] [--backend auto|cpu|gpu] [--threads 4] [--batch 8] [--dtype fp16|int8]\n",
                  argv[0]);
     return 2;
   }
@@ -103,8 +105,11 @@ int main(int argc, char** argv) {
   }
   if (auto ok = backend->reindex(); !ok) return std::fprintf(stderr, "%s\n", ok.error().message.c_str()), 1;
 
+  // Searches arriving on several threads while the engine is busy are answered as one batch.
+  BatchingBackend batched(*backend, {.max_batch = o.batch});
+  RetrievalBackend& serving = o.batch > 1 ? static_cast<RetrievalBackend&>(batched) : *backend;
   boost::asio::io_context io;
-  RetrievalHttpServer server(io, *backend, {boost::asio::ip::make_address(o.host), o.port});
+  RetrievalHttpServer server(io, serving, {boost::asio::ip::make_address(o.host), o.port});
   server.start();
   boost::asio::signal_set signals(io, SIGINT, SIGTERM);
   signals.async_wait([&](auto, int) { server.stop(); io.stop(); });

@@ -1,13 +1,20 @@
-// kevo/retrieval/backend.hpp: what a serving binary needs from a retrieval engine, and the CPU
-// backend that runs the reference on machines without a GPU. A GPU backend (cuda_backend.cuh)
-// models the same interface, so a server picks one at start-up.
+// kevo/retrieval/backend.hpp: what a serving binary needs from a retrieval engine, the CPU
+// backend that runs the reference on machines without a GPU, and BatchingBackend, which answers
+// concurrent searches in batches. A GPU backend (cuda_backend.cuh) models the same interface, so
+// a server picks one at start-up.
 //
 //   CpuRetrievalBackend cpu(schema, model);
 //   cpu.upsert(ads);
 //   expected<std::vector<ScoredAd>, Error> top = cpu.search(request);
+//   BatchingBackend batched(cpu, {.max_batch = 8});   // share it between request threads
 #pragma once
 
+#include <algorithm>
+#include <condition_variable>
+#include <deque>
+#include <exception>
 #include <mutex>
+#include <optional>
 #include <shared_mutex>
 #include <span>
 #include <string>
@@ -100,6 +107,112 @@ class CpuRetrievalBackend final : public RetrievalBackend {
   Model model_;
   unsigned threads_;
   std::shared_mutex mutex_;
+};
+
+struct BatchingOptions {
+  std::size_t max_batch = 8;  // searches per search_batch call
+};
+
+/// Answers concurrent searches in batches: a search that arrives while the engine is busy waits,
+/// and is taken with whatever else arrived meanwhile (oldest first, at most max_batch) as one
+/// search_batch, which an engine that reads each row once per batch serves faster. It has no
+/// thread and no timer of its own: a lone search runs at once, and batches form only from
+/// searches that would have queued anyway. Whichever waiting caller finds the engine idle runs
+/// the oldest searches (it may run others' before its own); each caller returns once its own
+/// search is answered.
+/// Each search is validated on its own, so a bad request fails alone; an engine error fails the
+/// batch it happened in. Updates pass straight through (the engine orders them with searches).
+class BatchingBackend final : public RetrievalBackend {
+ public:
+  explicit BatchingBackend(RetrievalBackend& engine, BatchingOptions options = {})
+      : engine_(engine), max_batch_(std::max<std::size_t>(1, options.max_batch)) {}
+
+  std::string name() const override { return engine_.name(); }
+  const Schema& schema() const override { return engine_.schema(); }
+  const Model& model() const override { return engine_.model(); }
+
+  expected<std::vector<ScoredAd>, Error> search(const Request& request) override {
+    if (auto ok = validate_request(schema(), model(), request); !ok) return unexpected(ok.error());
+    Waiting me{&request};
+    std::unique_lock lock(mutex_);
+    waiting_.push_back(&me);
+    for (;;) {
+      changed_.wait(lock, [&] { return me.answer.has_value() || !running_; });
+      if (me.answer) return std::move(*me.answer);
+      run_oldest(lock);  // may not hold `me` when more than max_batch are waiting: then wait again
+    }
+  }
+  expected<std::vector<std::vector<ScoredAd>>, Error> search_batch(std::span<const Request> requests) override {
+    return engine_.search_batch(requests);
+  }
+  expected<void, Error> upsert(std::span<const AdRecord> ads) override { return engine_.upsert(ads); }
+  expected<std::size_t, Error> expire(std::span<const std::uint32_t> ids) override { return engine_.expire(ids); }
+  expected<void, Error> reindex() override { return engine_.reindex(); }
+
+  /// Searches waiting to be taken into a batch now.
+  std::size_t waiting() const {
+    std::lock_guard lock(mutex_);
+    return waiting_.size();
+  }
+  /// Searches answered, and engine calls made for them, since construction.
+  struct Counts {
+    std::size_t searches = 0, batches = 0;
+  };
+  Counts counts() const {
+    std::lock_guard lock(mutex_);
+    return counts_;
+  }
+
+ private:
+  struct Waiting {
+    const Request* request;
+    std::optional<expected<std::vector<ScoredAd>, Error>> answer;  // set under the lock
+  };
+
+  using Answer = expected<std::vector<ScoredAd>, Error>;
+
+  /// Takes the oldest waiting searches, runs them unlocked, and hands out the answers (under the
+  /// lock: their callers read them there).
+  void run_oldest(std::unique_lock<std::mutex>& lock) {
+    running_ = true;
+    const std::size_t n = std::min(max_batch_, waiting_.size());
+    std::vector<Waiting*> batch(waiting_.begin(), waiting_.begin() + static_cast<std::ptrdiff_t>(n));
+    waiting_.erase(waiting_.begin(), waiting_.begin() + static_cast<std::ptrdiff_t>(n));
+    lock.unlock();
+    std::vector<Answer> answers = run(batch);
+    lock.lock();
+    for (std::size_t r = 0; r < n; ++r) batch[r]->answer = std::move(answers[r]);
+    running_ = false;
+    counts_.searches += n;
+    ++counts_.batches;
+    changed_.notify_all();
+  }
+
+  std::vector<Answer> run(const std::vector<Waiting*>& batch) {
+    std::vector<Answer> answers;
+    try {
+      if (batch.size() == 1) {
+        answers.push_back(engine_.search(*batch[0]->request));
+        return answers;
+      }
+      std::vector<Request> requests;
+      for (const Waiting* w : batch) requests.push_back(*w->request);
+      auto all = engine_.search_batch(std::span<const Request>(requests.data(), requests.size()));
+      for (std::size_t r = 0; r < batch.size(); ++r)
+        answers.push_back(all ? Answer(std::move((*all)[r])) : Answer(unexpected(all.error())));
+    } catch (const std::exception& e) {  // the engine's failure is each waiting caller's, not a hang
+      answers.assign(batch.size(), Answer(make_error(std::string("search failed: ") + e.what())));
+    }
+    return answers;
+  }
+
+  RetrievalBackend& engine_;
+  std::size_t max_batch_;
+  mutable std::mutex mutex_;
+  std::condition_variable changed_;
+  std::deque<Waiting*> waiting_;
+  bool running_ = false;
+  Counts counts_;
 };
 
 }  // namespace kevo::retrieval

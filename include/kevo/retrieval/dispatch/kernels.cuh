@@ -299,6 +299,15 @@ struct ScoringBlock {
   }
 };
 
+/// Ends a warp's chunk: the largest key any lane recorded in it goes to chunk_max[chunk] (top-K
+/// skips chunks by it), and `largest` starts again.
+__device__ __forceinline__ void finish_chunk(std::uint32_t& largest, std::uint32_t* chunk_max, std::uint32_t chunk,
+                                             int lane) {
+  largest = __reduce_max_sync(0xffffffffu, largest);
+  if (lane == 0) chunk_max[chunk] = largest;
+  largest = 0;
+}
+
 /// One warp's walk over its chunks of the eligible list (chunks first_chunk, + stride, ...), with
 /// the rows loaded straight into registers: the chunk's slots are staged in `slots` (the warp's
 /// chunk_size words of shared memory) by one coalesced read, then its tiles are loaded
@@ -364,11 +373,7 @@ __global__ void __launch_bounds__(BlockThreads)
             record(agent.score_tile(lane, loaded[p]), tile + 16u * p + row, quad < 2);
         }
       },
-      [&](std::uint32_t chunk) {
-        largest = __reduce_max_sync(0xffffffffu, largest);
-        if (lane == 0) chunk_max[chunk] = largest;
-        largest = 0;
-      });
+      [&](std::uint32_t chunk) { finish_chunk(largest, chunk_max, chunk, lane); });
   block.flush(state, rank, BlockThreads);
 }
 
@@ -469,11 +474,7 @@ __global__ void __launch_bounds__(BlockThreads)
         const std::uint32_t local = pair * 32u + 16u * (quad >> 1) + group + ((quad & 1) ? 8u : 0u);
         if (local < length) block.record(score, keys, begin + local, largest);
       },
-      [&](std::uint32_t chunk) {
-        largest = __reduce_max_sync(0xffffffffu, largest);
-        if (lane == 0) chunk_max[chunk] = largest;
-        largest = 0;
-      });
+      [&](std::uint32_t chunk) { finish_chunk(largest, chunk_max, chunk, lane); });
   block.flush(state, rank, BlockThreads);
 }
 
@@ -553,9 +554,7 @@ __global__ void __launch_bounds__(BlockThreads)
 #pragma unroll
     for (int r = 0; r < kMaxBatchRequests; ++r) {
       if (r > last) break;
-      const std::uint32_t chunk_largest = __reduce_max_sync(0xffffffffu, largest[r]);
-      if (lane == 0) requests.chunk_max[r][chunk] = chunk_largest;
-      largest[r] = 0;
+      finish_chunk(largest[r], requests.chunk_max[r], chunk, lane);
     }
   };
   const std::uint32_t count = *listed, first_chunk = blockIdx.x * warps + warp, stride = gridDim.x * warps;

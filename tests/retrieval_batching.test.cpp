@@ -1,0 +1,194 @@
+// BatchingBackend: concurrent searches answered in batches, with the same answers as one by one.
+#include <catch2/catch.hpp>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
+#include <stdexcept>
+#include <thread>
+#include <vector>
+
+#include "kevo/retrieval/retrieval.hpp"
+
+using namespace kevo;
+using namespace kevo::retrieval;
+
+namespace {
+
+Workload small_workload() { return Workload({.seed = 3, .dim = 64, .features = 32, .hidden = 48}); }
+
+void load(CpuRetrievalBackend& cpu, const Workload& w, int ads) {
+  std::vector<AdRecord> records;
+  for (int i = 0; i < ads; ++i) records.push_back(w.ad(static_cast<std::uint64_t>(i)));
+  REQUIRE(cpu.upsert(records));
+}
+
+/// The CPU engine behind a gate: while closed, the engine's calls wait; every call's size is
+/// recorded, and the next search_batch may be told to fail or throw.
+class GatedEngine final : public RetrievalBackend {
+ public:
+  explicit GatedEngine(RetrievalBackend& engine) : engine_(engine) {}
+  std::string name() const override { return engine_.name(); }
+  const Schema& schema() const override { return engine_.schema(); }
+  const Model& model() const override { return engine_.model(); }
+  expected<std::vector<ScoredAd>, Error> search(const Request& request) override {
+    enter(1);
+    return engine_.search(request);
+  }
+  expected<std::vector<std::vector<ScoredAd>>, Error> search_batch(std::span<const Request> requests) override {
+    enter(requests.size());
+    if (fail_next_.exchange(false)) return make_error("the device went away");
+    if (throw_next_.exchange(false)) throw std::runtime_error("out of memory");
+    return engine_.search_batch(requests);
+  }
+  expected<void, Error> upsert(std::span<const AdRecord> ads) override { return engine_.upsert(ads); }
+  expected<std::size_t, Error> expire(std::span<const std::uint32_t> ids) override { return engine_.expire(ids); }
+
+  void close() { std::lock_guard l(m_); open_ = false; }
+  void open() {
+    { std::lock_guard l(m_); open_ = true; }
+    cv_.notify_all();
+  }
+  /// Waits until a call is inside the engine (held at the gate).
+  void await_held() {
+    std::unique_lock l(m_);
+    cv_.wait(l, [&] { return held_ > 0; });
+  }
+  std::vector<std::size_t> calls() {
+    std::lock_guard l(m_);
+    return calls_;
+  }
+  std::atomic<bool> fail_next_{false}, throw_next_{false};
+
+ private:
+  void enter(std::size_t size) {
+    std::unique_lock l(m_);
+    calls_.push_back(size);
+    ++held_;
+    cv_.notify_all();
+    cv_.wait(l, [&] { return open_; });
+    --held_;
+  }
+  RetrievalBackend& engine_;
+  std::mutex m_;
+  std::condition_variable cv_;
+  bool open_ = true;
+  int held_ = 0;
+  std::vector<std::size_t> calls_;
+};
+
+/// Runs `searches` in threads of their own once the first holds the gate; returns their answers.
+std::vector<expected<std::vector<ScoredAd>, Error>> while_one_is_held(BatchingBackend& batched, GatedEngine& gate,
+                                                                      const std::vector<Request>& requests,
+                                                                      std::size_t expect_waiting) {
+  std::vector<expected<std::vector<ScoredAd>, Error>> answers(requests.size(), make_error("not answered"));
+  gate.close();
+  std::vector<std::thread> threads;
+  threads.emplace_back([&] { answers[0] = batched.search(requests[0]); });
+  gate.await_held();
+  for (std::size_t i = 1; i < requests.size(); ++i) threads.emplace_back([&, i] { answers[i] = batched.search(requests[i]); });
+  while (batched.waiting() < expect_waiting) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  gate.open();
+  for (std::thread& t : threads) t.join();
+  return answers;
+}
+
+}  // namespace
+
+TEST_CASE("searches that arrive while one runs are answered together, as one by one", "[retrieval][batching]") {
+  const Workload w = small_workload();
+  CpuRetrievalBackend cpu(w.schema(), w.model(), 2);
+  load(cpu, w, 3000);
+  GatedEngine gate(cpu);
+  const std::size_t max_batch = GENERATE(8, 3);
+  BatchingBackend batched(gate, {.max_batch = max_batch});
+  std::vector<Request> requests;
+  for (std::uint64_t r = 0; r < 8; ++r) requests.push_back(w.request(r, RequestKind::typical, 20 + static_cast<int>(r)));
+
+  const auto answers = while_one_is_held(batched, gate, requests, requests.size() - 1);
+  INFO("max_batch " << max_batch);
+  for (std::size_t i = 0; i < requests.size(); ++i) {
+    REQUIRE(answers[i]);
+    auto alone = cpu.search(requests[i]);
+    REQUIRE(alone);
+    CHECK(*answers[i] == *alone);
+  }
+  // The first ran alone; the seven that queued behind it went in batches of at most max_batch.
+  const std::vector<std::size_t> calls = gate.calls();
+  const std::vector<std::size_t> expected = max_batch == 8 ? std::vector<std::size_t>{1, 7} : std::vector<std::size_t>{1, 3, 3, 1};
+  CHECK(calls == expected);
+  CHECK(batched.counts().searches == 8);
+  CHECK(batched.counts().batches == expected.size());
+}
+
+TEST_CASE("a bad request fails alone, and an engine failure fails only its batch", "[retrieval][batching]") {
+  const Workload w = small_workload();
+  CpuRetrievalBackend cpu(w.schema(), w.model(), 2);
+  load(cpu, w, 2000);
+  GatedEngine gate(cpu);
+  BatchingBackend batched(gate);
+  std::vector<Request> requests;
+  for (std::uint64_t r = 0; r < 4; ++r) requests.push_back(w.request(r, RequestKind::typical, 10));
+
+  SECTION("a request with K out of range is refused before it waits") {
+    Request bad = requests[1];
+    bad.k = 0;
+    requests.push_back(bad);
+    const auto answers = while_one_is_held(batched, gate, requests, 3);
+    for (std::size_t i = 0; i < 4; ++i) CHECK(answers[i]);
+    REQUIRE_FALSE(answers[4]);
+    CHECK(answers[4].error().message.find("K") != std::string::npos);
+    CHECK(gate.calls() == std::vector<std::size_t>{1, 3});
+  }
+  SECTION("an engine error reaches every search of its batch, and the next batch runs") {
+    gate.fail_next_ = true;
+    const auto answers = while_one_is_held(batched, gate, requests, 3);
+    CHECK(answers[0]);  // ran alone, before the failure
+    for (std::size_t i = 1; i < 4; ++i) {
+      REQUIRE_FALSE(answers[i]);
+      CHECK(answers[i].error().message == "the device went away");
+    }
+    CHECK(batched.search(requests[2]));
+  }
+  SECTION("an engine that throws fails its batch with the reason, and nothing hangs") {
+    gate.throw_next_ = true;
+    const auto answers = while_one_is_held(batched, gate, requests, 3);
+    for (std::size_t i = 1; i < 4; ++i) {
+      REQUIRE_FALSE(answers[i]);
+      CHECK(answers[i].error().message == "search failed: out of memory");
+    }
+    CHECK(batched.search(requests[3]));
+  }
+}
+
+TEST_CASE("many threads searching through one BatchingBackend all get their own answers", "[retrieval][batching]") {
+  const Workload w = small_workload();
+  CpuRetrievalBackend cpu(w.schema(), w.model(), 2);
+  load(cpu, w, 3000);
+  BatchingBackend batched(cpu, {.max_batch = 4});
+  constexpr int threads = 8, each = 5;
+  std::vector<Request> requests;
+  for (int r = 0; r < threads * each; ++r)
+    requests.push_back(w.request(static_cast<std::uint64_t>(r), r % 3 ? RequestKind::typical : RequestKind::broad, 1 + r % 50));
+  std::vector<std::vector<ScoredAd>> answers(requests.size());
+  std::atomic<int> failed{0};
+  std::vector<std::thread> pool;
+  for (int t = 0; t < threads; ++t)
+    pool.emplace_back([&, t] {
+      for (int i = 0; i < each; ++i) {
+        auto top = batched.search(requests[static_cast<std::size_t>(t * each + i)]);
+        if (top) answers[static_cast<std::size_t>(t * each + i)] = std::move(*top);
+        else ++failed;
+      }
+    });
+  for (std::thread& t : pool) t.join();
+  REQUIRE(failed == 0);
+  for (std::size_t i = 0; i < requests.size(); ++i) {
+    auto alone = cpu.search(requests[i]);
+    REQUIRE(alone);
+    CHECK(answers[i] == *alone);
+  }
+  CHECK(batched.counts().searches == requests.size());
+  CHECK(batched.counts().batches <= requests.size());
+}
