@@ -201,6 +201,9 @@ class FusedRetrievalPipeline {
   }
 
   /// Searches one request and waits for the answer (the pipeline's own stream and temp storage).
+  /// Threads calling it at once take turns on one mutex, which is not fair (one thread measured
+  /// holding it for seconds, run 40): several request threads should search through a
+  /// BatchingBackend (backend.hpp) over CudaRetrievalBackend, which also answers them in batches.
   expected<std::vector<ScoredAd>, Error> search(const Request& request) {
     std::lock_guard lock(own_mutex_);
     if (auto ok = search_async(request, own_temp_, own_temp_bytes_,
