@@ -28,7 +28,8 @@ int main(int argc, char** argv) {
     return 2;
   }
   kevo::bench::BenchmarkLog log;
-  auto figures = [&] { return log.stages.size() + log.batches.size() + log.updates.size() + log.host_searches.size(); };
+  auto figures = [&] { return log.stages.size() + log.batches.size() + log.updates.size() + log.host_searches.size() +
+                          log.concurrent.size(); };
   for (const char* path : bench_paths) {
     std::ifstream bench(path);
     if (!bench) {

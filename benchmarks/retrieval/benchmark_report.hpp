@@ -1,6 +1,6 @@
 // benchmarks/retrieval/benchmark_report.hpp: the retrieval benchmark's logs as one HTML page with
 // pictures: each stage against the roofline, kevo against PyTorch, throughput against pool size,
-// and updates with the search latency beside them. It reads the text the benchmark and
+// batches, threads searching at once, and updates with the search latency beside them. It reads the text the benchmark and
 // torch_peer.py print (run_on_device.sh keeps them as bench.log and torch.log), so any recorded run
 // can be drawn again.
 //
@@ -51,11 +51,23 @@ struct BatchRow {
   double pairs_per_listed_ad = 0, pairs_gps = 0;
 };
 
+/// One line of the "Concurrent searches" section: `clients` threads searching at once, in turn
+/// (the pipeline's own lock) or through BatchingBackend.
+struct ConcurrentRow {
+  std::string dtype;
+  int clients = 0;
+  bool batching = false;
+  double searches_per_second = 0, pool_gps = 0;
+  double p50_ms = 0, p99_ms = 0;
+  double searches_per_batch = 1;
+};
+
 struct BenchmarkLog {
   std::string device;
   double roofline_tbs = 0;
   std::vector<StageRow> stages;
   std::vector<BatchRow> batches;
+  std::vector<ConcurrentRow> concurrent;
   std::vector<Figure> host_searches;  // G pool ads/s, request in to top-K out
   std::vector<Figure> updates;        // M ads/s applied
   std::vector<Figure> peers;          // G pool ads/s (PyTorch)
@@ -74,6 +86,8 @@ inline void parse_benchmark_log(std::istream& in, BenchmarkLog& log) {
   static const std::regex update(
       R"(^batches of (\d+), (alone|while searching): ([\d.]+) M ads/s applied[^;]*(?:; (\d+) searches alongside, median ([\d.]+) ms, p99 ([\d.]+) ms)?)");
   static const std::regex recall(R"(^recall@(\d+) = ([\d.]+))");
+  static const std::regex concurrent(
+      R"(^(fp16|int8), +(\d+) clients, (in turn|batching) *: (\d+) searches/s = ([\d.]+) G pool ads/s; latency p50 ([\d.]+) ms, p99 ([\d.]+) ms(?:, ([\d.]+) searches a batch)?)");
   std::string line;
   std::smatch m;
   auto number = [&](int i) { return std::stod(m[i].str()); };
@@ -93,6 +107,9 @@ inline void parse_benchmark_log(std::istream& in, BenchmarkLog& log) {
       log.updates.push_back({fmt::format("batches of {}, {}", m[1].str(), m[2].str()), number(3), note});
     } else if (std::regex_search(line, m, recall)) {
       log.recall.push_back({"recall@" + m[1].str(), number(2), ""});
+    } else if (std::regex_search(line, m, concurrent)) {
+      log.concurrent.push_back({m[1], std::stoi(m[2]), m[3] == "batching", number(4), number(5), number(6), number(7),
+                                m[8].matched ? number(8) : 1.0});
     }
   }
 }
@@ -233,6 +250,23 @@ inline std::string render_benchmark_html(const BenchmarkLog& log, std::string_vi
             "search_batch_async against the same requests searched one by one (device time). A bar past the dashed "
             "line is a batch that gains from reading each listed row once for all its requests.",
             detail::bar_chart(batches, best_gain * 1.25, false, 1.0, "1x"));
+
+  std::vector<Bar> concurrent;
+  double most_searches = 0;
+  for (const ConcurrentRow& c : log.concurrent) {
+    std::string text = fmt::format("{:.0f} searches/s; p50 {:.1f} ms, p99 {:.1f} ms", c.searches_per_second, c.p50_ms, c.p99_ms);
+    if (c.batching) text += fmt::format("; {:.1f} a batch", c.searches_per_batch);
+    concurrent.push_back({fmt::format("{}, {} thread{}, {}", c.dtype, c.clients, c.clients > 1 ? "s" : "",
+                                      c.batching ? "batching" : "in turn"),
+                          c.searches_per_second, text, c.batching ? detail::dtype_colour(c.dtype) : "#aaaaaa"});
+    most_searches = std::max(most_searches, c.searches_per_second);
+  }
+  if (!concurrent.empty())
+    section("Several threads searching at once",
+            "Each thread searches its own users' typical requests back to back, request in to top-K out on the host: in "
+            "turn on the pipeline's lock (grey), or through BatchingBackend, which answers the searches that queue as one "
+            "search_batch (coloured). A p99 far above the p50 is a thread that waited while others took the lock.",
+            detail::bar_chart(concurrent, most_searches * 1.2));
 
   std::vector<Bar> updates;
   double fastest_update = 0;
