@@ -1,4 +1,5 @@
-// BatchingBackend: concurrent searches answered in batches, with the same answers as one by one.
+// Serving many threads: BatchingBackend (concurrent searches answered in batches, with the same
+// answers as one by one) and FairMutex (the pipeline's own lock, taken in arrival order).
 #include <catch2/catch.hpp>
 
 #include <atomic>
@@ -191,4 +192,27 @@ TEST_CASE("many threads searching through one BatchingBackend all get their own 
   }
   CHECK(batched.counts().searches == requests.size());
   CHECK(batched.counts().batches <= requests.size());
+}
+
+TEST_CASE("FairMutex goes to its waiters in the order they asked for it", "[retrieval][fair]") {
+  FairMutex mutex;
+  std::vector<int> order;
+  mutex.lock();  // held while the waiters line up one at a time
+  std::vector<std::thread> waiters;
+  for (int w = 0; w < 6; ++w) {
+    waiters.emplace_back([&, w] {
+      std::lock_guard lock(mutex);
+      order.push_back(w);
+    });
+    while (mutex.waiting() < static_cast<std::uint64_t>(w + 1)) std::this_thread::sleep_for(std::chrono::microseconds(100));
+  }
+  // The holder unlocks and at once asks again: it goes to the back of the line, behind all six.
+  mutex.unlock();
+  {
+    std::lock_guard lock(mutex);
+    order.push_back(-1);
+  }
+  for (std::thread& t : waiters) t.join();
+  CHECK(order == std::vector<int>{0, 1, 2, 3, 4, 5, -1});
+  CHECK(mutex.waiting() == 0);
 }

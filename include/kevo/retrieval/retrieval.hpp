@@ -8,6 +8,7 @@
 
 #include "kevo/retrieval/ad_pool.hpp"
 #include "kevo/retrieval/backend.hpp"
+#include "kevo/retrieval/fair_mutex.hpp"
 #include "kevo/retrieval/half.hpp"
 #include "kevo/retrieval/reference.hpp"
 #include "kevo/retrieval/safetensors.hpp"

@@ -24,6 +24,7 @@
 
 #include "kevo/retrieval/dispatch/device_ad_index.cuh"
 #include "kevo/retrieval/dispatch/kernels.cuh"
+#include "kevo/retrieval/fair_mutex.hpp"
 #include "kevo/retrieval/safetensors.hpp"
 #include "kevo/retrieval/tuning/policies.hpp"
 #include "kevo/retrieval/types.hpp"
@@ -201,9 +202,9 @@ class FusedRetrievalPipeline {
   }
 
   /// Searches one request and waits for the answer (the pipeline's own stream and temp storage).
-  /// Threads calling it at once take turns on one mutex, which is not fair (one thread measured
-  /// holding it for seconds, run 40): several request threads should search through a
-  /// BatchingBackend (backend.hpp) over CudaRetrievalBackend, which also answers them in batches.
+  /// Threads calling it at once take turns in arrival order; several request threads do better
+  /// through a BatchingBackend (backend.hpp) over CudaRetrievalBackend, which answers the searches
+  /// that queue as one batch.
   expected<std::vector<ScoredAd>, Error> search(const Request& request) {
     std::lock_guard lock(own_mutex_);
     if (auto ok = search_async(request, own_temp_, own_temp_bytes_,
@@ -675,7 +676,7 @@ class FusedRetrievalPipeline {
   float *w1_ = nullptr, *c1_ = nullptr, *w2_ = nullptr, *c2_ = nullptr, *projection_ = nullptr;
   std::vector<Upload> uploads_ = std::vector<Upload>(2 * kernels::kMaxBatchRequests);  // a batch's uploads in flight at once
   std::size_t next_upload_ = 0;
-  std::mutex own_mutex_;
+  FairMutex own_mutex_;  // callers of search() from several threads take turns in arrival order
   void* own_temp_ = nullptr;
   std::size_t own_temp_bytes_ = 0;
   void* own_batch_temp_ = nullptr;  // search_batch's, allocated by its first call
