@@ -265,7 +265,7 @@ inline std::string render_benchmark_html(const BenchmarkLog& log, std::string_vi
     section("Several threads searching at once",
             "Each thread searches its own users' typical requests back to back, request in to top-K out on the host: in "
             "turn on the pipeline's lock (grey), or through BatchingBackend, which answers the searches that queue as one "
-            "search_batch (coloured). A p99 far above the p50 is a thread that waited while others took the lock.",
+            "search_batch (coloured). The p50 is mostly the queue: threads over searches per second.",
             detail::bar_chart(concurrent, most_searches * 1.2));
 
   std::vector<Bar> updates;
