@@ -41,7 +41,9 @@ class GatedEngine final : public RetrievalBackend {
     enter(requests.size());
     if (fail_next_.exchange(false)) return make_error("the device went away");
     if (throw_next_.exchange(false)) throw std::runtime_error("out of memory");
-    return engine_.search_batch(requests);
+    auto answers = engine_.search_batch(requests);
+    if (answers && short_next_.exchange(false)) answers->pop_back();
+    return answers;
   }
   expected<void, Error> upsert(std::span<const AdRecord> ads) override { return engine_.upsert(ads); }
   expected<std::size_t, Error> expire(std::span<const std::uint32_t> ids) override { return engine_.expire(ids); }
@@ -60,7 +62,7 @@ class GatedEngine final : public RetrievalBackend {
     std::lock_guard l(m_);
     return calls_;
   }
-  std::atomic<bool> fail_next_{false}, throw_next_{false};
+  std::atomic<bool> fail_next_{false}, throw_next_{false}, short_next_{false};
 
  private:
   void enter(std::size_t size) {
@@ -151,6 +153,15 @@ TEST_CASE("a bad request fails alone, and an engine failure fails only its batch
       CHECK(answers[i].error().message == "the device went away");
     }
     CHECK(batched.search(requests[2]));
+  }
+  SECTION("an engine that answers fewer searches than it was given fails that batch") {
+    gate.short_next_ = true;
+    const auto answers = while_one_is_held(batched, gate, requests, 3);
+    for (std::size_t i = 1; i < 4; ++i) {
+      REQUIRE_FALSE(answers[i]);
+      CHECK(answers[i].error().message == "the engine answered 2 of 3 searches");
+    }
+    CHECK(batched.search(requests[1]));
   }
   SECTION("an engine that throws fails its batch with the reason, and nothing hangs") {
     gate.throw_next_ = true;

@@ -164,12 +164,11 @@ class BatchingBackend final : public RetrievalBackend {
   }
 
  private:
+  using Answer = expected<std::vector<ScoredAd>, Error>;
   struct Waiting {
     const Request* request;
-    std::optional<expected<std::vector<ScoredAd>, Error>> answer;  // set under the lock
+    std::optional<Answer> answer;  // set under the lock
   };
-
-  using Answer = expected<std::vector<ScoredAd>, Error>;
 
   /// Takes the oldest waiting searches, runs them unlocked, and hands out the answers (under the
   /// lock: their callers read them there).
@@ -198,6 +197,9 @@ class BatchingBackend final : public RetrievalBackend {
       std::vector<Request> requests;
       for (const Waiting* w : batch) requests.push_back(*w->request);
       auto all = engine_.search_batch(std::span<const Request>(requests.data(), requests.size()));
+      if (all && all->size() != batch.size())
+        all = make_error("the engine answered " + std::to_string(all->size()) + " of " +
+                         std::to_string(batch.size()) + " searches");
       for (std::size_t r = 0; r < batch.size(); ++r)
         answers.push_back(all ? Answer(std::move((*all)[r])) : Answer(unexpected(all.error())));
     } catch (const std::exception& e) {  // the engine's failure is each waiting caller's, not a hang
