@@ -144,33 +144,26 @@ TEST_CASE("a bad request fails alone, and an engine failure fails only its batch
     CHECK(answers[4].error().message.find("K") != std::string::npos);
     CHECK(gate.calls() == std::vector<std::size_t>{1, 3});
   }
-  SECTION("an engine error reaches every search of its batch, and the next batch runs") {
-    gate.fail_next_ = true;
+  // With `fault` set for the next batch: the first search ran alone before it; the three queued
+  // behind it fail with `message`; and the next search is answered again.
+  auto fails_its_batch = [&](std::atomic<bool>& fault, const std::string& message) {
+    fault = true;
     const auto answers = while_one_is_held(batched, gate, requests, 3);
-    CHECK(answers[0]);  // ran alone, before the failure
+    CHECK(answers[0]);
     for (std::size_t i = 1; i < 4; ++i) {
       REQUIRE_FALSE(answers[i]);
-      CHECK(answers[i].error().message == "the device went away");
+      CHECK(answers[i].error().message == message);
     }
     CHECK(batched.search(requests[2]));
+  };
+  SECTION("an engine error reaches every search of its batch, and the next batch runs") {
+    fails_its_batch(gate.fail_next_, "the device went away");
   }
   SECTION("an engine that answers fewer searches than it was given fails that batch") {
-    gate.short_next_ = true;
-    const auto answers = while_one_is_held(batched, gate, requests, 3);
-    for (std::size_t i = 1; i < 4; ++i) {
-      REQUIRE_FALSE(answers[i]);
-      CHECK(answers[i].error().message == "the engine answered 2 of 3 searches");
-    }
-    CHECK(batched.search(requests[1]));
+    fails_its_batch(gate.short_next_, "the engine answered 2 of 3 searches");
   }
   SECTION("an engine that throws fails its batch with the reason, and nothing hangs") {
-    gate.throw_next_ = true;
-    const auto answers = while_one_is_held(batched, gate, requests, 3);
-    for (std::size_t i = 1; i < 4; ++i) {
-      REQUIRE_FALSE(answers[i]);
-      CHECK(answers[i].error().message == "search failed: out of memory");
-    }
-    CHECK(batched.search(requests[3]));
+    fails_its_batch(gate.throw_next_, "search failed: out of memory");
   }
 }
 
