@@ -16,6 +16,7 @@
 #include <thread>
 #include <vector>
 
+#include "kevo/retrieval/dispatch/cuda_backend.cuh"
 #include "kevo/retrieval/dispatch/fused_retrieval_pipeline.cuh"
 #include "kevo/retrieval/retrieval.hpp"
 
@@ -70,7 +71,7 @@ __global__ void gather_probe(IndexView index, const std::uint32_t* list, const s
       const uint4* piece = static_cast<const uint4*>(index.embeddings) + (static_cast<std::uint64_t>(slot) << row_pieces_log2) +
                            (at & (row_pieces - 1));
       v[u] = at < pieces ? gpu_load_streaming<WholeBlockFetch>(piece) : make_uint4(0, 0, 0, 0);
-      b[u] = Bias && at < pieces && (at & (row_pieces - 1)) == 0 ? index.bias[slot] : 0.0f;
+      b[u] = Bias && at < pieces && (at & (row_pieces - 1)) == 0 ? index.side[slot] : 0.0f;  // fp16: the bias alone
     }
 #pragma unroll
     for (int u = 0; u < 4; ++u) {
@@ -100,7 +101,7 @@ __device__ float hashed_normal(std::uint64_t seed, std::uint64_t ad, int k) {
 }
 
 /// Fills rows [0, n) with N(0, 1/d) values: fp16 directly, int8 quantized per row (warp per row).
-__global__ void fill_embeddings(void* rows, float* scales, std::uint64_t n, int dim, bool int8, std::uint64_t seed) {
+__global__ void fill_embeddings(void* rows, float* side_values, std::uint64_t n, int dim, bool int8, std::uint64_t seed) {
   const std::uint64_t row = (static_cast<std::uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
   const int lane = threadIdx.x % 32;
   if (row >= n) return;
@@ -114,7 +115,7 @@ __global__ void fill_embeddings(void* rows, float* scales, std::uint64_t n, int 
     if (int8) static_cast<std::int8_t*>(rows)[row * dim + k] = static_cast<std::int8_t>(fminf(127.f, fmaxf(-127.f, rintf(a / scale))));
     else static_cast<__half*>(rows)[row * dim + k] = __float2half_rn(a);
   }
-  if (int8 && lane == 0) scales[row] = scale;
+  if (int8 && lane == 0) side_values[2 * row + 1] = scale;  // {bias, scale}: the upsert wrote the bias
 }
 
 /// Targeting, bias and liveness of ads [begin, end) of the workload, generated on all cores.
@@ -250,7 +251,7 @@ Pool build_pool(const Workload& w, std::uint64_t n, std::uint64_t embedding_seed
   auto& index = pool.pipeline->index();
   CHECK_OK(index.synchronize());  // the upserts are applied before rows are written beside them
   const bool int8 = w.schema().embedding_type == EmbeddingType::int8;
-  fill_embeddings<<<static_cast<unsigned>((n * 32 + 255) / 256), 256>>>(index.embeddings(), index.scales(), n,
+  fill_embeddings<<<static_cast<unsigned>((n * 32 + 255) / 256), 256>>>(index.embeddings(), index.side_values(), n,
                                                                          w.schema().dim, int8, embedding_seed);
   KEVO_GPU_ASSERT(cudaGetLastError());
   KEVO_GPU_ASSERT(cudaDeviceSynchronize());
@@ -392,6 +393,7 @@ void run_gather_probes(Pool& pool, const Request& request, std::uint64_t n, int 
         {", L2 256-byte fetch",
          time([&] { gather_probe<true, true, true><<<grid, 256, 0, stream>>>(view, list, count, pieces_log2, out); })},
         {", no bias", time([&] { gather_probe<false, false, true><<<grid, 256, 0, stream>>>(view, list, count, pieces_log2, out); })},
+        {", no word per ad", time([&] { gather_probe<false, true, false><<<grid, 256, 0, stream>>>(view, list, count, pieces_log2, out); })},
         {", rows only (no bias, no word per ad)",
          time([&] { gather_probe<false, false, false><<<grid, 256, 0, stream>>>(view, list, count, pieces_log2, out); })},
     };
@@ -542,30 +544,12 @@ void run_batches(Pool& pool, const Workload& w, std::uint64_t n, int repeats, do
   cudaFree(outs_memory);
 }
 
-/// A benchmark pool's pipeline as a RetrievalBackend, without owning it.
-class PipelineEngine final : public RetrievalBackend {
- public:
-  explicit PipelineEngine(FusedRetrievalPipeline& pipeline) : pipeline_(pipeline) {}
-  std::string name() const override { return "cuda"; }
-  const Schema& schema() const override { return pipeline_.schema(); }
-  const Model& model() const override { return pipeline_.model(); }
-  kevo::expected<std::vector<ScoredAd>, kevo::Error> search(const Request& request) override { return pipeline_.search(request); }
-  kevo::expected<std::vector<std::vector<ScoredAd>>, kevo::Error> search_batch(std::span<const Request> requests) override {
-    return pipeline_.search_batch(requests);
-  }
-  kevo::expected<void, kevo::Error> upsert(std::span<const AdRecord> ads) override { return pipeline_.index().upsert(ads); }
-  kevo::expected<std::size_t, kevo::Error> expire(std::span<const std::uint32_t> ids) override { return pipeline_.index().expire(ids); }
-
- private:
-  FusedRetrievalPipeline& pipeline_;
-};
-
 /// A server's view: `clients` threads searching at once (each its own users' typical requests),
 /// through the pipeline's search() as it is (searches take turns) and through BatchingBackend
 /// (searches that queue are answered together). Searches per second, and each search's latency
 /// on the host, request in to top-K out.
 void run_concurrent_searches(Pool& pool, const Workload& w, std::uint64_t n, bool quick) {
-  PipelineEngine engine(*pool.pipeline);
+  CudaRetrievalBackend engine(*pool.pipeline);
   const double seconds = quick ? 0.5 : 2.0;
   for (int clients : {1, 4, 8, 16}) {
     std::vector<std::vector<Request>> requests(static_cast<std::size_t>(clients));

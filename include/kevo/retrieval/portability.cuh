@@ -86,6 +86,10 @@ __device__ __forceinline__ void gpu_copy_async_4(void* shared_dst, const void* s
   const auto dst = static_cast<std::uint32_t>(__cvta_generic_to_shared(shared_dst));
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 4u : 0u));
 }
+__device__ __forceinline__ void gpu_copy_async_8(void* shared_dst, const void* src, bool valid) {
+  const auto dst = static_cast<std::uint32_t>(__cvta_generic_to_shared(shared_dst));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 8u : 0u));
+}
 __device__ __forceinline__ void gpu_copy_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 /// Waits until at most `Pending` of this thread's most recently committed groups are still in flight.
 template <int Pending>

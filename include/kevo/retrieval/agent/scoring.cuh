@@ -36,6 +36,7 @@ struct ScoringShape {
   static_assert(slice_loads >= 1, "a quarter row is at least one 16-byte load");
   static constexpr int values_per_chunk = 16 / bytes_per_value;
   static constexpr int steps_per_chunk = values_per_chunk / 4;
+  static constexpr int side = side_width(Type == EmbeddingType::int8);  // fp32 values beside each row
   /// The first d index that lane quarter `quad` feeds into k-step s (4 consecutive values from there).
   __host__ __device__ static constexpr int value_offset(int quad, int s) {
     return (quad + 4 * (s / steps_per_chunk)) * values_per_chunk + 4 * (s % steps_per_chunk);
@@ -114,8 +115,7 @@ template <int Dim, EmbeddingType Type>
 struct StagedPair {
   static constexpr int pieces = 4 * ScoringShape<Dim, Type>::slice_loads;
   uint4 rows[pieces][32];
-  float bias[32];   // of the row this lane scores
-  float scale[32];  // int8 only
+  float side[32][ScoringShape<Dim, Type>::side];  // of the row this lane scores: bias, then (int8) scale
 };
 
 template <int Dim, EmbeddingType Type>
@@ -144,9 +144,14 @@ struct AgentScoring {
     const bool odd = quad & 1;
     const std::uint32_t my_slot = odd ? slot_hi : slot_lo;
     const bool my_valid = odd ? valid_hi : valid_lo;
-    t.bias = my_valid ? __ldg(index.bias + my_slot) : 0.0f;
-    t.scale = 1.0f;
-    if constexpr (Type == EmbeddingType::int8) t.scale = my_valid ? __ldg(index.scale + my_slot) : 0.0f;
+    if constexpr (Type == EmbeddingType::int8) {
+      const float2 side = my_valid ? __ldg(reinterpret_cast<const float2*>(index.side) + my_slot) : make_float2(0.0f, 0.0f);
+      t.bias = side.x;
+      t.scale = side.y;
+    } else {
+      t.bias = my_valid ? __ldg(index.side + my_slot) : 0.0f;
+      t.scale = 1.0f;
+    }
     return t;
   }
 
@@ -170,8 +175,8 @@ struct AgentScoring {
     const std::uint32_t mine = first + 16u * (quad >> 1) + group + 8u * (quad & 1);
     const bool valid = mine < length;
     const std::uint32_t slot = valid ? slots[mine] : 0u;
-    gpu_copy_async_4(&stage.bias[lane], index.bias + slot, valid);
-    if constexpr (Type == EmbeddingType::int8) gpu_copy_async_4(&stage.scale[lane], index.scale + slot, valid);
+    if constexpr (Type == EmbeddingType::int8) gpu_copy_async_8(stage.side[lane], index.side + 2 * static_cast<std::uint64_t>(slot), valid);
+    else gpu_copy_async_4(stage.side[lane], index.side + slot, valid);
   }
 
   /// Tile 0 or 1 of a stage whose copies have landed, as load_tile would have returned it (bias and
@@ -183,8 +188,8 @@ struct AgentScoring {
       t.lo.v[i] = stage.rows[(2 * tile) * Shape::slice_loads + i][lane];
       t.hi.v[i] = stage.rows[(2 * tile + 1) * Shape::slice_loads + i][lane];
     }
-    t.bias = stage.bias[lane];
-    t.scale = Type == EmbeddingType::int8 ? stage.scale[lane] : 1.0f;
+    t.bias = stage.side[lane][0];
+    t.scale = Type == EmbeddingType::int8 ? stage.side[lane][Shape::side - 1] : 1.0f;
     return t;
   }
 

@@ -34,14 +34,17 @@ struct PostingsView {
   const SegmentDirectory* segments = nullptr;  // (capacity in segments)
 };
 
+/// The fp32 values an ad keeps beside its row, interleaved so that one load fetches them: the bias
+/// alone (fp16), or {bias, scale} (int8: one 8-byte pair costs one sector where two arrays cost two).
+__host__ __device__ constexpr int side_width(bool int8) { return int8 ? 2 : 1; }
+
 /// The ad index in device memory; slot i of every array belongs to the same ad.
 struct IndexView {
   const std::uint32_t* ids = nullptr;        // (slots)
   const std::uint32_t* targeting = nullptr;  // (slots) targeting_bits
   const std::uint32_t* clauses = nullptr;    // (clause capacity) clause_bits; runs 16-byte aligned, ending with `last`
   const void* embeddings = nullptr;          // (slots, dim) __half or int8
-  const float* bias = nullptr;               // (slots)
-  const float* scale = nullptr;              // (slots) int8 only
+  const float* side = nullptr;               // (slots, side_width): the bias, then (int8) the scale
   PostingsView postings{};
   std::uint32_t slots = 0;                   // high-water mark of used slots
 };

@@ -3,6 +3,7 @@
 //
 //   auto gpu = CudaRetrievalBackend::create(schema, model, {.capacity = 1 << 24});
 //   RetrievalBackend& backend = **gpu;
+//   CudaRetrievalBackend borrowed(pipeline);  // serves a pipeline the caller owns and outlives
 #pragma once
 
 #include <memory>
@@ -21,6 +22,9 @@ class CudaRetrievalBackend final : public RetrievalBackend {
     if (!pipeline) return unexpected(pipeline.error());
     return std::unique_ptr<CudaRetrievalBackend>(new CudaRetrievalBackend(std::move(*pipeline)));
   }
+  /// Serves through a pipeline the caller owns, and keeps alive while this backend is used (a binary
+  /// that also drives the pipeline directly, such as the benchmark).
+  explicit CudaRetrievalBackend(FusedRetrievalPipeline& pipeline) : pipeline_(&pipeline) {}
 
   std::string name() const override { return "cuda"; }
   const Schema& schema() const override { return pipeline_->schema(); }
@@ -37,8 +41,10 @@ class CudaRetrievalBackend final : public RetrievalBackend {
   FusedRetrievalPipeline& pipeline() { return *pipeline_; }
 
  private:
-  explicit CudaRetrievalBackend(std::unique_ptr<FusedRetrievalPipeline> pipeline) : pipeline_(std::move(pipeline)) {}
-  std::unique_ptr<FusedRetrievalPipeline> pipeline_;
+  explicit CudaRetrievalBackend(std::unique_ptr<FusedRetrievalPipeline> owned)
+      : owned_(std::move(owned)), pipeline_(owned_.get()) {}
+  std::unique_ptr<FusedRetrievalPipeline> owned_;  // null when the caller owns the pipeline
+  FusedRetrievalPipeline* pipeline_;
 };
 
 }  // namespace kevo::retrieval

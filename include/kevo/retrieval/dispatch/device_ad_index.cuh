@@ -136,7 +136,7 @@ class DeviceAdIndex {
   ~DeviceAdIndex() {
     if (update_stream_) cudaStreamSynchronize(update_stream_);  // updates still in flight read the staging
     for (void* p : {static_cast<void*>(ids_), static_cast<void*>(targeting_), static_cast<void*>(clauses_),
-                    embeddings_, static_cast<void*>(bias_), static_cast<void*>(scale_),
+                    embeddings_, static_cast<void*>(side_),
                     static_cast<void*>(category_offsets_),
                     static_cast<void*>(headers_), static_cast<void*>(postings_), static_cast<void*>(segments_)})
       if (p) cudaFree(p);
@@ -181,9 +181,11 @@ class DeviceAdIndex {
   /// The first query-bitmap bit of each category, on the device and on the host.
   const std::uint32_t* category_offsets() const { return category_offsets_; }
   const std::vector<std::uint32_t>& host_category_offsets() const { return host_category_offsets_; }
-  /// Caller-visible rows, (capacity, d) of __half or int8, and the int8 scales: for bulk fills.
+  /// Caller-visible rows, (capacity, d) of __half or int8, and each slot's side values, (capacity,
+  /// side_width()) fp32: the bias, then (int8) the scale. For bulk fills.
   void* embeddings() { return embeddings_; }
-  float* scales() { return scale_; }
+  float* side_values() { return side_; }
+  int side_width() const { return retrieval::side_width(schema_.embedding_type == EmbeddingType::int8); }
 
   /// Inserts or replaces ads (all or none: a bad ad fails the batch before anything changes).
   /// Returns once the batch is enqueued: every search that starts later sees it, every search
@@ -344,7 +346,7 @@ class DeviceAdIndex {
             reinterpret_cast<std::uint32_t*>(d + s.ids), reinterpret_cast<std::uint32_t*>(d + s.targeting),
             reinterpret_cast<float*>(d + s.bias), with_rows ? reinterpret_cast<float*>(d + s.scale) : nullptr,
             with_rows ? reinterpret_cast<const uint4*>(d + s.rows) : nullptr, static_cast<int>(row_bytes() / 16), ids_,
-            targeting_, bias_, scale_, static_cast<uint4*>(embeddings_), headers_);
+            targeting_, side_, side_width(), static_cast<uint4*>(embeddings_), headers_);
       KEVO_GPU_TRY(cudaGetLastError());
       return {};
     });
@@ -399,8 +401,8 @@ class DeviceAdIndex {
       KEVO_GPU_TRY(cudaMemcpyAsync(d, (*staging)->host, s.total, cudaMemcpyHostToDevice, update_stream_));
       kernels::scatter_ads<<<static_cast<unsigned>((n * 32 + 255) / 256), 256, 0, update_stream_>>>(
           static_cast<std::uint32_t>(n), reinterpret_cast<std::uint32_t*>(d + s.slots), nullptr,
-          reinterpret_cast<std::uint32_t*>(d + s.targeting), nullptr, nullptr, nullptr, 0, ids_, targeting_, bias_,
-          scale_, static_cast<uint4*>(embeddings_), headers_);
+          reinterpret_cast<std::uint32_t*>(d + s.targeting), nullptr, nullptr, nullptr, 0, ids_, targeting_, side_,
+          side_width(), static_cast<uint4*>(embeddings_), headers_);
       KEVO_GPU_TRY(cudaGetLastError());
       return {};
     });
@@ -420,7 +422,7 @@ class DeviceAdIndex {
   std::unique_lock<std::mutex> search_lock() const { return std::unique_lock<std::mutex>(mutex_); }
   expected<IndexView, Error> before_search(gpu_stream_t stream) {
     KEVO_GPU_TRY(cudaStreamWaitEvent(stream, updated_, 0));
-    return IndexView{ids_,   targeting_, clauses_, embeddings_, bias_, scale_, PostingsView{headers_, postings_, segments_},
+    return IndexView{ids_,   targeting_, clauses_, embeddings_, side_, PostingsView{headers_, postings_, segments_},
                      static_cast<std::uint32_t>(slots_)};
   }
   expected<void, Error> after_search(gpu_stream_t stream) {
@@ -447,8 +449,7 @@ class DeviceAdIndex {
     KEVO_GPU_TRY(cudaMalloc(&targeting_, n * 4));
     KEVO_GPU_TRY(cudaMalloc(&clauses_, options_.clause_capacity * 4));
     KEVO_GPU_TRY(cudaMalloc(&embeddings_, n * row_bytes()));
-    KEVO_GPU_TRY(cudaMalloc(&bias_, n * 4));
-    if (schema_.embedding_type == EmbeddingType::int8) KEVO_GPU_TRY(cudaMalloc(&scale_, n * 4));
+    KEVO_GPU_TRY(cudaMalloc(&side_, n * 4 * static_cast<std::size_t>(side_width())));
     KEVO_GPU_TRY(cudaMemset(targeting_, 0, n * 4));  // nothing live
     const std::size_t segments = (n + kSegmentSlots - 1) / kSegmentSlots;
     KEVO_GPU_TRY(cudaMalloc(&headers_, segments * kSegmentSlots));  // whole segments: matching reads 16 at a time
@@ -765,8 +766,7 @@ class DeviceAdIndex {
   std::uint32_t* targeting_ = nullptr;
   std::uint32_t* clauses_ = nullptr;
   void* embeddings_ = nullptr;
-  float* bias_ = nullptr;
-  float* scale_ = nullptr;
+  float* side_ = nullptr;  // (capacity, side_width()): bias, then (int8) scale
   std::uint32_t* category_offsets_ = nullptr;
   std::vector<std::uint32_t> host_category_offsets_;
   std::uint32_t total_query_bits_ = 0;

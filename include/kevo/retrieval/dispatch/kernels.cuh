@@ -712,7 +712,7 @@ __global__ void topk_finalize(const unsigned long long* sorted, const TopKState*
 __global__ void scatter_ads(std::uint32_t count, const std::uint32_t* slots, const std::uint32_t* ids,
                             const std::uint32_t* targeting, const float* bias, const float* scale,
                             const uint4* rows, int row_vectors, std::uint32_t* index_ids,
-                            std::uint32_t* index_targeting, float* index_bias, float* index_scale,
+                            std::uint32_t* index_targeting, float* index_side, int side_width,
                             uint4* index_embeddings, std::uint8_t* index_headers) {
   const std::uint32_t ad = (blockIdx.x * blockDim.x + threadIdx.x) / 32;
   const int lane = static_cast<int>(threadIdx.x % 32);
@@ -723,8 +723,9 @@ __global__ void scatter_ads(std::uint32_t count, const std::uint32_t* slots, con
       index_embeddings[static_cast<std::uint64_t>(slot) * row_vectors + i] = rows[static_cast<std::uint64_t>(ad) * row_vectors + i];
   if (lane == 0) {
     if (ids) index_ids[slot] = ids[ad];
-    if (bias) index_bias[slot] = bias[ad];
-    if (scale && index_scale) index_scale[slot] = scale[ad];
+    float* side = index_side + static_cast<std::uint64_t>(slot) * side_width;
+    if (bias) side[0] = bias[ad];
+    if (scale && side_width > 1) side[1] = scale[ad];
     index_targeting[slot] = targeting[ad];
     // The slot's postings (if any) are stale until the next reindex: test it by walking its run.
     index_headers[slot] = (targeting[ad] & targeting_bits::live) ? match_header::walk : match_header::not_live;
