@@ -56,7 +56,7 @@ __global__ void stream_read(const uint4* data, std::size_t count, unsigned* sink
 /// stubs cannot name a class-type template argument.)
 template <bool WholeBlockFetch = false, bool Bias = true, bool WordPerAd = true>
 __global__ void gather_probe(IndexView index, const std::uint32_t* list, const std::uint32_t* count,
-                             int row_pieces_log2, std::uint32_t* out) {
+                             int row_pieces_log2, int side_width, std::uint32_t* out) {
   const int row_pieces = 1 << row_pieces_log2;
   const std::uint64_t pieces = static_cast<std::uint64_t>(*count) * row_pieces;
   const std::uint64_t stride = static_cast<std::uint64_t>(gridDim.x) * blockDim.x;
@@ -71,7 +71,7 @@ __global__ void gather_probe(IndexView index, const std::uint32_t* list, const s
       const uint4* piece = static_cast<const uint4*>(index.embeddings) + (static_cast<std::uint64_t>(slot) << row_pieces_log2) +
                            (at & (row_pieces - 1));
       v[u] = at < pieces ? gpu_load_streaming<WholeBlockFetch>(piece) : make_uint4(0, 0, 0, 0);
-      b[u] = Bias && at < pieces && (at & (row_pieces - 1)) == 0 ? index.side[slot] : 0.0f;  // fp16: the bias alone
+      b[u] = Bias && at < pieces && (at & (row_pieces - 1)) == 0 ? index.side[static_cast<std::uint64_t>(slot) * side_width] : 0.0f;  // the bias (int8: its scale shares the sector)
     }
 #pragma unroll
     for (int u = 0; u < 4; ++u) {
@@ -365,7 +365,7 @@ double time_gather_probe(Pool& pool, const Request& request, std::uint64_t slots
       gather_probe<<<p.multiprocessors() * 8, 256, 0, stream>>>(
           view, reinterpret_cast<const std::uint32_t*>(temp + l.eligible),
           reinterpret_cast<const std::uint32_t*>(temp + l.state + offsetof(TopKState, eligible_count)), pieces_log2,
-          reinterpret_cast<std::uint32_t*>(temp + l.keys));
+          p.index().side_width(), reinterpret_cast<std::uint32_t*>(temp + l.keys));
     });
   });
 }
@@ -379,6 +379,7 @@ void run_gather_probes(Pool& pool, const Request& request, std::uint64_t n, int 
   FusedRetrievalPipeline& p = *pool.pipeline;
   const SearchTempLayout& l = p.temp_layout();
   const int pieces_log2 = std::countr_zero(p.index().row_bytes() / 16);
+  const int side = p.index().side_width();
   const double bytes_per_ad = p.index().row_bytes() + 4.0 + 8;  // row, bias, list entry, word out
   std::uint32_t* spaced = nullptr;
   std::uint32_t* spaced_count = nullptr;
@@ -389,13 +390,13 @@ void run_gather_probes(Pool& pool, const Request& request, std::uint64_t n, int 
                     const IndexView& view, std::uint32_t* out) {
     auto time = [&](auto launch) { return median_seconds(repeats, stream, launch); };
     const std::pair<const char*, double> variants[] = {
-        {"", time([&] { gather_probe<false, true, true><<<grid, 256, 0, stream>>>(view, list, count, pieces_log2, out); })},
+        {"", time([&] { gather_probe<false, true, true><<<grid, 256, 0, stream>>>(view, list, count, pieces_log2, side, out); })},
         {", L2 256-byte fetch",
-         time([&] { gather_probe<true, true, true><<<grid, 256, 0, stream>>>(view, list, count, pieces_log2, out); })},
-        {", no bias", time([&] { gather_probe<false, false, true><<<grid, 256, 0, stream>>>(view, list, count, pieces_log2, out); })},
-        {", no word per ad", time([&] { gather_probe<false, true, false><<<grid, 256, 0, stream>>>(view, list, count, pieces_log2, out); })},
+         time([&] { gather_probe<true, true, true><<<grid, 256, 0, stream>>>(view, list, count, pieces_log2, side, out); })},
+        {", no bias", time([&] { gather_probe<false, false, true><<<grid, 256, 0, stream>>>(view, list, count, pieces_log2, side, out); })},
+        {", no word per ad", time([&] { gather_probe<false, true, false><<<grid, 256, 0, stream>>>(view, list, count, pieces_log2, side, out); })},
         {", rows only (no bias, no word per ad)",
-         time([&] { gather_probe<false, false, false><<<grid, 256, 0, stream>>>(view, list, count, pieces_log2, out); })},
+         time([&] { gather_probe<false, false, false><<<grid, 256, 0, stream>>>(view, list, count, pieces_log2, side, out); })},
     };
     for (const auto& [variant, t] : variants)
       std::printf("gather probe, %s%s: %.2f G ads/s (%.1f%% counting row, bias, list entry and word out; %.1f%% of the rows alone)\n",
