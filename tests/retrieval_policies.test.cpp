@@ -42,6 +42,7 @@ TEST_CASE("a value outside any knob's domain makes the policy illegal", "[retrie
   CHECK(illegal([](PipelinePolicy& p) { p.matching.block_threads = 1024; }));
   CHECK(illegal([](PipelinePolicy& p) { p.matching.blocks_per_sm = 3; }));
   CHECK(illegal([](PipelinePolicy& p) { p.topk.boundary_cap = 1000; }));
+  CHECK(illegal([](PipelinePolicy& p) { p.topk.boundary_cap = 16384; }));  // K + cap keys outgrow one block's sort
   CHECK(illegal([](PipelinePolicy& p) { p.batch_scoring.one_pass_from = 1; }));
   CHECK(illegal([](PipelinePolicy& p) { p.batch_scoring.stages = 3; }));
   CHECK(illegal([](PipelinePolicy& p) { p.batch_scoring.group = 4; }));  // spills registers (run 31)

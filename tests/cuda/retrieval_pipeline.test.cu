@@ -485,9 +485,12 @@ TEST_CASE("a batch is matched and scored in one pass, and each answer agrees wit
 }
 
 TEST_CASE("ties are broken by lower id, through every radix-select level", "[cuda][topk]") {
-  // 30000 ads with one embedding and bias: every score ties, so the K-th key is resolved in the id bits.
+  // 30000 ads with one embedding and bias: every score ties, so the K-th key is resolved in the id bits;
+  // with each boundary cap, so that the sort takes from a little over K up to K + cap candidates.
   Workload w(small_options(3, EmbeddingType::fp16));
-  auto p = FusedRetrievalPipeline::create(w.schema(), w.model(), {.capacity = 40000});
+  PipelinePolicy policy;
+  policy.topk.boundary_cap = GENERATE(2048, 8192);
+  auto p = FusedRetrievalPipeline::create(w.schema(), w.model(), {.capacity = 40000, .policy = policy});
   REQUIRE(p);
   AdRecord same = w.ad(0);
   same.clauses.clear();

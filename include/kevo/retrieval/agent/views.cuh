@@ -71,6 +71,7 @@ struct TopKState {
   std::uint32_t pad;                // keeps the 64-bit fields 8-byte aligned
   unsigned long long prefix;        // resolved high bits of the K-th ranking key
   unsigned long long threshold;     // candidates are the keys >= threshold
+  std::uint32_t blocks_done[kTopKLevels];  // refine blocks finished per level: the last one selects
   std::uint32_t histogram[kTopKLevels][kTopKBins];
 };
 

@@ -41,8 +41,8 @@ struct SearchOutput {
 
 /// The layout of one request's temp storage (byte offsets, 256-aligned).
 struct SearchTempLayout {
-  std::size_t state, input, hidden, expert, vectors, bitmap, eligible, keys, chunk_max, candidates, sorted, sort_temp;
-  std::size_t sort_temp_bytes, total;
+  std::size_t state, input, hidden, expert, vectors, bitmap, eligible, keys, chunk_max, candidates;
+  std::size_t total;
   std::uint32_t candidate_capacity, chunk_size, input_words;
 };
 
@@ -492,26 +492,26 @@ class FusedRetrievalPipeline {
     const auto* keys = reinterpret_cast<const std::uint32_t*>(t + l.keys);
     const auto* chunk_max = reinterpret_cast<const std::uint32_t*>(t + l.chunk_max);
     auto* candidates = reinterpret_cast<unsigned long long*>(t + l.candidates);
-    auto* sorted = reinterpret_cast<unsigned long long*>(t + l.sorted);
     const auto kk = static_cast<std::uint32_t>(k);
     const auto cap = static_cast<std::uint32_t>(p.boundary_cap);
     const auto grid = static_cast<unsigned>(multiprocessors_ * 4);
+    // Eight launches: level 0's select, each later level's refine (its last block selects; once the
+    // threshold is known they return at once), the compaction, the sort.
     kernels::topk_select<threads><<<1, threads, 0, stream>>>(state, 0, kk, cap);
     KEVO_GPU_TRY(cudaGetLastError());
-    for (int level = 1; level < kTopKLevels; ++level) {
+    for (int level = 1; level < kTopKLevels; ++level)
       kernels::topk_refine<threads><<<grid, threads, 0, stream>>>(view, list, keys, chunk_max, listed, state, level,
-                                                                  l.chunk_size);
-      kernels::topk_select<threads><<<1, threads, 0, stream>>>(state, level, kk, cap);
-    }
+                                                                  l.chunk_size, kk, cap);
     KEVO_GPU_TRY(cudaGetLastError());
-    KEVO_GPU_TRY(cudaMemsetAsync(candidates, 0, l.candidate_capacity * 8ull, stream));
     kernels::topk_compact<threads><<<grid, threads, 0, stream>>>(view, list, keys, chunk_max, listed, state,
                                                                  l.chunk_size, candidates, l.candidate_capacity);
     KEVO_GPU_TRY(cudaGetLastError());
-    std::size_t sort_bytes = l.sort_temp_bytes;
-    KEVO_GPU_TRY(gpu_cub::DeviceRadixSort::SortKeysDescending(t + l.sort_temp, sort_bytes, candidates, sorted,
-                                                               static_cast<int>(l.candidate_capacity), 0, 64, stream));
-    kernels::topk_finalize<<<(kk + 255) / 256, 256, 0, stream>>>(sorted, state, kk, out.ids, out.scores, out.count);
+    constexpr int sort_threads = 1024;
+    const std::size_t sort_bytes = kernels::topk_sort_bytes(l.candidate_capacity);
+    if (resident_blocks(kernels::topk_sort<sort_threads>, sort_threads, sort_bytes) == 0)
+      return make_error("top-K's sort needs " + std::to_string(sort_bytes) + " bytes of shared memory per block");
+    kernels::topk_sort<sort_threads><<<1, sort_threads, sort_bytes, stream>>>(candidates, state, kk, l.candidate_capacity,
+                                                                             out.ids, out.scores, out.count);
     KEVO_GPU_TRY(cudaGetLastError());
     return {};
   }
@@ -537,12 +537,6 @@ class FusedRetrievalPipeline {
     take(l.keys, n * 4);
     take(l.chunk_max, (n / l.chunk_size + 1) * 4);
     take(l.candidates, l.candidate_capacity * 8ull);
-    take(l.sorted, l.candidate_capacity * 8ull);
-    l.sort_temp_bytes = 0;
-    gpu_cub::DeviceRadixSort::SortKeysDescending(nullptr, l.sort_temp_bytes, static_cast<unsigned long long*>(nullptr),
-                                                 static_cast<unsigned long long*>(nullptr),
-                                                 static_cast<int>(l.candidate_capacity));
-    take(l.sort_temp, l.sort_temp_bytes);
     l.total = at;
     return l;
   }

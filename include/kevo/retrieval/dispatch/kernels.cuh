@@ -2,6 +2,8 @@
 // the agents' linear ids. Launch them through the pipeline (fused_retrieval_pipeline.cuh).
 #pragma once
 
+#include <algorithm>
+#include <bit>
 #include <cstddef>
 #include <cstdint>
 
@@ -635,14 +637,18 @@ __global__ void __launch_bounds__(BlockThreads)
     if (histogram[i]) atomicAdd(&state->histogram[0][i], histogram[i]);
 }
 
-/// Histograms the next digit of the ads that share the resolved prefix (skipped once done).
-/// `listed`: how many positions the keys and `eligible_list` hold.
+/// Histograms the next digit of the ads that share the resolved prefix (skipped once done), and
+/// resolves the level in the block that finishes last (no launch of its own: top-K's cost at small
+/// pools is mostly launches). `listed`: how many positions the keys and `eligible_list` hold.
 template <int BlockThreads>
 __global__ void __launch_bounds__(BlockThreads)
     topk_refine(IndexView index, const std::uint32_t* eligible_list, const std::uint32_t* keys,
                 const std::uint32_t* chunk_max, const std::uint32_t* listed, TopKState* state, int level,
-                std::uint32_t chunk_size) {
+                std::uint32_t chunk_size, std::uint32_t k, std::uint32_t cap) {
+  using Select = AgentTopKSelect<BlockThreads>;
   __shared__ std::uint32_t histogram[kTopKBins];
+  __shared__ typename Select::TempStorage select_storage;
+  __shared__ bool last_block;
   if (state->done) return;
   const int rank = static_cast<int>(threadIdx.x);
   for (int i = rank; i < kTopKBins; i += BlockThreads) histogram[i] = 0;
@@ -666,6 +672,14 @@ __global__ void __launch_bounds__(BlockThreads)
       });
   for (int i = rank; i < kTopKBins; i += BlockThreads)
     if (histogram[i]) atomicAdd(&state->histogram[level][i], histogram[i]);
+  // The last block to finish sees every block's counts (each made them visible before counting itself).
+  __threadfence();
+  __syncthreads();
+  if (rank == 0) last_block = atomicAdd(&state->blocks_done[level], 1u) == gridDim.x - 1;
+  __syncthreads();
+  if (!last_block) return;
+  __threadfence();
+  Select::select(rank, state, level, k, cap, select_storage);
 }
 
 /// Appends the ranking key of every ad at or above the threshold to `candidates`.
@@ -694,16 +708,43 @@ __global__ void __launch_bounds__(BlockThreads)
       });
 }
 
-/// Decodes the first min(K, eligible) sorted keys into (id, score); count is ~0u if top-K overflowed.
-__global__ void topk_finalize(const unsigned long long* sorted, const TopKState* state, std::uint32_t k,
-                              std::uint32_t* out_ids, float* out_scores, std::uint32_t* out_count) {
-  const std::uint32_t n = min(k, state->eligible_count);
-  for (std::uint32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+/// The shared memory topk_sort needs for up to `capacity` candidates: a power of two of keys.
+inline std::size_t topk_sort_bytes(std::uint32_t capacity) { return std::bit_ceil(std::max(capacity, 2u)) * 8ull; }
+
+/// Sorts the candidates (ranking keys, larger first) and decodes the first min(K, eligible) into
+/// (id, score); count is ~0u if top-K overflowed. One block: a bitonic sort in shared memory over
+/// the candidates padded with 0 (below every ranking key) to a power of two, so that its cost
+/// follows how many candidates there are (usually a little over K), not the buffer's capacity.
+template <int BlockThreads>
+__global__ void __launch_bounds__(BlockThreads)
+    topk_sort(const unsigned long long* candidates, const TopKState* state, std::uint32_t k, std::uint32_t capacity,
+              std::uint32_t* out_ids, float* out_scores, std::uint32_t* out_count) {
+  extern __shared__ unsigned long long sorted[];  // topk_sort_bytes(capacity)
+  const auto rank = static_cast<std::uint32_t>(threadIdx.x);
+  const std::uint32_t count = min(state->candidate_count, capacity);
+  const std::uint32_t n = max(2u, 1u << (32 - __clz(max(count, 1u) - 1u)));  // count rounded up to a power of two
+  for (std::uint32_t i = rank; i < n; i += BlockThreads) sorted[i] = i < count ? candidates[i] : 0ull;
+  __syncthreads();
+  for (std::uint32_t size = 2; size <= n; size <<= 1)
+    for (std::uint32_t stride = size >> 1; stride > 0; stride >>= 1) {
+      for (std::uint32_t t = rank; t < n / 2; t += BlockThreads) {
+        const std::uint32_t lo = ((t & ~(stride - 1)) << 1) | (t & (stride - 1)), hi = lo + stride;  // (stride: a power of two)
+        const bool descending = (lo & size) == 0;  // the final merge (size = n) is all descending
+        const unsigned long long a = sorted[lo], b = sorted[hi];
+        if ((a < b) == descending) {
+          sorted[lo] = b;
+          sorted[hi] = a;
+        }
+      }
+      __syncthreads();
+    }
+  const std::uint32_t results = min(k, state->eligible_count);
+  for (std::uint32_t i = rank; i < results; i += BlockThreads) {
     const unsigned long long ranking = sorted[i];
     out_ids[i] = ~static_cast<std::uint32_t>(ranking);
     out_scores[i] = score_from_key(static_cast<std::uint32_t>(ranking >> 32));
   }
-  if (blockIdx.x == 0 && threadIdx.x == 0) *out_count = state->overflow ? ~0u : n;
+  if (rank == 0) *out_count = state->overflow ? ~0u : results;
 }
 
 // ---- index updates -----------------------------------------------------------------------------

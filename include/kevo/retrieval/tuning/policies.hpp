@@ -40,10 +40,11 @@ struct ScoringPolicy {
 };
 
 /// Top-K: radix select over (score, id) keys, 12 bits a level; a level is refined only while the
-/// boundary digit holds more than `boundary_cap` ads, then the survivors are radix-sorted.
+/// boundary digit holds more than `boundary_cap` ads, then the survivors (at most K + boundary_cap)
+/// are sorted by one block in shared memory, which bounds the cap.
 struct TopKPolicy {
   int boundary_cap = 8192;
-  static constexpr std::array<int, 4> boundary_cap_domain{2048, 4096, 8192, 16384};  // run time
+  static constexpr std::array<int, 3> boundary_cap_domain{2048, 4096, 8192};  // run time
   friend bool operator==(const TopKPolicy&, const TopKPolicy&) = default;
 };
 
