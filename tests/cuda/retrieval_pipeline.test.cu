@@ -366,6 +366,7 @@ TEST_CASE("the default policy fits every shape, and an explicit one that does no
       REQUIRE(by_default);
       // Only fp16 at d = 256 needs more shared memory for the default ring than a block may have.
       const PipelinePolicy chosen = (*by_default)->policy();
+      REQUIRE(chosen.topk == PipelinePolicy{}.topk);  // Hopper's shared memory holds the default cap's sort (128 KB)
       const bool kept_default = chosen.scoring == PipelinePolicy{}.scoring;
       REQUIRE(kept_default == !(type == EmbeddingType::fp16 && dim == 256));
       // An int8 pool's search_batch goes one by one: its one-pass batches were slower (run 32).

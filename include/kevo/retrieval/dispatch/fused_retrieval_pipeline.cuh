@@ -114,6 +114,7 @@ class FusedRetrievalPipeline {
   expected<void, Error> set_policy(const PipelinePolicy& policy) {
     if (!is_legal(policy)) return make_error("illegal policy: " + to_string(policy));
     if (auto ok = check_shared_memory(policy.scoring); !ok) return ok;
+    if (auto ok = check_shared_memory(policy.topk); !ok) return ok;
     std::lock_guard lock(own_mutex_);
     policy_ = policy;
     layout_ = compute_layout();
@@ -351,6 +352,14 @@ class FusedRetrievalPipeline {
     if (need > max_shared_per_block_)
       return make_error(to_string(p) + " needs " + std::to_string(need) + " bytes of shared memory per block; this GPU allows " +
                         std::to_string(max_shared_per_block_) + " (use fewer stages or threads)");
+    return {};
+  }
+  /// Top-K's sort holds up to K + boundary_cap keys in one block's shared memory.
+  expected<void, Error> check_shared_memory(const TopKPolicy& p) const {
+    const std::size_t need = kernels::topk_sort_bytes(static_cast<std::uint32_t>(kMaxK + p.boundary_cap));
+    if (need > max_shared_per_block_)
+      return make_error(to_string(p) + " needs " + std::to_string(need) + " bytes of shared memory per block; this GPU allows " +
+                        std::to_string(max_shared_per_block_) + " (use a smaller boundary cap)");
     return {};
   }
 
@@ -624,6 +633,11 @@ class FusedRetrievalPipeline {
     if (!options_.policy && !check_shared_memory(policy_.scoring)) policy_.scoring = kRegisterScoringPolicy;
     if (!options_.policy && schema().embedding_type == EmbeddingType::int8) policy_.batch_scoring.one_pass_from = 16;
     if (auto ok = check_shared_memory(policy_.scoring); !ok) return ok;
+    // A GPU with less shared memory than Hopper's gets the largest boundary cap its sort can hold.
+    for (auto cap = TopKPolicy::boundary_cap_domain.rbegin(); cap != TopKPolicy::boundary_cap_domain.rend(); ++cap)
+      if (!options_.policy && *cap < policy_.topk.boundary_cap && !check_shared_memory(policy_.topk))
+        policy_.topk.boundary_cap = *cap;
+    if (auto ok = check_shared_memory(policy_.topk); !ok) return ok;
     auto upload = [](float*& d, const std::vector<float>& h) -> expected<void, Error> {
       KEVO_GPU_TRY(cudaMalloc(&d, h.size() * 4));
       KEVO_GPU_TRY(cudaMemcpy(d, h.data(), h.size() * 4, cudaMemcpyHostToDevice));
