@@ -736,8 +736,13 @@ __global__ void __launch_bounds__(BlockThreads)
           sorted[hi] = a;
         }
       }
-      __syncthreads();
+      // With strides of at most 32, each warp's pairs lie in the same 64-key spans stage after stage, so
+      // between two such stages only the warp need wait.
+      const std::uint32_t next = stride > 1 ? stride >> 1 : size;  // the next stage's stride
+      if (stride <= 32 && next <= 32) __syncwarp();
+      else __syncthreads();
     }
+  __syncthreads();  // (a sort of at most 64 keys ends on a warp barrier)
   const std::uint32_t results = min(k, state->eligible_count);
   for (std::uint32_t i = rank; i < results; i += BlockThreads) {
     const unsigned long long ranking = sorted[i];
