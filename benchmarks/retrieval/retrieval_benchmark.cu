@@ -593,10 +593,42 @@ void run_concurrent_searches(Pool& pool, const Workload& w, std::uint64_t n, boo
   }
 }
 
+/// Scoring alone under every policy the sweep covers (scoring policies are run-time or prebuilt
+/// variants), for both pools, after each pool's gather probe. Chunks of 8 tiles are in it because
+/// a smaller chunk leaves room in shared memory for a deeper ring.
+void run_scoring_policy_sweep(const std::array<Pool*, 2>& pools, const Request& typical, std::uint64_t n, int repeats,
+                              double roofline, SearchOutput out, cudaStream_t stream) {
+  std::puts("\n## Scoring policy sweep (typical, fp16 and int8, K = 1000; scoring alone)\n");
+  for (Pool* p : pools) {
+    const PipelinePolicy original = p->pipeline->policy();
+    const double bytes_per_ad = p->pipeline->index().row_bytes() + 4.0 +
+                                (p->pipeline->schema().embedding_type == EmbeddingType::int8 ? 4 : 0) + 8;
+    const std::uint32_t eligible = time_stages(*p, typical, n, 1, out, stream).eligible;
+    const double probe = time_gather_probe(*p, typical, n, repeats, stream);
+    std::printf("%s gather probe (rows + bias read, one word written, no arithmetic): %.2f G ads/s (%.0f%%)\n",
+                to_string(p->pipeline->schema().embedding_type), eligible / probe * 1e-9,
+                100 * eligible * bytes_per_ad / probe / roofline);
+    for (int stages : {0, 2, 3, 4})
+      for (int threads : {128, 256})
+        for (int tiles : {8, 16, 32})
+          for (int blocks : {1, 2, 3, 4, 8}) {
+            if (stages == 0 && (tiles != 16 || blocks < 4)) continue;
+            PipelinePolicy policy = original;
+            policy.scoring = {threads, tiles, blocks, 2, stages};
+            if (auto ok = p->pipeline->set_policy(policy); !ok) continue;  // ring too deep for shared memory
+            const double t = time_scoring_only(*p, typical, n, repeats, stream);
+            std::printf("%s %s: scoring %.2f G ads/s (%.0f%%)\n", to_string(p->pipeline->schema().embedding_type),
+                        to_string(policy.scoring).c_str(), eligible / t * 1e-9,
+                        100 * eligible * bytes_per_ad / t / roofline);
+          }
+    CHECK_OK(p->pipeline->set_policy(original));
+  }
+}
+
 int main(int argc, char** argv) {
   std::uint64_t n = 100'000'000;
   bool quick = false, stages_only = false, updates_only = false, matching_only = false, probes_only = false,
-       batch_only = false, serving_only = false;
+       batch_only = false, serving_only = false, sweep_only = false;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--n") && i + 1 < argc) n = std::strtoull(argv[++i], nullptr, 10);
     else if (!std::strcmp(argv[i], "--quick")) quick = true;
@@ -605,9 +637,10 @@ int main(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--probes-only")) probes_only = true;
     else if (!std::strcmp(argv[i], "--batch-only")) batch_only = true;
     else if (!std::strcmp(argv[i], "--serving-only")) serving_only = true;
+    else if (!std::strcmp(argv[i], "--sweep-only")) sweep_only = true;  // the scoring policy sweep alone
     else if (!std::strcmp(argv[i], "--matching-only")) stages_only = matching_only = true;  // stages, then the matching sweep
     else {
-      std::fprintf(stderr, "usage: %s [--n ADS] [--quick] [--stages-only | --matching-only | --updates-only | --probes-only | --batch-only | --serving-only]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--n ADS] [--quick] [--stages-only | --matching-only | --sweep-only | --updates-only | --probes-only | --batch-only | --serving-only]\n", argv[0]);
       return 2;
     }
   }
@@ -677,6 +710,10 @@ int main(int argc, char** argv) {
     run_updates(fp16, fp16_workload, typical, n, quick);
     return 0;
   }
+  if (sweep_only) {
+    run_scoring_policy_sweep(both_pools, typical, n, repeats, roofline, out, stream);
+    return 0;
+  }
   if (probes_only) {
     std::puts("## Gather probes (fp16, typical request)\n");
     run_gather_probes(fp16, typical, n, repeats, roofline, out, stream);
@@ -706,32 +743,7 @@ int main(int argc, char** argv) {
     }
   }
 
-  if (!matching_only) std::puts("\n## Scoring policy sweep (typical, fp16 and int8, K = 1000; scoring alone)\n");
-  for (Pool* p : both_pools) {
-    if (matching_only) break;
-    const PipelinePolicy original = p->pipeline->policy();
-    const double bytes_per_ad = p->pipeline->index().row_bytes() + 4.0 +
-                                (p->pipeline->schema().embedding_type == EmbeddingType::int8 ? 4 : 0) + 8;
-    const std::uint32_t eligible = time_stages(*p, typical, n, 1, out, stream).eligible;
-    const double probe = time_gather_probe(*p, typical, n, repeats, stream);
-    std::printf("%s gather probe (rows + bias read, one word written, no arithmetic): %.2f G ads/s (%.0f%%)\n",
-                to_string(p->pipeline->schema().embedding_type), eligible / probe * 1e-9,
-                100 * eligible * bytes_per_ad / probe / roofline);
-    for (int stages : {0, 2, 3, 4})
-      for (int threads : {128, 256})
-        for (int tiles : {16, 32})
-          for (int blocks : {1, 2, 3, 4, 8}) {
-            if (stages == 0 && (tiles == 32 || blocks < 4)) continue;
-            PipelinePolicy policy = original;
-            policy.scoring = {threads, tiles, blocks, 2, stages};
-            if (auto ok = p->pipeline->set_policy(policy); !ok) continue;  // ring too deep for shared memory
-            const double t = time_scoring_only(*p, typical, n, repeats, stream);
-            std::printf("%s %s: scoring %.2f G ads/s (%.0f%%)\n", to_string(p->pipeline->schema().embedding_type),
-                        to_string(policy.scoring).c_str(), eligible / t * 1e-9,
-                        100 * eligible * bytes_per_ad / t / roofline);
-          }
-    CHECK_OK(p->pipeline->set_policy(original));
-  }
+  if (!matching_only) run_scoring_policy_sweep(both_pools, typical, n, repeats, roofline, out, stream);
 
   std::puts("\n## Scoring alone vs scoring + top-K (typical, K = 1000)\n");
   for (Pool* p : both_pools) {

@@ -82,13 +82,12 @@ __device__ __forceinline__ void gpu_copy_async_16(void* shared_dst, const void* 
   const auto dst = static_cast<std::uint32_t>(__cvta_generic_to_shared(shared_dst));
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid_bytes));
 }
-__device__ __forceinline__ void gpu_copy_async_4(void* shared_dst, const void* src, bool valid) {
+/// A 4- or 8-byte copy (cp.async.ca: through L1, as small copies must be).
+template <int Bytes>
+__device__ __forceinline__ void gpu_copy_async_small(void* shared_dst, const void* src, bool valid) {
+  static_assert(Bytes == 4 || Bytes == 8, "cp.async.ca copies 4, 8 or 16 bytes; 16 is gpu_copy_async_16");
   const auto dst = static_cast<std::uint32_t>(__cvta_generic_to_shared(shared_dst));
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 4u : 0u));
-}
-__device__ __forceinline__ void gpu_copy_async_8(void* shared_dst, const void* src, bool valid) {
-  const auto dst = static_cast<std::uint32_t>(__cvta_generic_to_shared(shared_dst));
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 8u : 0u));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;\n" ::"r"(dst), "l"(src), "n"(Bytes), "r"(valid ? Bytes : 0));
 }
 __device__ __forceinline__ void gpu_copy_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 /// Waits until at most `Pending` of this thread's most recently committed groups are still in flight.

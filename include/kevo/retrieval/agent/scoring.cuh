@@ -175,8 +175,7 @@ struct AgentScoring {
     const std::uint32_t mine = first + 16u * (quad >> 1) + group + 8u * (quad & 1);
     const bool valid = mine < length;
     const std::uint32_t slot = valid ? slots[mine] : 0u;
-    if constexpr (Type == EmbeddingType::int8) gpu_copy_async_8(stage.side[lane], index.side + 2 * static_cast<std::uint64_t>(slot), valid);
-    else gpu_copy_async_4(stage.side[lane], index.side + slot, valid);
+    gpu_copy_async_small<4 * Shape::side>(stage.side[lane], index.side + Shape::side * static_cast<std::uint64_t>(slot), valid);
   }
 
   /// Tile 0 or 1 of a stage whose copies have landed, as load_tile would have returned it (bias and
