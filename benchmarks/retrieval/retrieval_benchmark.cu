@@ -84,6 +84,41 @@ __global__ void gather_probe(IndexView index, const std::uint32_t* list, const s
   if (!WordPerAd && folded == 0x9e3779b9u) out[0] = folded;  // keeps the loads alive
 }
 
+/// gather_probe without its word per ad, in scoring's order instead of a grid stride: each warp
+/// takes whole chunks of `chunk_ads` listed ads (chunk = warp, + warps, ...) and reads their rows
+/// in turn, so the ads read at one moment spread over warps x chunk_ads of the list, not over one
+/// compact window. Tells whether that spread, rather than what is read, costs scoring its speed.
+__global__ void gather_probe_chunked(IndexView index, const std::uint32_t* list, const std::uint32_t* count,
+                                     int row_pieces_log2, int side_width, std::uint32_t chunk_ads, std::uint32_t* out) {
+  const std::uint32_t listed = *count;
+  const int lane = static_cast<int>(threadIdx.x % 32);
+  const std::uint64_t warps = static_cast<std::uint64_t>(gridDim.x) * blockDim.x / 32;
+  const int rows_per_load = 32 >> row_pieces_log2;  // fp16 rows are 16 pieces: 2 rows a warp load
+  const int row_in_load = lane >> row_pieces_log2, piece = lane & ((1 << row_pieces_log2) - 1);
+  std::uint32_t folded = 0;
+  for (std::uint64_t chunk = (blockIdx.x * static_cast<std::uint64_t>(blockDim.x) + threadIdx.x) / 32;
+       chunk * chunk_ads < listed; chunk += warps) {
+    const std::uint64_t begin = chunk * chunk_ads, end = std::min<std::uint64_t>(listed, begin + chunk_ads);
+    for (std::uint64_t first = begin; first < end; first += 4 * rows_per_load) {
+      uint4 v[4];
+      float b[4];
+#pragma unroll
+      for (int u = 0; u < 4; ++u) {
+        const std::uint64_t row = first + u * rows_per_load + row_in_load;
+        const bool valid = row < end;
+        const std::uint32_t slot = valid ? list[row] : 0u;
+        v[u] = valid ? gpu_load_streaming(static_cast<const uint4*>(index.embeddings) +
+                                          (static_cast<std::uint64_t>(slot) << row_pieces_log2) + piece)
+                     : make_uint4(0, 0, 0, 0);
+        b[u] = valid && piece == 0 ? index.side[static_cast<std::uint64_t>(slot) * side_width] : 0.0f;
+      }
+#pragma unroll
+      for (int u = 0; u < 4; ++u) folded ^= v[u].x ^ v[u].w ^ __float_as_uint(b[u]);
+    }
+  }
+  if (folded == 0x9e3779b9u) out[0] = folded;  // keeps the loads alive
+}
+
 /// list[i] = i * step for i < count: evenly spaced slots for the probe.
 __global__ void fill_spaced_slots(std::uint32_t* list, std::uint32_t count, std::uint32_t step) {
   for (std::uint32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < count; i += gridDim.x * blockDim.x) list[i] = i * step;
@@ -409,6 +444,16 @@ void run_gather_probes(Pool& pool, const Request& request, std::uint64_t n, int 
     report("the request's eligible list", reinterpret_cast<const std::uint32_t*>(temp + l.eligible),
            reinterpret_cast<const std::uint32_t*>(temp + l.state + offsetof(TopKState, eligible_count)), eligible, view,
            out);
+    // The same no-word probe in scoring's chunked order (run 59's question: does the spread cost?).
+    const auto* list = reinterpret_cast<const std::uint32_t*>(temp + l.eligible);
+    const auto* count = reinterpret_cast<const std::uint32_t*>(temp + l.state + offsetof(TopKState, eligible_count));
+    for (std::uint32_t chunk_ads : {32u, 128u, 256u, 1024u}) {
+      const double t = median_seconds(repeats, stream, [&] {
+        gather_probe_chunked<<<grid, 256, 0, stream>>>(view, list, count, pieces_log2, side, chunk_ads, out);
+      });
+      std::printf("gather probe, no word per ad, warps taking chunks of %u listed ads: %.2f G ads/s (%.1f%% counting row, bias, list entry and word out)\n",
+                  chunk_ads, eligible / t * 1e-9, 100 * eligible * bytes_per_ad / t / roofline);
+    }
     for (std::uint32_t step : {1u, 2u, 3u}) {
       const auto count = static_cast<std::uint32_t>(std::min<std::uint64_t>(eligible, n / step));
       fill_spaced_slots<<<grid, 256, 0, stream>>>(spaced, count, step);
@@ -610,7 +655,7 @@ void run_scoring_policy_sweep(const std::array<Pool*, 2>& pools, const Request& 
                 100 * eligible * bytes_per_ad / probe / roofline);
     for (int stages : {0, 2, 3, 4})
       for (int threads : {128, 256})
-        for (int tiles : {8, 16, 32})
+        for (int tiles : {2, 4, 8, 16, 32})
           for (int blocks : {1, 2, 3, 4, 8}) {
             if (stages == 0 && (tiles != 16 || blocks < 4)) continue;
             PipelinePolicy policy = original;

@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -593,12 +594,17 @@ class FusedRetrievalPipeline {
     const ResidentKey key{reinterpret_cast<const void*>(kernel), threads, dynamic_shared};
     for (const auto& [k, blocks] : resident_)
       if (k == key) return blocks;
+    // The attribute belongs to the kernel, not to this launch shape: it only ever grows, so that a
+    // policy with a smaller ring (cached below) does not lower it under one with a larger ring.
+    std::size_t& allowed = dynamic_shared_allowed_[key.kernel];
     int blocks = 0;
-    if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(dynamic_shared)) !=
-            cudaSuccess ||
+    if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             static_cast<int>(std::max(allowed, dynamic_shared))) != cudaSuccess ||
         cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, threads, dynamic_shared) != cudaSuccess) {
       (void)cudaGetLastError();
       blocks = 0;
+    } else {
+      allowed = std::max(allowed, dynamic_shared);
     }
     resident_.emplace_back(key, blocks);
     return blocks;
@@ -611,6 +617,7 @@ class FusedRetrievalPipeline {
   };
   std::mutex resident_mutex_;
   std::vector<std::pair<ResidentKey, int>> resident_;
+  std::map<const void*, std::size_t> dynamic_shared_allowed_;  // each kernel's MaxDynamicSharedMemorySize
   /// The prebuilt matching variants: every block_threads in the policy's domain.
   template <class F>
   static void for_each_matching_variant(F&& f) {
