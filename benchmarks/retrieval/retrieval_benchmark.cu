@@ -84,37 +84,33 @@ __global__ void gather_probe(IndexView index, const std::uint32_t* list, const s
   if (!WordPerAd && folded == 0x9e3779b9u) out[0] = folded;  // keeps the loads alive
 }
 
-/// gather_probe without its word per ad, in scoring's order instead of a grid stride: each warp
-/// takes whole chunks of `chunk_ads` listed ads (chunk = warp, + warps, ...) and reads their rows
-/// in turn, so the ads read at one moment spread over warps x chunk_ads of the list, not over one
-/// compact window. Tells whether that spread, rather than what is read, costs scoring its speed.
-__global__ void gather_probe_chunked(IndexView index, const std::uint32_t* list, const std::uint32_t* count,
-                                     int row_pieces_log2, int side_width, std::uint32_t chunk_ads, std::uint32_t* out) {
+/// The no-word gather probe with each warp holding `Loads` loads of two rows in flight, those rows
+/// either consecutive in the list (2 Loads rows in a run, as a scoring warp's pair of tiles) or
+/// spread: load u of warp w takes rows 2 (w + u W), 2 (w + u W) + 1 of each round (W = warps).
+/// Same bytes, same loads in flight; only where one warp's rows lie relative to each other differs.
+template <int Loads, bool Spread>
+__global__ void gather_probe_pattern(IndexView index, const std::uint32_t* list, const std::uint32_t* count,
+                                     int side_width, std::uint32_t* out) {
   const std::uint32_t listed = *count;
-  const int lane = static_cast<int>(threadIdx.x % 32);
+  const int lane = static_cast<int>(threadIdx.x % 32), half = lane / 16, piece = lane % 16;  // fp16 rows: 16 pieces
   const std::uint64_t warps = static_cast<std::uint64_t>(gridDim.x) * blockDim.x / 32;
-  const int rows_per_load = 32 >> row_pieces_log2;  // fp16 rows are 16 pieces: 2 rows a warp load
-  const int row_in_load = lane >> row_pieces_log2, piece = lane & ((1 << row_pieces_log2) - 1);
+  const std::uint64_t warp = (blockIdx.x * static_cast<std::uint64_t>(blockDim.x) + threadIdx.x) / 32;
   std::uint32_t folded = 0;
-  for (std::uint64_t chunk = (blockIdx.x * static_cast<std::uint64_t>(blockDim.x) + threadIdx.x) / 32;
-       chunk * chunk_ads < listed; chunk += warps) {
-    const std::uint64_t begin = chunk * chunk_ads, end = std::min<std::uint64_t>(listed, begin + chunk_ads);
-    for (std::uint64_t first = begin; first < end; first += 4 * rows_per_load) {
-      uint4 v[4];
-      float b[4];
+  for (std::uint64_t round = 0; round * warps * 2 * Loads < listed; ++round) {
+    uint4 v[Loads];
+    float b[Loads];
 #pragma unroll
-      for (int u = 0; u < 4; ++u) {
-        const std::uint64_t row = first + u * rows_per_load + row_in_load;
-        const bool valid = row < end;
-        const std::uint32_t slot = valid ? list[row] : 0u;
-        v[u] = valid ? gpu_load_streaming(static_cast<const uint4*>(index.embeddings) +
-                                          (static_cast<std::uint64_t>(slot) << row_pieces_log2) + piece)
-                     : make_uint4(0, 0, 0, 0);
-        b[u] = valid && piece == 0 ? index.side[static_cast<std::uint64_t>(slot) * side_width] : 0.0f;
-      }
-#pragma unroll
-      for (int u = 0; u < 4; ++u) folded ^= v[u].x ^ v[u].w ^ __float_as_uint(b[u]);
+    for (int u = 0; u < Loads; ++u) {
+      const std::uint64_t pair = Spread ? round * warps * Loads + warp + u * warps : (round * warps + warp) * Loads + u;
+      const std::uint64_t row = 2 * pair + half;
+      const bool valid = row < listed;
+      const std::uint32_t slot = valid ? list[row] : 0u;
+      v[u] = valid ? gpu_load_streaming(static_cast<const uint4*>(index.embeddings) + 16 * static_cast<std::uint64_t>(slot) + piece)
+                   : make_uint4(0, 0, 0, 0);
+      b[u] = valid && piece == 0 ? index.side[static_cast<std::uint64_t>(slot) * side_width] : 0.0f;
     }
+#pragma unroll
+    for (int u = 0; u < Loads; ++u) folded ^= v[u].x ^ v[u].w ^ __float_as_uint(b[u]);
   }
   if (folded == 0x9e3779b9u) out[0] = folded;  // keeps the loads alive
 }
@@ -444,15 +440,21 @@ void run_gather_probes(Pool& pool, const Request& request, std::uint64_t n, int 
     report("the request's eligible list", reinterpret_cast<const std::uint32_t*>(temp + l.eligible),
            reinterpret_cast<const std::uint32_t*>(temp + l.state + offsetof(TopKState, eligible_count)), eligible, view,
            out);
-    // The same no-word probe in scoring's chunked order (run 59's question: does the spread cost?).
     const auto* list = reinterpret_cast<const std::uint32_t*>(temp + l.eligible);
     const auto* count = reinterpret_cast<const std::uint32_t*>(temp + l.state + offsetof(TopKState, eligible_count));
-    for (std::uint32_t chunk_ads : {32u, 128u, 256u, 1024u}) {
-      const double t = median_seconds(repeats, stream, [&] {
-        gather_probe_chunked<<<grid, 256, 0, stream>>>(view, list, count, pieces_log2, side, chunk_ads, out);
-      });
-      std::printf("gather probe, no word per ad, warps taking chunks of %u listed ads: %.2f G ads/s (%.1f%% counting row, bias, list entry and word out)\n",
-                  chunk_ads, eligible / t * 1e-9, 100 * eligible * bytes_per_ad / t / roofline);
+    if (pieces_log2 == 4) {  // fp16: one warp's rows consecutive or spread, as many in flight
+      auto pattern = [&](const char* label, unsigned blocks, auto launch) {
+        const double t = median_seconds(repeats, stream, [&] { launch(blocks); });
+        std::printf("gather probe, no word per ad, %s: %.2f G ads/s (%.1f%% counting row, bias, list entry and word out)\n",
+                    label, eligible / t * 1e-9, 100 * eligible * bytes_per_ad / t / roofline);
+      };
+      const unsigned sms = p.multiprocessors();
+      pattern("8 warps/SM, 32 consecutive rows a warp", sms, [&](unsigned b) { gather_probe_pattern<16, false><<<b, 256, 0, stream>>>(view, list, count, side, out); });
+      pattern("8 warps/SM, 32 rows a warp, spread", sms, [&](unsigned b) { gather_probe_pattern<16, true><<<b, 256, 0, stream>>>(view, list, count, side, out); });
+      pattern("16 warps/SM, 16 consecutive rows a warp", 2 * sms, [&](unsigned b) { gather_probe_pattern<8, false><<<b, 256, 0, stream>>>(view, list, count, side, out); });
+      pattern("16 warps/SM, 16 rows a warp, spread", 2 * sms, [&](unsigned b) { gather_probe_pattern<8, true><<<b, 256, 0, stream>>>(view, list, count, side, out); });
+      pattern("64 warps/SM, 8 consecutive rows a warp", 8 * sms, [&](unsigned b) { gather_probe_pattern<4, false><<<b, 256, 0, stream>>>(view, list, count, side, out); });
+      pattern("64 warps/SM, 8 rows a warp, spread", 8 * sms, [&](unsigned b) { gather_probe_pattern<4, true><<<b, 256, 0, stream>>>(view, list, count, side, out); });
     }
     for (std::uint32_t step : {1u, 2u, 3u}) {
       const auto count = static_cast<std::uint32_t>(std::min<std::uint64_t>(eligible, n / step));
@@ -655,7 +657,7 @@ void run_scoring_policy_sweep(const std::array<Pool*, 2>& pools, const Request& 
                 100 * eligible * bytes_per_ad / probe / roofline);
     for (int stages : {0, 2, 3, 4})
       for (int threads : {128, 256})
-        for (int tiles : {2, 4, 8, 16, 32})
+        for (int tiles : {8, 16, 32})
           for (int blocks : {1, 2, 3, 4, 8}) {
             if (stages == 0 && (tiles != 16 || blocks < 4)) continue;
             PipelinePolicy policy = original;

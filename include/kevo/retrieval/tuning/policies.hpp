@@ -29,7 +29,7 @@ struct ScoringPolicy {
   int block_threads = 256;
   static constexpr std::array<int, 2> block_threads_domain{128, 256};  // compile-time variants
   int tiles_per_chunk = 16;
-  static constexpr std::array<int, 5> tiles_per_chunk_domain{2, 4, 8, 16, 32};  // run time
+  static constexpr std::array<int, 4> tiles_per_chunk_domain{4, 8, 16, 32};  // run time
   int blocks_per_sm = 8;  // capped by what is resident at once
   static constexpr std::array<int, 6> blocks_per_sm_domain{1, 2, 3, 4, 6, 8};  // run time (grid size)
   int tiles_in_flight = 2;  // with stages = 0: tiles whose loads a warp holds in registers at once
