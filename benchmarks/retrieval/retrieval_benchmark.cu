@@ -672,10 +672,35 @@ void run_scoring_policy_sweep(const std::array<Pool*, 2>& pools, const Request& 
   }
 }
 
+/// Top-K's time under each boundary cap: a smaller cap refines one level more often but leaves the
+/// one-block sort fewer candidates (at most K + cap, padded to a power of two).
+void run_topk_cap_sweep(Pool& pool, const Workload& workload, std::uint64_t n, int repeats, SearchOutput out,
+                        cudaStream_t stream) {
+  std::puts("\n## Top-K boundary cap (typical, fp16; top-K device time in ms)\n");
+  std::puts("| N | K | cap 2048 | cap 4096 | cap 8192 |");
+  std::puts("| --- | --- | --- | --- | --- |");
+  const PipelinePolicy original = pool.pipeline->policy();
+  for (const std::uint64_t slots : std::array<std::uint64_t, 3>{1ull << 20, 10ull << 20, n}) {
+    if (slots > n) continue;
+    for (int k : {1, 100, 1000, 4096}) {
+      const Request request = workload.request(1, RequestKind::typical, k);
+      std::printf("| %llu | %d |", static_cast<unsigned long long>(slots), k);
+      for (int cap : TopKPolicy::boundary_cap_domain) {
+        PipelinePolicy policy = original;
+        policy.topk.boundary_cap = cap;
+        CHECK_OK(pool.pipeline->set_policy(policy));
+        std::printf(" %.4f |", time_stages(pool, request, slots, repeats, out, stream).topk * 1e3);
+      }
+      std::puts("");
+    }
+  }
+  CHECK_OK(pool.pipeline->set_policy(original));
+}
+
 int main(int argc, char** argv) {
   std::uint64_t n = 100'000'000;
   bool quick = false, stages_only = false, updates_only = false, matching_only = false, probes_only = false,
-       batch_only = false, serving_only = false, sweep_only = false;
+       batch_only = false, serving_only = false, sweep_only = false, topk_only = false;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--n") && i + 1 < argc) n = std::strtoull(argv[++i], nullptr, 10);
     else if (!std::strcmp(argv[i], "--quick")) quick = true;
@@ -685,9 +710,10 @@ int main(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--batch-only")) batch_only = true;
     else if (!std::strcmp(argv[i], "--serving-only")) serving_only = true;
     else if (!std::strcmp(argv[i], "--sweep-only")) sweep_only = true;  // the scoring policy sweep alone
+    else if (!std::strcmp(argv[i], "--topk-only")) topk_only = true;    // the top-K boundary-cap sweep alone
     else if (!std::strcmp(argv[i], "--matching-only")) stages_only = matching_only = true;  // stages, then the matching sweep
     else {
-      std::fprintf(stderr, "usage: %s [--n ADS] [--quick] [--stages-only | --matching-only | --sweep-only | --updates-only | --probes-only | --batch-only | --serving-only]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--n ADS] [--quick] [--stages-only | --matching-only | --sweep-only | --topk-only | --updates-only | --probes-only | --batch-only | --serving-only]\n", argv[0]);
       return 2;
     }
   }
@@ -711,7 +737,7 @@ int main(int argc, char** argv) {
   auto t1 = std::chrono::steady_clock::now();
   std::printf("loaded %llu fp16 ads in %.1f s\n", static_cast<unsigned long long>(n),
               std::chrono::duration<double>(t1 - t0).count());
-  Pool int8 = updates_only || probes_only ? Pool{} : build_pool(int8_workload, n, 99, &targeting);
+  Pool int8 = updates_only || probes_only || topk_only ? Pool{} : build_pool(int8_workload, n, 99, &targeting);
   std::printf("loaded %llu int8 ads in %.1f s\n\n", static_cast<unsigned long long>(n),
               std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count());
 
@@ -755,6 +781,10 @@ int main(int argc, char** argv) {
   }
   if (updates_only) {
     run_updates(fp16, fp16_workload, typical, n, quick);
+    return 0;
+  }
+  if (topk_only) {
+    run_topk_cap_sweep(fp16, fp16_workload, n, repeats, out, stream);
     return 0;
   }
   if (sweep_only) {

@@ -640,10 +640,7 @@ class FusedRetrievalPipeline {
     if (!options_.policy && !check_shared_memory(policy_.scoring)) policy_.scoring = kRegisterScoringPolicy;
     if (!options_.policy && schema().embedding_type == EmbeddingType::int8) policy_.batch_scoring.one_pass_from = 16;
     if (auto ok = check_shared_memory(policy_.scoring); !ok) return ok;
-    // A GPU with less shared memory than Hopper's gets the largest boundary cap its sort can hold.
-    for (auto cap = TopKPolicy::boundary_cap_domain.rbegin(); cap != TopKPolicy::boundary_cap_domain.rend(); ++cap)
-      if (!options_.policy && *cap < policy_.topk.boundary_cap && !check_shared_memory(policy_.topk))
-        policy_.topk.boundary_cap = *cap;
+    // The default cap's sort (K + 2048 keys, 64 KB) fits every GPU since Volta; a larger explicit cap may not.
     if (auto ok = check_shared_memory(policy_.topk); !ok) return ok;
     auto upload = [](float*& d, const std::vector<float>& h) -> expected<void, Error> {
       KEVO_GPU_TRY(cudaMalloc(&d, h.size() * 4));
