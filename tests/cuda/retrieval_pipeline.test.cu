@@ -381,22 +381,27 @@ TEST_CASE("the default policy fits every shape, and an explicit one that does no
 }
 
 TEST_CASE("policies whose rings differ in size can be switched back and forth", "[cuda][policy]") {
-  // One kernel launched with two ring sizes: a smaller ring's launch must not lower the shared
-  // memory the larger one was allowed (the launch of the larger one then fails).
+  // One kernel launched with two ring sizes, by one pipeline and by two: a smaller ring's launch must
+  // not lower the shared memory the larger one was allowed (the larger one's next launch then fails).
   Loaded pool(small_options(11, EmbeddingType::fp16), 20000);
+  Loaded other(small_options(12, EmbeddingType::fp16), 5000);
   PipelinePolicy small_ring, large_ring;
   small_ring.scoring = {256, 8, 8, 2, 2};
   large_ring.scoring = {256, 32, 8, 2, 2};
-  for (const PipelinePolicy& policy : {large_ring, small_ring, large_ring, small_ring}) {
-    REQUIRE(pool.pipeline->set_policy(policy));
-    const Request request = pool.workload.request(5, RequestKind::typical, 100);
-    auto top = pool.pipeline->search(request);
+  auto search_agrees = [](Loaded& p, const PipelinePolicy& policy) {
+    REQUIRE(p.pipeline->set_policy(policy));
+    const Request request = p.workload.request(5, RequestKind::typical, 100);
+    auto top = p.pipeline->search(request);
     INFO(to_string(policy.scoring) << ": " << (top ? "ok" : top.error().message));
     REQUIRE(top);
-    auto ok = compare_with_reference(pool.host, compute_request_vectors(pool.workload.model(), request.features), request, *top);
+    auto ok = compare_with_reference(p.host, compute_request_vectors(p.workload.model(), request.features), request, *top);
     INFO((ok ? "" : ok.error().message));
     REQUIRE(ok);
-  }
+  };
+  for (const PipelinePolicy& policy : {large_ring, small_ring, large_ring, small_ring}) search_agrees(pool, policy);
+  search_agrees(pool, large_ring);
+  search_agrees(other, small_ring);  // another pipeline, the same kernel, a smaller ring
+  search_agrees(pool, large_ring);
 }
 
 TEST_CASE("the whole pipeline agrees with the reference", "[cuda][pipeline]") {

@@ -594,20 +594,30 @@ class FusedRetrievalPipeline {
     const ResidentKey key{reinterpret_cast<const void*>(kernel), threads, dynamic_shared};
     for (const auto& [k, blocks] : resident_)
       if (k == key) return blocks;
-    // The attribute belongs to the kernel, not to this launch shape: it only ever grows, so that a
-    // policy with a smaller ring (cached below) does not lower it under one with a larger ring.
-    std::size_t& allowed = dynamic_shared_allowed_[key.kernel];
     int blocks = 0;
-    if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             static_cast<int>(std::max(allowed, dynamic_shared))) != cudaSuccess ||
+    if (!allow_dynamic_shared(key.kernel, dynamic_shared) ||
         cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, threads, dynamic_shared) != cudaSuccess) {
       (void)cudaGetLastError();
       blocks = 0;
-    } else {
-      allowed = std::max(allowed, dynamic_shared);
     }
     resident_.emplace_back(key, blocks);
     return blocks;
+  }
+  /// Raises a kernel's dynamic shared-memory allowance to at least `bytes` and never lowers it: the
+  /// attribute belongs to the kernel on this device, for every pipeline in the process, so a ring
+  /// smaller than one launched before (by this pipeline or another) must leave it as it is.
+  static bool allow_dynamic_shared(const void* kernel, std::size_t bytes) {
+    static std::mutex mutex;
+    static std::map<std::pair<int, const void*>, std::size_t> allowed;  // (device, kernel) -> bytes
+    int device = 0;
+    if (cudaGetDevice(&device) != cudaSuccess) return false;
+    std::lock_guard lock(mutex);
+    std::size_t& current = allowed[{device, kernel}];
+    if (bytes <= current) return true;
+    if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)) != cudaSuccess)
+      return false;
+    current = bytes;
+    return true;
   }
   struct ResidentKey {
     const void* kernel;
@@ -617,7 +627,6 @@ class FusedRetrievalPipeline {
   };
   std::mutex resident_mutex_;
   std::vector<std::pair<ResidentKey, int>> resident_;
-  std::map<const void*, std::size_t> dynamic_shared_allowed_;  // each kernel's MaxDynamicSharedMemorySize
   /// The prebuilt matching variants: every block_threads in the policy's domain.
   template <class F>
   static void for_each_matching_variant(F&& f) {
