@@ -437,24 +437,23 @@ void run_gather_probes(Pool& pool, const Request& request, std::uint64_t n, int 
   const std::uint32_t eligible = time_stages(pool, request, n, 1, search_out, stream).eligible;
   with_matched_request(pool, request, n, stream, [&](const IndexView& view, unsigned char* temp) {
     auto* out = reinterpret_cast<std::uint32_t*>(temp + l.keys);
-    report("the request's eligible list", reinterpret_cast<const std::uint32_t*>(temp + l.eligible),
-           reinterpret_cast<const std::uint32_t*>(temp + l.state + offsetof(TopKState, eligible_count)), eligible, view,
-           out);
     const auto* list = reinterpret_cast<const std::uint32_t*>(temp + l.eligible);
-    const auto* count = reinterpret_cast<const std::uint32_t*>(temp + l.state + offsetof(TopKState, eligible_count));
+    const auto* listed = reinterpret_cast<const std::uint32_t*>(temp + l.state + offsetof(TopKState, eligible_count));
+    report("the request's eligible list", list, listed, eligible, view, out);
     if (pieces_log2 == 4) {  // fp16: one warp's rows consecutive or spread, as many in flight
-      auto pattern = [&](const char* label, unsigned blocks, auto launch) {
-        const double t = median_seconds(repeats, stream, [&] { launch(blocks); });
+      auto pattern = [&](const char* label, unsigned blocks_per_sm, auto* kernel) {
+        const double t = median_seconds(repeats, stream, [&] {
+          kernel<<<blocks_per_sm * p.multiprocessors(), 256, 0, stream>>>(view, list, listed, side, out);
+        });
         std::printf("gather probe, no word per ad, %s: %.2f G ads/s (%.1f%% counting row, bias, list entry and word out)\n",
                     label, eligible / t * 1e-9, 100 * eligible * bytes_per_ad / t / roofline);
       };
-      const unsigned sms = p.multiprocessors();
-      pattern("8 warps/SM, 32 consecutive rows a warp", sms, [&](unsigned b) { gather_probe_pattern<16, false><<<b, 256, 0, stream>>>(view, list, count, side, out); });
-      pattern("8 warps/SM, 32 rows a warp, spread", sms, [&](unsigned b) { gather_probe_pattern<16, true><<<b, 256, 0, stream>>>(view, list, count, side, out); });
-      pattern("16 warps/SM, 16 consecutive rows a warp", 2 * sms, [&](unsigned b) { gather_probe_pattern<8, false><<<b, 256, 0, stream>>>(view, list, count, side, out); });
-      pattern("16 warps/SM, 16 rows a warp, spread", 2 * sms, [&](unsigned b) { gather_probe_pattern<8, true><<<b, 256, 0, stream>>>(view, list, count, side, out); });
-      pattern("64 warps/SM, 8 consecutive rows a warp", 8 * sms, [&](unsigned b) { gather_probe_pattern<4, false><<<b, 256, 0, stream>>>(view, list, count, side, out); });
-      pattern("64 warps/SM, 8 rows a warp, spread", 8 * sms, [&](unsigned b) { gather_probe_pattern<4, true><<<b, 256, 0, stream>>>(view, list, count, side, out); });
+      pattern("8 warps/SM, 32 consecutive rows a warp", 1, gather_probe_pattern<16, false>);
+      pattern("8 warps/SM, 32 rows a warp, spread", 1, gather_probe_pattern<16, true>);
+      pattern("16 warps/SM, 16 consecutive rows a warp", 2, gather_probe_pattern<8, false>);
+      pattern("16 warps/SM, 16 rows a warp, spread", 2, gather_probe_pattern<8, true>);
+      pattern("64 warps/SM, 8 consecutive rows a warp", 8, gather_probe_pattern<4, false>);
+      pattern("64 warps/SM, 8 rows a warp, spread", 8, gather_probe_pattern<4, true>);
     }
     for (std::uint32_t step : {1u, 2u, 3u}) {
       const auto count = static_cast<std::uint32_t>(std::min<std::uint64_t>(eligible, n / step));
