@@ -115,6 +115,88 @@ __global__ void gather_probe_pattern(IndexView index, const std::uint32_t* list,
   if (folded == 0x9e3779b9u) out[0] = folded;  // keeps the loads alive
 }
 
+/// The gather probe (fp16 rows and biases, nothing computed) with the rows copied into shared
+/// memory instead of registers: by cp.async, 16 bytes a lane (`Bulk` false), or by one bulk copy a
+/// row through the TMA unit (cp.async.bulk, completing on an mbarrier). Each warp copies
+/// RowsPerWarp listed rows a round, consecutive or as pairs a grid of warps apart (`Spread`), waits
+/// for them and folds a word of each; with Stages > 1 (cp.async only) the rounds go through a ring,
+/// the next Stages - 1 rounds in flight while one is folded. Blocks of 256 threads; Stages *
+/// RowsPerWarp * 2 KB of dynamic shared memory a block.
+template <int RowsPerWarp, bool Bulk, bool Spread, int Stages = 1>
+__global__ void gather_probe_shared(IndexView index, const std::uint32_t* list, const std::uint32_t* count,
+                                    std::uint32_t* out) {
+  static_assert(Stages == 1 || !Bulk, "the bulk copies wait round by round");
+  extern __shared__ uint4 probe_rows[];
+  __shared__ alignas(8) std::uint64_t barriers[8];
+  const std::uint32_t listed = *count;
+  const int lane = static_cast<int>(threadIdx.x % 32), warp_in_block = static_cast<int>(threadIdx.x / 32);
+  uint4* rows = probe_rows + warp_in_block * Stages * RowsPerWarp * 16;
+  const std::uint64_t warps = static_cast<std::uint64_t>(gridDim.x) * blockDim.x / 32;
+  const std::uint64_t warp = (blockIdx.x * static_cast<std::uint64_t>(blockDim.x) + threadIdx.x) / 32;
+  const auto barrier = static_cast<std::uint32_t>(__cvta_generic_to_shared(&barriers[warp_in_block]));
+  if (Bulk && lane == 0) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(barrier));
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::);
+  }
+  __syncthreads();
+  std::uint32_t folded = 0, phase = 0;
+  // cp.async through a ring of Stages rounds: round q's copies are one commit group in stage q % Stages.
+  auto position_in = [&](std::uint64_t round, int r) -> std::uint64_t {
+    return Spread ? 2 * ((round * (RowsPerWarp / 2) + r / 2) * warps + warp) + (r & 1)
+                  : (round * warps + warp) * RowsPerWarp + r;
+  };
+  auto issue = [&](std::uint64_t round) {
+    uint4* stage = rows + (round % Stages) * RowsPerWarp * 16;
+    for (int piece = lane; piece < RowsPerWarp * 16; piece += 32) {
+      const std::uint64_t at = position_in(round, piece / 16);
+      const bool valid = at < listed;
+      const std::uint32_t slot = valid ? list[at] : 0u;
+      gpu_copy_async_16(stage + piece, static_cast<const uint4*>(index.embeddings) + 16ull * slot + piece % 16,
+                        valid ? 16u : 0u);
+      if (piece % 16 == 0 && valid) folded ^= __float_as_uint(__ldg(index.side + slot));
+    }
+    gpu_copy_async_commit();
+  };
+  if constexpr (!Bulk)
+    for (int q = 0; q < Stages - 1; ++q) issue(q);
+  for (std::uint64_t round = 0; round * warps * RowsPerWarp < listed; ++round) {
+    auto position = [&](int r) { return position_in(round, r); };
+    if constexpr (Bulk) {
+      std::uint32_t valid_rows = 0;
+      for (int r = 0; r < RowsPerWarp; ++r) valid_rows += position(r) < listed;
+      if (lane == 0) {
+        std::uint64_t state;
+        asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 %0, [%1], %2;\n"
+                     : "=l"(state) : "r"(barrier), "r"(valid_rows * 256u));
+      }
+      __syncwarp();
+      for (int r = lane; r < RowsPerWarp; r += 32) {
+        const std::uint64_t at = position(r);
+        if (at >= listed) continue;
+        const std::uint32_t slot = list[at];
+        const auto dst = static_cast<std::uint32_t>(__cvta_generic_to_shared(rows + 16 * r));
+        asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], 256, [%2];\n"
+                     ::"r"(dst), "l"(static_cast<const char*>(index.embeddings) + 256ull * slot), "r"(barrier) : "memory");
+        folded ^= __float_as_uint(__ldg(index.side + slot));
+      }
+      std::uint32_t done = 0;
+      while (!done)
+        asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
+                     : "=r"(done) : "r"(barrier), "r"(phase) : "memory");
+      phase ^= 1u;
+    } else {
+      issue(round + Stages - 1);  // into the stage the previous round read
+      gpu_copy_async_wait<Stages - 1>();
+      __syncwarp();
+    }
+    const uint4* stage = rows + (round % Stages) * RowsPerWarp * 16;
+    for (int r = lane; r < RowsPerWarp; r += 32) folded ^= stage[16 * r].x ^ stage[16 * r + 15].w;
+    __syncwarp();
+    if constexpr (Bulk) asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // reads before the next copies
+  }
+  if (folded == 0x9e3779b9u) out[0] = folded;  // keeps the loads alive
+}
+
 /// list[i] = i * step for i < count: evenly spaced slots for the probe.
 __global__ void fill_spaced_slots(std::uint32_t* list, std::uint32_t count, std::uint32_t step) {
   for (std::uint32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < count; i += gridDim.x * blockDim.x) list[i] = i * step;
@@ -454,6 +536,35 @@ void run_gather_probes(Pool& pool, const Request& request, std::uint64_t n, int 
       pattern("16 warps/SM, 16 rows a warp, spread", 2, gather_probe_pattern<8, true>);
       pattern("64 warps/SM, 8 consecutive rows a warp", 8, gather_probe_pattern<4, false>);
       pattern("64 warps/SM, 8 rows a warp, spread", 8, gather_probe_pattern<4, true>);
+      auto shared_pattern = [&](const char* label, unsigned blocks_per_sm, int rows_per_warp, auto* kernel, int stages = 1) {
+        const int bytes = rows_per_warp * 2048 * stages;
+        KEVO_GPU_ASSERT(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+        const double t = median_seconds(repeats, stream, [&] {
+          kernel<<<blocks_per_sm * p.multiprocessors(), 256, bytes, stream>>>(view, list, listed, out);
+        });
+        std::printf("gather probe into shared memory, %s: %.2f G ads/s (%.1f%% counting row, bias, list entry and word out)\n",
+                    label, eligible / t * 1e-9, 100 * eligible * bytes_per_ad / t / roofline);
+      };
+      shared_pattern("cp.async, 64 warps/SM, 8 rows a warp, spread", 8, 8, gather_probe_shared<8, false, true>);
+      shared_pattern("cp.async, 64 warps/SM, 8 consecutive rows a warp", 8, 8, gather_probe_shared<8, false, false>);
+      shared_pattern("cp.async, 16 warps/SM, 32 consecutive rows a warp", 2, 32, gather_probe_shared<32, false, false>);
+      shared_pattern("cp.async, 8 warps/SM, 64 consecutive rows a warp", 1, 64, gather_probe_shared<64, false, false>);
+      shared_pattern("bulk, 64 warps/SM, 8 rows a warp, spread", 8, 8, gather_probe_shared<8, true, true>);
+      shared_pattern("bulk, 64 warps/SM, 8 consecutive rows a warp", 8, 8, gather_probe_shared<8, true, false>);
+      shared_pattern("bulk, 16 warps/SM, 32 consecutive rows a warp", 2, 32, gather_probe_shared<32, true, false>);
+      shared_pattern("bulk, 16 warps/SM, 32 rows a warp, spread", 2, 32, gather_probe_shared<32, true, true>);
+      shared_pattern("bulk, 8 warps/SM, 64 consecutive rows a warp", 1, 64, gather_probe_shared<64, true, false>);
+      shared_pattern("bulk, 8 warps/SM, 64 rows a warp, spread", 1, 64, gather_probe_shared<64, true, true>);
+      shared_pattern("cp.async ring of 2, 8 warps/SM, 32 consecutive rows a stage", 1, 32, gather_probe_shared<32, false, false, 2>, 2);
+      shared_pattern("cp.async ring of 4, 8 warps/SM, 16 consecutive rows a stage", 1, 16, gather_probe_shared<16, false, false, 4>, 4);
+      shared_pattern("cp.async ring of 2, 16 warps/SM, 16 consecutive rows a stage", 2, 16, gather_probe_shared<16, false, false, 2>, 2);
+      shared_pattern("cp.async ring of 2, 16 warps/SM, 16 rows a stage, spread", 2, 16, gather_probe_shared<16, false, true, 2>, 2);
+      shared_pattern("cp.async ring of 2, 32 warps/SM, 8 consecutive rows a stage", 4, 8, gather_probe_shared<8, false, false, 2>, 2);
+      shared_pattern("cp.async ring of 2, 32 warps/SM, 8 rows a stage, spread", 4, 8, gather_probe_shared<8, false, true, 2>, 2);
+      shared_pattern("cp.async ring of 2, 64 warps/SM, 4 consecutive rows a stage", 8, 4, gather_probe_shared<4, false, false, 2>, 2);
+      shared_pattern("cp.async ring of 2, 64 warps/SM, 4 rows a stage, spread", 8, 4, gather_probe_shared<4, false, true, 2>, 2);
+      shared_pattern("cp.async, 32 warps/SM, 16 consecutive rows a warp", 4, 16, gather_probe_shared<16, false, false>);
+      shared_pattern("cp.async, 32 warps/SM, 16 rows a warp, spread", 4, 16, gather_probe_shared<16, false, true>);
     }
     for (std::uint32_t step : {1u, 2u, 3u}) {
       const auto count = static_cast<std::uint32_t>(std::min<std::uint64_t>(eligible, n / step));
