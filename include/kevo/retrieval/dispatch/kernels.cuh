@@ -3,7 +3,6 @@
 #pragma once
 
 #include <algorithm>
-#include <bit>
 #include <cstddef>
 #include <cstdint>
 
@@ -708,8 +707,16 @@ __global__ void __launch_bounds__(BlockThreads)
       });
 }
 
-/// The shared memory topk_sort needs for up to `capacity` candidates: a power of two of keys.
-inline std::size_t topk_sort_bytes(std::uint32_t capacity) { return std::bit_ceil(std::max(capacity, 2u)) * 8ull; }
+/// How many keys topk_sort sorts for `count` candidates: the count padded to a power of two, at
+/// least 2. (One function for the kernel and for the host that sizes its shared memory.)
+__host__ __device__ constexpr std::uint32_t topk_sort_keys(std::uint32_t count) {
+  std::uint32_t keys = 2;
+  while (keys < count) keys *= 2;
+  return keys;
+}
+
+/// The shared memory topk_sort needs for up to `capacity` candidates.
+inline std::size_t topk_sort_bytes(std::uint32_t capacity) { return topk_sort_keys(capacity) * 8ull; }
 
 /// Sorts the candidates (ranking keys, larger first) and decodes the first min(K, eligible) into
 /// (id, score); count is ~0u if top-K overflowed. One block: a bitonic sort in shared memory over
@@ -722,7 +729,7 @@ __global__ void __launch_bounds__(BlockThreads)
   extern __shared__ unsigned long long sorted[];  // topk_sort_bytes(capacity)
   const auto rank = static_cast<std::uint32_t>(threadIdx.x);
   const std::uint32_t count = min(state->candidate_count, capacity);
-  const std::uint32_t n = max(2u, 1u << (32 - __clz(max(count, 1u) - 1u)));  // count rounded up to a power of two
+  const std::uint32_t n = topk_sort_keys(count);
   for (std::uint32_t i = rank; i < n; i += BlockThreads) sorted[i] = i < count ? candidates[i] : 0ull;
   __syncthreads();
   for (std::uint32_t size = 2; size <= n; size <<= 1)
