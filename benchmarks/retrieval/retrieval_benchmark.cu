@@ -160,10 +160,9 @@ __global__ void gather_probe_shared(IndexView index, const std::uint32_t* list, 
   if constexpr (!Bulk)
     for (int q = 0; q < Stages - 1; ++q) issue(q);
   for (std::uint64_t round = 0; round * warps * RowsPerWarp < listed; ++round) {
-    auto position = [&](int r) { return position_in(round, r); };
     if constexpr (Bulk) {
       std::uint32_t valid_rows = 0;
-      for (int r = 0; r < RowsPerWarp; ++r) valid_rows += position(r) < listed;
+      for (int r = 0; r < RowsPerWarp; ++r) valid_rows += position_in(round, r) < listed;
       if (lane == 0) {
         std::uint64_t state;
         asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 %0, [%1], %2;\n"
@@ -171,7 +170,7 @@ __global__ void gather_probe_shared(IndexView index, const std::uint32_t* list, 
       }
       __syncwarp();
       for (int r = lane; r < RowsPerWarp; r += 32) {
-        const std::uint64_t at = position(r);
+        const std::uint64_t at = position_in(round, r);
         if (at >= listed) continue;
         const std::uint32_t slot = list[at];
         const auto dst = static_cast<std::uint32_t>(__cvta_generic_to_shared(rows + 16 * r));
@@ -483,6 +482,37 @@ double time_gather_probe(Pool& pool, const Request& request, std::uint64_t slots
   });
 }
 
+/// Where gather_probe_shared reads and what it is measured against.
+struct SharedProbeRun {
+  IndexView view;
+  const std::uint32_t* list;
+  const std::uint32_t* listed;
+  std::uint32_t* out;
+  std::uint32_t eligible;
+  double bytes_per_ad, roofline;
+  int repeats, multiprocessors;
+  cudaStream_t stream;
+};
+
+/// Times one gather_probe_shared variant at `blocks_per_sm` blocks of 256 threads; its shared memory
+/// and its label follow from the template arguments, so neither can disagree with the kernel.
+template <int RowsPerWarp, bool Bulk, bool Spread, int Stages = 1>
+void time_shared_probe(const SharedProbeRun& run, unsigned blocks_per_sm) {
+  auto* kernel = gather_probe_shared<RowsPerWarp, Bulk, Spread, Stages>;
+  const int bytes = Stages * RowsPerWarp * 2048;  // 8 warps' stages of 256-byte rows
+  KEVO_GPU_ASSERT(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+  const double t = median_seconds(run.repeats, run.stream, [&] {
+    kernel<<<blocks_per_sm * run.multiprocessors, 256, bytes, run.stream>>>(run.view, run.list, run.listed, run.out);
+  });
+  const std::string label = std::string(Bulk ? "bulk" : "cp.async") +
+                            (Stages > 1 ? " ring of " + std::to_string(Stages) : std::string()) + ", " +
+                            std::to_string(8 * blocks_per_sm) + " warps/SM, " + std::to_string(RowsPerWarp) +
+                            (Spread ? " rows a " : " consecutive rows a ") + (Stages > 1 ? "stage" : "warp") +
+                            (Spread ? ", spread" : "");
+  std::printf("gather probe into shared memory, %s: %.2f G ads/s (%.1f%% counting row, bias, list entry and word out)\n",
+              label.c_str(), run.eligible / t * 1e-9, 100 * run.eligible * run.bytes_per_ad / t / run.roofline);
+}
+
 /// What bounds scoring's gather: the probe over the request's eligible list, with and without
 /// whole-block L2 fetches, against the same probe over evenly spaced slots (every slot, every
 /// second, every third). If spaced lists run near the roofline and the eligible list does not,
@@ -536,35 +566,27 @@ void run_gather_probes(Pool& pool, const Request& request, std::uint64_t n, int 
       pattern("16 warps/SM, 16 rows a warp, spread", 2, gather_probe_pattern<8, true>);
       pattern("64 warps/SM, 8 consecutive rows a warp", 8, gather_probe_pattern<4, false>);
       pattern("64 warps/SM, 8 rows a warp, spread", 8, gather_probe_pattern<4, true>);
-      auto shared_pattern = [&](const char* label, unsigned blocks_per_sm, int rows_per_warp, auto* kernel, int stages = 1) {
-        const int bytes = rows_per_warp * 2048 * stages;
-        KEVO_GPU_ASSERT(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
-        const double t = median_seconds(repeats, stream, [&] {
-          kernel<<<blocks_per_sm * p.multiprocessors(), 256, bytes, stream>>>(view, list, listed, out);
-        });
-        std::printf("gather probe into shared memory, %s: %.2f G ads/s (%.1f%% counting row, bias, list entry and word out)\n",
-                    label, eligible / t * 1e-9, 100 * eligible * bytes_per_ad / t / roofline);
-      };
-      shared_pattern("cp.async, 64 warps/SM, 8 rows a warp, spread", 8, 8, gather_probe_shared<8, false, true>);
-      shared_pattern("cp.async, 64 warps/SM, 8 consecutive rows a warp", 8, 8, gather_probe_shared<8, false, false>);
-      shared_pattern("cp.async, 16 warps/SM, 32 consecutive rows a warp", 2, 32, gather_probe_shared<32, false, false>);
-      shared_pattern("cp.async, 8 warps/SM, 64 consecutive rows a warp", 1, 64, gather_probe_shared<64, false, false>);
-      shared_pattern("bulk, 64 warps/SM, 8 rows a warp, spread", 8, 8, gather_probe_shared<8, true, true>);
-      shared_pattern("bulk, 64 warps/SM, 8 consecutive rows a warp", 8, 8, gather_probe_shared<8, true, false>);
-      shared_pattern("bulk, 16 warps/SM, 32 consecutive rows a warp", 2, 32, gather_probe_shared<32, true, false>);
-      shared_pattern("bulk, 16 warps/SM, 32 rows a warp, spread", 2, 32, gather_probe_shared<32, true, true>);
-      shared_pattern("bulk, 8 warps/SM, 64 consecutive rows a warp", 1, 64, gather_probe_shared<64, true, false>);
-      shared_pattern("bulk, 8 warps/SM, 64 rows a warp, spread", 1, 64, gather_probe_shared<64, true, true>);
-      shared_pattern("cp.async ring of 2, 8 warps/SM, 32 consecutive rows a stage", 1, 32, gather_probe_shared<32, false, false, 2>, 2);
-      shared_pattern("cp.async ring of 4, 8 warps/SM, 16 consecutive rows a stage", 1, 16, gather_probe_shared<16, false, false, 4>, 4);
-      shared_pattern("cp.async ring of 2, 16 warps/SM, 16 consecutive rows a stage", 2, 16, gather_probe_shared<16, false, false, 2>, 2);
-      shared_pattern("cp.async ring of 2, 16 warps/SM, 16 rows a stage, spread", 2, 16, gather_probe_shared<16, false, true, 2>, 2);
-      shared_pattern("cp.async ring of 2, 32 warps/SM, 8 consecutive rows a stage", 4, 8, gather_probe_shared<8, false, false, 2>, 2);
-      shared_pattern("cp.async ring of 2, 32 warps/SM, 8 rows a stage, spread", 4, 8, gather_probe_shared<8, false, true, 2>, 2);
-      shared_pattern("cp.async ring of 2, 64 warps/SM, 4 consecutive rows a stage", 8, 4, gather_probe_shared<4, false, false, 2>, 2);
-      shared_pattern("cp.async ring of 2, 64 warps/SM, 4 rows a stage, spread", 8, 4, gather_probe_shared<4, false, true, 2>, 2);
-      shared_pattern("cp.async, 32 warps/SM, 16 consecutive rows a warp", 4, 16, gather_probe_shared<16, false, false>);
-      shared_pattern("cp.async, 32 warps/SM, 16 rows a warp, spread", 4, 16, gather_probe_shared<16, false, true>);
+      const SharedProbeRun run{view, list, listed, out, eligible, bytes_per_ad, roofline, repeats, p.multiprocessors(), stream};
+      time_shared_probe<8, false, true>(run, 8);
+      time_shared_probe<8, false, false>(run, 8);
+      time_shared_probe<32, false, false>(run, 2);
+      time_shared_probe<64, false, false>(run, 1);
+      time_shared_probe<8, true, true>(run, 8);
+      time_shared_probe<8, true, false>(run, 8);
+      time_shared_probe<32, true, false>(run, 2);
+      time_shared_probe<32, true, true>(run, 2);
+      time_shared_probe<64, true, false>(run, 1);
+      time_shared_probe<64, true, true>(run, 1);
+      time_shared_probe<32, false, false, 2>(run, 1);
+      time_shared_probe<16, false, false, 4>(run, 1);
+      time_shared_probe<16, false, false, 2>(run, 2);
+      time_shared_probe<16, false, true, 2>(run, 2);
+      time_shared_probe<8, false, false, 2>(run, 4);
+      time_shared_probe<8, false, true, 2>(run, 4);
+      time_shared_probe<4, false, false, 2>(run, 8);
+      time_shared_probe<4, false, true, 2>(run, 8);
+      time_shared_probe<16, false, false>(run, 4);
+      time_shared_probe<16, false, true>(run, 4);
     }
     for (std::uint32_t step : {1u, 2u, 3u}) {
       const auto count = static_cast<std::uint32_t>(std::min<std::uint64_t>(eligible, n / step));
