@@ -1,5 +1,7 @@
 // kevo/retrieval/portability.cuh: the one place that names the GPU runtime, so that a HIP build
-// can follow by filling in the other branch. Everything else says gpu_* and KEVO_GPU_*.
+// can follow by filling in the other branch. The library's other headers say gpu_* and KEVO_GPU_*
+// for the runtime and gpu_cub for CUB (hipCUB mirrors it); device code uses only the intrinsics
+// that HIP spells the same (__shfl_xor_sync, __syncwarp, __half) or the gpu_* wrappers below.
 //
 //   kevo::retrieval::gpu_stream_t stream;
 //   KEVO_GPU_TRY(gpu_stream_create(&stream));   // returns kevo::Error from the enclosing function
@@ -38,11 +40,64 @@ inline expected<void, Error> gpu_check(gpu_error_t e, const char* what) {
   return make_error(std::string(what) + ": " + gpu_error_string(e));
 }
 
+// ---- host runtime ------------------------------------------------------------------------------
+// One wrapper per runtime call the library makes, so that the HIP branch maps each to its hip*
+// twin in one place. Copies name no direction: unified addressing tells the runtime (both
+// runtimes' "default" kind). Streams are non-blocking and events untimed, the only kinds used.
+
+template <class T>
+gpu_error_t gpu_malloc(T** pointer, std::size_t bytes) { return cudaMalloc(reinterpret_cast<void**>(pointer), bytes); }
+inline gpu_error_t gpu_free(void* pointer) { return cudaFree(pointer); }
+/// Page-locked host memory, which asynchronous copies need to stay asynchronous.
+template <class T>
+gpu_error_t gpu_malloc_host(T** pointer, std::size_t bytes) { return cudaMallocHost(reinterpret_cast<void**>(pointer), bytes); }
+inline gpu_error_t gpu_free_host(void* pointer) { return cudaFreeHost(pointer); }
+inline gpu_error_t gpu_copy(void* dst, const void* src, std::size_t bytes) {
+  return cudaMemcpy(dst, src, bytes, cudaMemcpyDefault);
+}
+inline gpu_error_t gpu_copy_async(void* dst, const void* src, std::size_t bytes, gpu_stream_t stream) {
+  return cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream);
+}
+inline gpu_error_t gpu_memset(void* dst, int value, std::size_t bytes) { return cudaMemset(dst, value, bytes); }
+inline gpu_error_t gpu_memset_async(void* dst, int value, std::size_t bytes, gpu_stream_t stream) {
+  return cudaMemsetAsync(dst, value, bytes, stream);
+}
+/// The error of the last launch (and clears it).
+inline gpu_error_t gpu_last_error() { return cudaGetLastError(); }
+inline gpu_error_t gpu_stream_create(gpu_stream_t* stream) { return cudaStreamCreateWithFlags(stream, cudaStreamNonBlocking); }
+inline gpu_error_t gpu_stream_destroy(gpu_stream_t stream) { return cudaStreamDestroy(stream); }
+inline gpu_error_t gpu_stream_synchronize(gpu_stream_t stream) { return cudaStreamSynchronize(stream); }
+/// Work enqueued on `stream` after this waits for `event`'s last record.
+inline gpu_error_t gpu_stream_wait_event(gpu_stream_t stream, gpu_event_t event) { return cudaStreamWaitEvent(stream, event, 0); }
+inline gpu_error_t gpu_event_create(gpu_event_t* event) { return cudaEventCreateWithFlags(event, cudaEventDisableTiming); }
+inline gpu_error_t gpu_event_destroy(gpu_event_t event) { return cudaEventDestroy(event); }
+inline gpu_error_t gpu_event_record(gpu_event_t event, gpu_stream_t stream) { return cudaEventRecord(event, stream); }
+inline gpu_error_t gpu_event_synchronize(gpu_event_t event) { return cudaEventSynchronize(event); }
+inline gpu_error_t gpu_device_synchronize() { return cudaDeviceSynchronize(); }
+inline gpu_error_t gpu_current_device(int* device) { return cudaGetDevice(device); }
+inline gpu_error_t gpu_multiprocessor_count(int* count, int device) {
+  return cudaDeviceGetAttribute(count, cudaDevAttrMultiProcessorCount, device);
+}
+/// The most shared memory one block may ask for once allowed (gpu_allow_dynamic_shared).
+inline gpu_error_t gpu_max_shared_memory_optin(int* bytes, int device) {
+  return cudaDeviceGetAttribute(bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
+}
+/// How many blocks of `kernel` fit on one multiprocessor at once (0: it cannot launch).
+template <class Kernel>
+gpu_error_t gpu_resident_blocks(int* blocks, Kernel* kernel, int threads, std::size_t dynamic_shared) {
+  return cudaOccupancyMaxActiveBlocksPerMultiprocessor(blocks, kernel, threads, dynamic_shared);
+}
+/// Lets `kernel` (a __global__ function's address) take up to `bytes` of dynamic shared memory,
+/// past the default 48 KB.
+inline gpu_error_t gpu_allow_dynamic_shared(const void* kernel, int bytes) {
+  return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+}
+
 /// Number of GPUs; 0 where the runtime finds none (or no driver).
 inline int gpu_device_count() {
   int n = 0;
   if (cudaGetDeviceCount(&n) != cudaSuccess) {
-    (void)cudaGetLastError();
+    (void)gpu_last_error();
     return 0;
   }
   return n;
@@ -109,12 +164,12 @@ class GpuScratch {
   GpuScratch(const GpuScratch&) = delete;
   GpuScratch& operator=(const GpuScratch&) = delete;
   ~GpuScratch() {
-    for (void* p : owned_) cudaFree(p);
+    for (void* p : owned_) gpu_free(p);
   }
   template <class T>
   gpu_error_t allocate(T*& out, std::size_t count) {
     void* p = nullptr;
-    if (gpu_error_t e = cudaMalloc(&p, std::max<std::size_t>(count, 1) * sizeof(T)); e != gpu_success) return e;
+    if (gpu_error_t e = gpu_malloc(&p, std::max<std::size_t>(count, 1) * sizeof(T)); e != gpu_success) return e;
     owned_.push_back(p);
     out = static_cast<T*>(p);
     return gpu_success;

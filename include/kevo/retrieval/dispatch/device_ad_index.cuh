@@ -134,21 +134,21 @@ class DeviceAdIndex {
   }
 
   ~DeviceAdIndex() {
-    if (update_stream_) cudaStreamSynchronize(update_stream_);  // updates still in flight read the staging
+    if (update_stream_) gpu_stream_synchronize(update_stream_);  // updates still in flight read the staging
     for (void* p : {static_cast<void*>(ids_), static_cast<void*>(targeting_), static_cast<void*>(clauses_),
                     embeddings_, static_cast<void*>(side_),
                     static_cast<void*>(category_offsets_),
                     static_cast<void*>(headers_), static_cast<void*>(postings_), static_cast<void*>(segments_)})
-      if (p) cudaFree(p);
-    for (void* p : table_buffers_) cudaFree(p);
+      if (p) gpu_free(p);
+    for (void* p : table_buffers_) gpu_free(p);
     for (StagingBuffer& b : staging_) {
-      if (b.host) cudaFreeHost(b.host);
-      if (b.device) cudaFree(b.device);
-      if (b.consumed) cudaEventDestroy(b.consumed);
+      if (b.host) gpu_free_host(b.host);
+      if (b.device) gpu_free(b.device);
+      if (b.consumed) gpu_event_destroy(b.consumed);
     }
-    for (auto& [stream, event] : search_events_) cudaEventDestroy(event);
-    if (updated_) cudaEventDestroy(updated_);
-    if (update_stream_) cudaStreamDestroy(update_stream_);
+    for (auto& [stream, event] : search_events_) gpu_event_destroy(event);
+    if (updated_) gpu_event_destroy(updated_);
+    if (update_stream_) gpu_stream_destroy(update_stream_);
   }
   DeviceAdIndex(const DeviceAdIndex&) = delete;
   DeviceAdIndex& operator=(const DeviceAdIndex&) = delete;
@@ -335,10 +335,9 @@ class DeviceAdIndex {
     auto ok = enqueue_batch(held, **staging, [&]() -> expected<void, Error> {
       slots_ = high_water;
       auto* d = (*staging)->device;
-      KEVO_GPU_TRY(cudaMemcpyAsync(d, host_staging, s.total, cudaMemcpyHostToDevice, update_stream_));
+      KEVO_GPU_TRY(gpu_copy_async(d, host_staging, s.total, update_stream_));
       if (padded_clauses > 0)
-        KEVO_GPU_TRY(cudaMemcpyAsync(clauses_ + arena_tail_, d + s.clauses, padded_clauses * 4,
-                                     cudaMemcpyDeviceToDevice, update_stream_));
+        KEVO_GPU_TRY(gpu_copy_async(clauses_ + arena_tail_, d + s.clauses, padded_clauses * 4, update_stream_));
       arena_tail_ += padded_clauses;
       if (written > 0)
         kernels::scatter_ads<<<static_cast<unsigned>((written * 32 + 255) / 256), 256, 0, update_stream_>>>(
@@ -347,7 +346,7 @@ class DeviceAdIndex {
             reinterpret_cast<float*>(d + s.bias), with_rows ? reinterpret_cast<float*>(d + s.scale) : nullptr,
             with_rows ? reinterpret_cast<const uint4*>(d + s.rows) : nullptr, static_cast<int>(row_bytes() / 16), ids_,
             targeting_, side_, side_width(), static_cast<uint4*>(embeddings_), headers_);
-      KEVO_GPU_TRY(cudaGetLastError());
+      KEVO_GPU_TRY(gpu_last_error());
       return {};
     });
     if (!ok) return ok;
@@ -398,12 +397,12 @@ class DeviceAdIndex {
     std::unique_lock<std::mutex> held(mutex_, std::defer_lock);
     auto ok = enqueue_batch(held, **staging, [&]() -> expected<void, Error> {
       auto* d = (*staging)->device;
-      KEVO_GPU_TRY(cudaMemcpyAsync(d, (*staging)->host, s.total, cudaMemcpyHostToDevice, update_stream_));
+      KEVO_GPU_TRY(gpu_copy_async(d, (*staging)->host, s.total, update_stream_));
       kernels::scatter_ads<<<static_cast<unsigned>((n * 32 + 255) / 256), 256, 0, update_stream_>>>(
           static_cast<std::uint32_t>(n), reinterpret_cast<std::uint32_t*>(d + s.slots), nullptr,
           reinterpret_cast<std::uint32_t*>(d + s.targeting), nullptr, nullptr, nullptr, 0, ids_, targeting_, side_,
           side_width(), static_cast<uint4*>(embeddings_), headers_);
-      KEVO_GPU_TRY(cudaGetLastError());
+      KEVO_GPU_TRY(gpu_last_error());
       return {};
     });
     if (!ok) return unexpected(ok.error());
@@ -413,7 +412,7 @@ class DeviceAdIndex {
   /// Waits until every update enqueued so far is applied on the device (before a caller writes
   /// rows through embeddings() with its own kernels, or reads the index's arrays itself).
   expected<void, Error> synchronize() {
-    KEVO_GPU_TRY(cudaStreamSynchronize(update_stream_));
+    KEVO_GPU_TRY(gpu_stream_synchronize(update_stream_));
     return {};
   }
 
@@ -421,7 +420,7 @@ class DeviceAdIndex {
   /// Call with the lock from `search_lock()` held, then `after_search(stream)` once enqueued.
   std::unique_lock<std::mutex> search_lock() const { return std::unique_lock<std::mutex>(mutex_); }
   expected<IndexView, Error> before_search(gpu_stream_t stream) {
-    KEVO_GPU_TRY(cudaStreamWaitEvent(stream, updated_, 0));
+    KEVO_GPU_TRY(gpu_stream_wait_event(stream, updated_));
     return IndexView{ids_,   targeting_, clauses_, embeddings_, side_, PostingsView{headers_, postings_, segments_},
                      static_cast<std::uint32_t>(slots_)};
   }
@@ -429,11 +428,11 @@ class DeviceAdIndex {
     auto it = std::find_if(search_events_.begin(), search_events_.end(), [&](auto& p) { return p.first == stream; });
     if (it == search_events_.end()) {
       gpu_event_t event;
-      KEVO_GPU_TRY(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
+      KEVO_GPU_TRY(gpu_event_create(&event));
       search_events_.emplace_back(stream, event);
       it = std::prev(search_events_.end());
     }
-    KEVO_GPU_TRY(cudaEventRecord(it->second, stream));
+    KEVO_GPU_TRY(gpu_event_record(it->second, stream));
     return {};
   }
 
@@ -445,17 +444,17 @@ class DeviceAdIndex {
 
   expected<void, Error> allocate() {
     const std::size_t n = options_.capacity;
-    KEVO_GPU_TRY(cudaMalloc(&ids_, n * 4));
-    KEVO_GPU_TRY(cudaMalloc(&targeting_, n * 4));
-    KEVO_GPU_TRY(cudaMalloc(&clauses_, options_.clause_capacity * 4));
-    KEVO_GPU_TRY(cudaMalloc(&embeddings_, n * row_bytes()));
-    KEVO_GPU_TRY(cudaMalloc(&side_, n * 4 * static_cast<std::size_t>(side_width())));
-    KEVO_GPU_TRY(cudaMemset(targeting_, 0, n * 4));  // nothing live
+    KEVO_GPU_TRY(gpu_malloc(&ids_, n * 4));
+    KEVO_GPU_TRY(gpu_malloc(&targeting_, n * 4));
+    KEVO_GPU_TRY(gpu_malloc(&clauses_, options_.clause_capacity * 4));
+    KEVO_GPU_TRY(gpu_malloc(&embeddings_, n * row_bytes()));
+    KEVO_GPU_TRY(gpu_malloc(&side_, n * 4 * static_cast<std::size_t>(side_width())));
+    KEVO_GPU_TRY(gpu_memset(targeting_, 0, n * 4));  // nothing live
     const std::size_t segments = (n + kSegmentSlots - 1) / kSegmentSlots;
-    KEVO_GPU_TRY(cudaMalloc(&headers_, segments * kSegmentSlots));  // whole segments: matching reads 16 at a time
-    KEVO_GPU_TRY(cudaMemset(headers_, 0, segments * kSegmentSlots));
-    KEVO_GPU_TRY(cudaMalloc(&segments_, segments * sizeof(SegmentDirectory)));
-    KEVO_GPU_TRY(cudaMemset(segments_, 0, segments * sizeof(SegmentDirectory)));  // no postings yet
+    KEVO_GPU_TRY(gpu_malloc(&headers_, segments * kSegmentSlots));  // whole segments: matching reads 16 at a time
+    KEVO_GPU_TRY(gpu_memset(headers_, 0, segments * kSegmentSlots));
+    KEVO_GPU_TRY(gpu_malloc(&segments_, segments * sizeof(SegmentDirectory)));
+    KEVO_GPU_TRY(gpu_memset(segments_, 0, segments * sizeof(SegmentDirectory)));  // no postings yet
     host_category_offsets_.assign(kMaxCategories, 0);
     std::uint32_t bit = 0;
     for (int c = 0; c < schema_.categories(); ++c) {
@@ -463,12 +462,12 @@ class DeviceAdIndex {
       bit += schema_.category_values[static_cast<std::size_t>(c)];
     }
     total_query_bits_ = bit;
-    KEVO_GPU_TRY(cudaMalloc(&category_offsets_, kMaxCategories * 4));
-    KEVO_GPU_TRY(cudaMemcpy(category_offsets_, host_category_offsets_.data(), kMaxCategories * 4, cudaMemcpyHostToDevice));
-    KEVO_GPU_TRY(cudaStreamCreateWithFlags(&update_stream_, cudaStreamNonBlocking));
-    KEVO_GPU_TRY(cudaEventCreateWithFlags(&updated_, cudaEventDisableTiming));
-    KEVO_GPU_TRY(cudaEventRecord(updated_, update_stream_));
-    for (StagingBuffer& b : staging_) KEVO_GPU_TRY(cudaEventCreateWithFlags(&b.consumed, cudaEventDisableTiming));
+    KEVO_GPU_TRY(gpu_malloc(&category_offsets_, kMaxCategories * 4));
+    KEVO_GPU_TRY(gpu_copy(category_offsets_, host_category_offsets_.data(), kMaxCategories * 4));
+    KEVO_GPU_TRY(gpu_stream_create(&update_stream_));
+    KEVO_GPU_TRY(gpu_event_create(&updated_));
+    KEVO_GPU_TRY(gpu_event_record(updated_, update_stream_));
+    for (StagingBuffer& b : staging_) KEVO_GPU_TRY(gpu_event_create(&b.consumed));
     return {};
   }
 
@@ -501,15 +500,15 @@ class DeviceAdIndex {
   expected<StagingBuffer*, Error> take_staging(std::size_t bytes) {
     StagingBuffer& b = staging_[next_staging_];
     next_staging_ ^= 1;
-    KEVO_GPU_TRY(cudaEventSynchronize(b.consumed));
+    KEVO_GPU_TRY(gpu_event_synchronize(b.consumed));
     if (bytes <= b.bytes) return &b;
-    if (b.host) KEVO_GPU_TRY(cudaFreeHost(b.host));
-    if (b.device) KEVO_GPU_TRY(cudaFree(b.device));
+    if (b.host) KEVO_GPU_TRY(gpu_free_host(b.host));
+    if (b.device) KEVO_GPU_TRY(gpu_free(b.device));
     b.host = b.device = nullptr;
     b.bytes = 0;
     const std::size_t grown = std::max<std::size_t>(bytes, 1u << 20);
-    KEVO_GPU_TRY(cudaMallocHost(&b.host, grown));
-    KEVO_GPU_TRY(cudaMalloc(&b.device, grown));
+    KEVO_GPU_TRY(gpu_malloc_host(&b.host, grown));
+    KEVO_GPU_TRY(gpu_malloc(&b.device, grown));
     b.bytes = grown;
     return &b;
   }
@@ -545,13 +544,12 @@ class DeviceAdIndex {
     const unsigned grid = std::max(1u, std::min(4096u, (n + 255) / 256));
     if (!overwritten.empty()) {
       KEVO_GPU_TRY(scratch.allocate(dropped, overwritten.size()));
-      KEVO_GPU_TRY(cudaMemcpyAsync(dropped, overwritten.data(), overwritten.size() * 4, cudaMemcpyHostToDevice,
-                                   update_stream_));
+      KEVO_GPU_TRY(gpu_copy_async(dropped, overwritten.data(), overwritten.size() * 4, update_stream_));
       const auto count = static_cast<std::uint32_t>(overwritten.size());
       kernels::drop_clause_runs<<<std::max(1u, std::min(4096u, (count + 255) / 256)), 256, 0, update_stream_>>>(
           dropped, count, targeting_);
     }
-    KEVO_GPU_TRY(cudaMemsetAsync(quads + n, 0, 4, update_stream_));
+    KEVO_GPU_TRY(gpu_memset_async(quads + n, 0, 4, update_stream_));
     if (n > 0)
       kernels::arena_run_quads<<<grid, 256, 0, update_stream_>>>(targeting_, reinterpret_cast<const uint4*>(clauses_),
                                                                   n, quads);
@@ -559,10 +557,10 @@ class DeviceAdIndex {
     if (n > 0)
       kernels::arena_move_runs<<<grid, 256, 0, update_stream_>>>(
           targeting_, reinterpret_cast<const uint4*>(clauses_), reinterpret_cast<uint4*>(fresh), quads, offsets, n);
-    KEVO_GPU_TRY(cudaGetLastError());
+    KEVO_GPU_TRY(gpu_last_error());
     std::uint32_t total_quads = 0;
-    KEVO_GPU_TRY(cudaMemcpyAsync(&total_quads, offsets + n, 4, cudaMemcpyDeviceToHost, update_stream_));
-    KEVO_GPU_TRY(cudaStreamSynchronize(update_stream_));  // searches that read the old arena are done too
+    KEVO_GPU_TRY(gpu_copy_async(&total_quads, offsets + n, 4, update_stream_));
+    KEVO_GPU_TRY(gpu_stream_synchronize(update_stream_));  // searches that read the old arena are done too
     // The fresh arena becomes the index's; the old one is freed with the temporaries.
     scratch.release(fresh);
     scratch.adopt(clauses_);
@@ -593,9 +591,9 @@ class DeviceAdIndex {
     KEVO_GPU_TRY(scratch.allocate(offsets, n + 1ull));
     KEVO_GPU_TRY(scratch.allocate(starts, segments + 1ull));
     KEVO_GPU_TRY(scratch.allocate(wide, 1));
-    KEVO_GPU_TRY(cudaMemsetAsync(wide, 0, 4, stream));
+    KEVO_GPU_TRY(gpu_memset_async(wide, 0, 4, stream));
     const unsigned grid = std::max(1u, std::min(8192u, (n + 255) / 256));
-    KEVO_GPU_TRY(cudaMemsetAsync(counts + n, 0, 4, stream));
+    KEVO_GPU_TRY(gpu_memset_async(counts + n, 0, 4, stream));
     if (n > 0) kernels::postings_count<<<grid, 256, 0, stream>>>(targeting_, clauses_, n, headers, counts, wide);
     std::size_t scan_bytes = 0;
     unsigned char* scan_temp = nullptr;
@@ -603,12 +601,12 @@ class DeviceAdIndex {
     KEVO_GPU_TRY(scratch.allocate(scan_temp, scan_bytes));
     KEVO_GPU_TRY(gpu_cub::DeviceScan::ExclusiveSum(scan_temp, scan_bytes, counts, offsets, n + 1, stream));
     kernels::postings_segment_starts<<<std::max(1u, (segments + 256) / 256), 256, 0, stream>>>(offsets, n, segments, starts);
-    KEVO_GPU_TRY(cudaGetLastError());
+    KEVO_GPU_TRY(gpu_last_error());
     std::vector<std::uint32_t> host_starts(segments + 1ull);
     std::uint32_t wide_count = 0;
-    KEVO_GPU_TRY(cudaMemcpyAsync(host_starts.data(), starts, host_starts.size() * 4, cudaMemcpyDeviceToHost, stream));
-    KEVO_GPU_TRY(cudaMemcpyAsync(&wide_count, wide, 4, cudaMemcpyDeviceToHost, stream));
-    KEVO_GPU_TRY(cudaStreamSynchronize(stream));
+    KEVO_GPU_TRY(gpu_copy_async(host_starts.data(), starts, host_starts.size() * 4, stream));
+    KEVO_GPU_TRY(gpu_copy_async(&wide_count, wide, 4, stream));
+    KEVO_GPU_TRY(gpu_stream_synchronize(stream));
 
     std::uint32_t slice_entries = 0;  // the most postings of any slice: sizes the slice temporaries
     for (std::uint32_t s0 = 0; s0 < segments; s0 += slice_segments)
@@ -636,7 +634,7 @@ class DeviceAdIndex {
     std::vector<void*> tables;  // the new hash tables, one buffer per slice
     std::size_t table_entries = 0;
     auto free_tables = [&] {
-      for (void* p : tables) cudaFree(p);
+      for (void* p : tables) gpu_free(p);
     };
     auto build_slice = [&](std::uint32_t s0, std::uint32_t s1) -> expected<void, Error> {
       const std::uint32_t entries = host_starts[s1] - host_starts[s0];
@@ -653,16 +651,16 @@ class DeviceAdIndex {
       KEVO_GPU_TRY(gpu_cub::DeviceRunLengthEncode::Encode(slice_temp, bytes, sorted_keys, unique_keys, run_counts, runs,
                                                           entries, stream));
       std::uint32_t distinct = 0;
-      KEVO_GPU_TRY(cudaMemcpyAsync(&distinct, runs, 4, cudaMemcpyDeviceToHost, stream));
-      KEVO_GPU_TRY(cudaStreamSynchronize(stream));
+      KEVO_GPU_TRY(gpu_copy_async(&distinct, runs, 4, stream));
+      KEVO_GPU_TRY(gpu_stream_synchronize(stream));
       bytes = slice_temp_bytes;
       KEVO_GPU_TRY(gpu_cub::DeviceScan::ExclusiveSum(slice_temp, bytes, run_counts, run_starts, distinct, stream));
-      KEVO_GPU_TRY(cudaMemsetAsync(segment_bits, 0, slice_segments * 4, stream));
+      KEVO_GPU_TRY(gpu_memset_async(segment_bits, 0, slice_segments * 4, stream));
       const unsigned run_grid = std::max(1u, std::min(8192u, (distinct + 255) / 256));
       kernels::postings_count_bits<<<run_grid, 256, 0, stream>>>(unique_keys, runs, segment_bits);
       std::vector<std::uint32_t> bits(s1 - s0), slice(3 * (slice_segments + 1), 0);
-      KEVO_GPU_TRY(cudaMemcpyAsync(bits.data(), segment_bits, bits.size() * 4, cudaMemcpyDeviceToHost, stream));
-      KEVO_GPU_TRY(cudaStreamSynchronize(stream));
+      KEVO_GPU_TRY(gpu_copy_async(bits.data(), segment_bits, bits.size() * 4, stream));
+      KEVO_GPU_TRY(gpu_stream_synchronize(stream));
       std::uint32_t* segment_starts = slice.data();
       std::uint32_t* table_offsets = segment_starts + slice_segments + 1;
       std::uint32_t* table_sizes = table_offsets + slice_segments + 1;
@@ -675,20 +673,20 @@ class DeviceAdIndex {
         slice_table += table_sizes[s - s0];
       }
       unsigned long long* table = nullptr;
-      KEVO_GPU_TRY(cudaMalloc(&table, std::max<std::size_t>(slice_table, 1) * 8));
+      KEVO_GPU_TRY(gpu_malloc(&table, std::max<std::size_t>(slice_table, 1) * 8));
       tables.push_back(table);
       table_entries += slice_table;
-      KEVO_GPU_TRY(cudaMemsetAsync(table, 0, std::max<std::size_t>(slice_table, 1) * 8, stream));
-      KEVO_GPU_TRY(cudaMemcpyAsync(slice_tables, slice.data(), slice.size() * 4, cudaMemcpyHostToDevice, stream));
+      KEVO_GPU_TRY(gpu_memset_async(table, 0, std::max<std::size_t>(slice_table, 1) * 8, stream));
+      KEVO_GPU_TRY(gpu_copy_async(slice_tables, slice.data(), slice.size() * 4, stream));
       kernels::postings_fill_tables<<<run_grid, 256, 0, stream>>>(unique_keys, run_counts, run_starts, runs, slice_tables,
                                                                   slice_tables + slice_segments + 1,
                                                                   slice_tables + 2 * (slice_segments + 1), table);
-      KEVO_GPU_TRY(cudaGetLastError());
+      KEVO_GPU_TRY(gpu_last_error());
       for (std::uint32_t s = s0; s < s1; ++s) {
         directory[s].table = reinterpret_cast<const std::uint64_t*>(table + table_offsets[s - s0]);
         directory[s].table_size = table_sizes[s - s0];
       }
-      KEVO_GPU_TRY(cudaStreamSynchronize(stream));  // `slice` is reused by the next one
+      KEVO_GPU_TRY(gpu_stream_synchronize(stream));  // `slice` is reused by the next one
       return {};
     };
     for (std::uint32_t s0 = 0; s0 < segments; s0 += slice_segments)
@@ -701,16 +699,15 @@ class DeviceAdIndex {
     scratch.release(postings);
     std::unique_lock<std::mutex> held(mutex_, std::defer_lock);
     auto published = publish(held, [&]() -> expected<void, Error> {
-      if (n > 0) KEVO_GPU_TRY(cudaMemcpyAsync(headers_, headers, n, cudaMemcpyDeviceToDevice, stream));
+      if (n > 0) KEVO_GPU_TRY(gpu_copy_async(headers_, headers, n, stream));
       if (segments > 0)
-        KEVO_GPU_TRY(cudaMemcpyAsync(segments_, directory.data(), segments * sizeof(SegmentDirectory),
-                                     cudaMemcpyHostToDevice, stream));
+        KEVO_GPU_TRY(gpu_copy_async(segments_, directory.data(), segments * sizeof(SegmentDirectory), stream));
       std::swap(postings_, postings);
       std::swap(table_buffers_, tables);
       return {};
     });
     // The old postings and tables once published (every search that read them is done), else the new.
-    if (postings) cudaFree(postings);
+    if (postings) gpu_free(postings);
     free_tables();
     if (!published) return published;
     postings_count_ = host_starts[segments];
@@ -729,7 +726,7 @@ class DeviceAdIndex {
     auto enqueued = [&]() -> expected<void, Error> {
       KEVO_GPU_TRY(wait_for_searches());
       if (auto ok = enqueue(); !ok) return ok;
-      KEVO_GPU_TRY(cudaEventRecord(updated_, update_stream_));
+      KEVO_GPU_TRY(gpu_event_record(updated_, update_stream_));
       return {};
     }();
     lock.unlock();
@@ -739,7 +736,7 @@ class DeviceAdIndex {
   template <class Enqueue>
   expected<void, Error> publish(std::unique_lock<std::mutex>& lock, Enqueue&& enqueue) {
     if (auto ok = enqueue_update(lock, enqueue); !ok) return ok;
-    KEVO_GPU_TRY(cudaEventSynchronize(updated_));
+    KEVO_GPU_TRY(gpu_event_synchronize(updated_));
     return {};
   }
   /// enqueue_update for a batch read from `staging`, which is marked for reuse once read; does not wait.
@@ -747,14 +744,14 @@ class DeviceAdIndex {
   expected<void, Error> enqueue_batch(std::unique_lock<std::mutex>& lock, StagingBuffer& staging, Enqueue&& enqueue) {
     return enqueue_update(lock, [&]() -> expected<void, Error> {
       if (auto ok = enqueue(); !ok) return ok;
-      KEVO_GPU_TRY(cudaEventRecord(staging.consumed, update_stream_));
+      KEVO_GPU_TRY(gpu_event_record(staging.consumed, update_stream_));
       return {};
     });
   }
 
   gpu_error_t wait_for_searches() {
     for (auto& [stream, event] : search_events_)
-      if (gpu_error_t e = cudaStreamWaitEvent(update_stream_, event, 0); e != gpu_success) return e;
+      if (gpu_error_t e = gpu_stream_wait_event(update_stream_, event); e != gpu_success) return e;
     return gpu_success;
   }
 

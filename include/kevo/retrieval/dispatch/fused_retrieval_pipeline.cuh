@@ -98,12 +98,12 @@ class FusedRetrievalPipeline {
                     static_cast<void*>(own_out_ids_), static_cast<void*>(own_batch_temp_),
                     static_cast<void*>(own_batch_out_),
                     static_cast<void*>(own_out_scores_), static_cast<void*>(own_out_count_)})
-      if (p) cudaFree(p);
+      if (p) gpu_free(p);
     for (Upload& u : uploads_) {
-      if (u.host) cudaFreeHost(u.host);
-      if (u.done) cudaEventDestroy(u.done);
+      if (u.host) gpu_free_host(u.host);
+      if (u.done) gpu_event_destroy(u.done);
     }
-    if (own_stream_) cudaStreamDestroy(own_stream_);
+    if (own_stream_) gpu_stream_destroy(own_stream_);
   }
   FusedRetrievalPipeline(const FusedRetrievalPipeline&) = delete;
   FusedRetrievalPipeline& operator=(const FusedRetrievalPipeline&) = delete;
@@ -121,16 +121,16 @@ class FusedRetrievalPipeline {
     layout_ = compute_layout();
     batch_layout_ = compute_batch_layout();
     if (own_batch_temp_ && batch_layout_.total > own_batch_temp_bytes_) {
-      KEVO_GPU_TRY(cudaStreamSynchronize(own_stream_));
-      KEVO_GPU_TRY(cudaFree(own_batch_temp_));
+      KEVO_GPU_TRY(gpu_stream_synchronize(own_stream_));
+      KEVO_GPU_TRY(gpu_free(own_batch_temp_));
       own_batch_temp_ = nullptr;  // allocated again by the next search_batch
     }
     if (search_temp_bytes() > own_temp_bytes_) {
-      KEVO_GPU_TRY(cudaStreamSynchronize(own_stream_));
-      KEVO_GPU_TRY(cudaFree(own_temp_));
+      KEVO_GPU_TRY(gpu_stream_synchronize(own_stream_));
+      KEVO_GPU_TRY(gpu_free(own_temp_));
       own_temp_ = nullptr;
       own_temp_bytes_ = search_temp_bytes();
-      KEVO_GPU_TRY(cudaMalloc(&own_temp_, own_temp_bytes_));
+      KEVO_GPU_TRY(gpu_malloc(&own_temp_, own_temp_bytes_));
     }
     return {};
   }
@@ -187,7 +187,7 @@ class FusedRetrievalPipeline {
     if (!view) return unexpected(view.error());
     for (std::size_t r = 0; r < requests.size(); ++r)
       if (auto ok = prepare(requests[r], b.request, batch_region(t, r), stream); !ok) return ok;
-    KEVO_GPU_TRY(cudaMemsetAsync(t + b.listed, 0, 4, stream));
+    KEVO_GPU_TRY(gpu_memset_async(t + b.listed, 0, 4, stream));
     if (auto ok = enqueue_batch_matching(*view, t, requests.size(), stream); !ok) return ok;
     if (auto ok = enqueue_batch_scoring(*view, t, requests, stream); !ok) return ok;
     const auto* listed = reinterpret_cast<const std::uint32_t*>(t + b.listed);
@@ -197,7 +197,7 @@ class FusedRetrievalPipeline {
       kernels::topk_histogram<256><<<static_cast<unsigned>(multiprocessors_ * 2), 256, 0, stream>>>(
           reinterpret_cast<const std::uint32_t*>(at + b.request.keys), listed,
           reinterpret_cast<TopKState*>(at + b.request.state));
-      KEVO_GPU_TRY(cudaGetLastError());
+      KEVO_GPU_TRY(gpu_last_error());
       if (auto ok = topk(*view, b.request, at, list, listed, requests[r].k, outs[r], stream); !ok) return ok;
     }
     return index_->after_search(stream);
@@ -214,14 +214,14 @@ class FusedRetrievalPipeline {
         !ok)
       return unexpected(ok.error());
     std::uint32_t count = 0;
-    KEVO_GPU_TRY(cudaMemcpyAsync(&count, own_out_count_, 4, cudaMemcpyDeviceToHost, own_stream_));
-    KEVO_GPU_TRY(cudaStreamSynchronize(own_stream_));
+    KEVO_GPU_TRY(gpu_copy_async(&count, own_out_count_, 4, own_stream_));
+    KEVO_GPU_TRY(gpu_stream_synchronize(own_stream_));
     if (count == ~0u) return make_error("top-K candidate buffer overflowed (a bug)");
     std::vector<std::uint32_t> ids(count);
     std::vector<float> scores(count);
     if (count) {
-      KEVO_GPU_TRY(cudaMemcpy(ids.data(), own_out_ids_, count * 4ull, cudaMemcpyDeviceToHost));
-      KEVO_GPU_TRY(cudaMemcpy(scores.data(), own_out_scores_, count * 4ull, cudaMemcpyDeviceToHost));
+      KEVO_GPU_TRY(gpu_copy(ids.data(), own_out_ids_, count * 4ull));
+      KEVO_GPU_TRY(gpu_copy(scores.data(), own_out_scores_, count * 4ull));
     }
     std::vector<ScoredAd> result(count);
     for (std::uint32_t i = 0; i < count; ++i) result[i] = {ids[i], scores[i]};
@@ -235,7 +235,7 @@ class FusedRetrievalPipeline {
     constexpr std::size_t group = kernels::kMaxBatchRequests;
     std::lock_guard lock(own_mutex_);
     if (requests.empty()) return std::vector<std::vector<ScoredAd>>{};
-    if (!own_batch_out_) KEVO_GPU_TRY(cudaMalloc(&own_batch_out_, group * (kMaxK * 8ull + 4)));
+    if (!own_batch_out_) KEVO_GPU_TRY(gpu_malloc(&own_batch_out_, group * (kMaxK * 8ull + 4)));
     auto* ids = static_cast<std::uint32_t*>(own_batch_out_);
     auto* scores = reinterpret_cast<float*>(ids + group * kMaxK);
     auto* counts = reinterpret_cast<std::uint32_t*>(scores + group * kMaxK);
@@ -250,7 +250,7 @@ class FusedRetrievalPipeline {
       if (n >= static_cast<std::size_t>(policy_.batch_scoring.one_pass_from)) {
         if (!own_batch_temp_) {  // the first one-pass batch pays for its temp storage (~37 B per ad of capacity)
           own_batch_temp_bytes_ = search_batch_temp_bytes();
-          KEVO_GPU_TRY(cudaMalloc(&own_batch_temp_, own_batch_temp_bytes_));
+          KEVO_GPU_TRY(gpu_malloc(&own_batch_temp_, own_batch_temp_bytes_));
         }
         if (auto ok = search_batch_async(some, own_batch_temp_, own_batch_temp_bytes_, outs, own_stream_); !ok)
           return unexpected(ok.error());
@@ -260,10 +260,10 @@ class FusedRetrievalPipeline {
             return batch_error(first + r, ok.error());
       }
       std::uint32_t count[group];
-      KEVO_GPU_TRY(cudaMemcpyAsync(count, counts, n * 4, cudaMemcpyDeviceToHost, own_stream_));
-      KEVO_GPU_TRY(cudaMemcpyAsync(host_ids.data(), ids, n * kMaxK * 4ull, cudaMemcpyDeviceToHost, own_stream_));
-      KEVO_GPU_TRY(cudaMemcpyAsync(host_scores.data(), scores, n * kMaxK * 4ull, cudaMemcpyDeviceToHost, own_stream_));
-      KEVO_GPU_TRY(cudaStreamSynchronize(own_stream_));
+      KEVO_GPU_TRY(gpu_copy_async(count, counts, n * 4, own_stream_));
+      KEVO_GPU_TRY(gpu_copy_async(host_ids.data(), ids, n * kMaxK * 4ull, own_stream_));
+      KEVO_GPU_TRY(gpu_copy_async(host_scores.data(), scores, n * kMaxK * 4ull, own_stream_));
+      KEVO_GPU_TRY(gpu_stream_synchronize(own_stream_));
       for (std::size_t r = 0; r < n; ++r) {
         if (count[r] == ~0u) return make_error("top-K candidate buffer overflowed (a bug)");
         std::vector<ScoredAd> top(count[r]);
@@ -323,7 +323,7 @@ class FusedRetrievalPipeline {
       else if (p.stages == 4) launch(kernels::scoring_staged<Threads, Dim, Type, 4>, Threads, bytes);
     });
     if (!launched) return make_error("no prebuilt scoring variant for " + to_string(p));
-    KEVO_GPU_TRY(cudaGetLastError());
+    KEVO_GPU_TRY(gpu_last_error());
     return {};
   }
 
@@ -368,7 +368,7 @@ class FusedRetrievalPipeline {
   expected<void, Error> prepare(const Request& request, const SearchTempLayout& l, unsigned char* t,
                                 gpu_stream_t stream) {
     Upload& up = uploads_[next_upload_++ % uploads_.size()];
-    KEVO_GPU_TRY(cudaEventSynchronize(up.done));  // its previous copy has left
+    KEVO_GPU_TRY(gpu_event_synchronize(up.done));  // its previous copy has left
     auto* words = reinterpret_cast<std::uint32_t*>(up.host);
     std::memcpy(words, request.features.data(), request.features.size() * 4);
     std::uint32_t bits = 0;
@@ -378,10 +378,10 @@ class FusedRetrievalPipeline {
       for (std::uint32_t v : q.values)
         if (bits < index_->total_query_bits()) bit_list[bits++] = offsets[q.category] + v;
     words[model_.features] = bits;
-    KEVO_GPU_TRY(cudaMemsetAsync(t + l.state, 0, sizeof(TopKState), stream));
-    KEVO_GPU_TRY(cudaMemsetAsync(t + l.bitmap, 0, (index_->total_query_bits() + 31) / 32 * 4ull, stream));
-    KEVO_GPU_TRY(cudaMemcpyAsync(t + l.input, up.host, (model_.features + 1 + bits) * 4ull, cudaMemcpyHostToDevice, stream));
-    KEVO_GPU_TRY(cudaEventRecord(up.done, stream));
+    KEVO_GPU_TRY(gpu_memset_async(t + l.state, 0, sizeof(TopKState), stream));
+    KEVO_GPU_TRY(gpu_memset_async(t + l.bitmap, 0, (index_->total_query_bits() + 31) / 32 * 4ull, stream));
+    KEVO_GPU_TRY(gpu_copy_async(t + l.input, up.host, (model_.features + 1 + bits) * 4ull, stream));
+    KEVO_GPU_TRY(gpu_event_record(up.done, stream));
     const auto* x = reinterpret_cast<const float*>(t + l.input);
     auto* hidden = reinterpret_cast<float*>(t + l.hidden);
     auto* u = reinterpret_cast<float*>(t + l.expert);
@@ -394,7 +394,7 @@ class FusedRetrievalPipeline {
     kernels::query_set_bits<<<4, 256, 0, stream>>>(reinterpret_cast<const std::uint32_t*>(t + l.input) + model_.features + 1,
                                                    reinterpret_cast<const std::uint32_t*>(t + l.input) + model_.features,
                                                    reinterpret_cast<std::uint32_t*>(t + l.bitmap));
-    KEVO_GPU_TRY(cudaGetLastError());
+    KEVO_GPU_TRY(gpu_last_error());
     return {};
   }
 
@@ -432,7 +432,7 @@ class FusedRetrievalPipeline {
       launched = true;
     });
     if (!launched) return make_error("no prebuilt matching variant for " + to_string(p));
-    KEVO_GPU_TRY(cudaGetLastError());
+    KEVO_GPU_TRY(gpu_last_error());
     return {};
   }
 
@@ -488,7 +488,7 @@ class FusedRetrievalPipeline {
       }
     });
     if (!launched) return make_error("no batched scoring variant fits this GPU for " + to_string(policy_.batch_scoring));
-    KEVO_GPU_TRY(cudaGetLastError());
+    KEVO_GPU_TRY(gpu_last_error());
     return {};
   }
 
@@ -508,21 +508,21 @@ class FusedRetrievalPipeline {
     // Eight launches: level 0's select, each later level's refine (its last block selects; once the
     // threshold is known they return at once), the compaction, the sort.
     kernels::topk_select<threads><<<1, threads, 0, stream>>>(state, 0, kk, cap);
-    KEVO_GPU_TRY(cudaGetLastError());
+    KEVO_GPU_TRY(gpu_last_error());
     for (int level = 1; level < kTopKLevels; ++level)
       kernels::topk_refine<threads><<<grid, threads, 0, stream>>>(view, list, keys, chunk_max, listed, state, level,
                                                                   l.chunk_size, kk, cap);
-    KEVO_GPU_TRY(cudaGetLastError());
+    KEVO_GPU_TRY(gpu_last_error());
     kernels::topk_compact<threads><<<grid, threads, 0, stream>>>(view, list, keys, chunk_max, listed, state,
                                                                  l.chunk_size, candidates, l.candidate_capacity);
-    KEVO_GPU_TRY(cudaGetLastError());
+    KEVO_GPU_TRY(gpu_last_error());
     constexpr int sort_threads = 1024;
     const std::size_t sort_bytes = kernels::topk_sort_bytes(l.candidate_capacity);
     if (resident_blocks(kernels::topk_sort<sort_threads>, sort_threads, sort_bytes) == 0)
       return make_error("top-K's sort needs " + std::to_string(sort_bytes) + " bytes of shared memory per block");
     kernels::topk_sort<sort_threads><<<1, sort_threads, sort_bytes, stream>>>(candidates, state, kk, l.candidate_capacity,
                                                                              out.ids, out.scores, out.count);
-    KEVO_GPU_TRY(cudaGetLastError());
+    KEVO_GPU_TRY(gpu_last_error());
     return {};
   }
 
@@ -596,8 +596,8 @@ class FusedRetrievalPipeline {
       if (k == key) return blocks;
     int blocks = 0;
     if (!allow_dynamic_shared(key.kernel, dynamic_shared) ||
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, threads, dynamic_shared) != cudaSuccess) {
-      (void)cudaGetLastError();
+        gpu_resident_blocks(&blocks, kernel, threads, dynamic_shared) != gpu_success) {
+      (void)gpu_last_error();
       blocks = 0;
     }
     resident_.emplace_back(key, blocks);
@@ -610,11 +610,11 @@ class FusedRetrievalPipeline {
     static std::mutex mutex;
     static std::map<std::pair<int, const void*>, std::size_t> allowed;  // (device, kernel) -> bytes
     int device = 0;
-    if (cudaGetDevice(&device) != cudaSuccess) return false;
+    if (gpu_current_device(&device) != gpu_success) return false;
     std::lock_guard lock(mutex);
     std::size_t& current = allowed[{device, kernel}];
     if (bytes <= current) return true;
-    if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)) != cudaSuccess)
+    if (gpu_allow_dynamic_shared(kernel, static_cast<int>(bytes)) != gpu_success)
       return false;
     current = bytes;
     return true;
@@ -640,10 +640,10 @@ class FusedRetrievalPipeline {
 
   expected<void, Error> allocate() {
     int device = 0;
-    KEVO_GPU_TRY(cudaGetDevice(&device));
-    KEVO_GPU_TRY(cudaDeviceGetAttribute(&multiprocessors_, cudaDevAttrMultiProcessorCount, device));
+    KEVO_GPU_TRY(gpu_current_device(&device));
+    KEVO_GPU_TRY(gpu_multiprocessor_count(&multiprocessors_, device));
     int max_shared = 0;
-    KEVO_GPU_TRY(cudaDeviceGetAttribute(&max_shared, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+    KEVO_GPU_TRY(gpu_max_shared_memory_optin(&max_shared, device));
     max_shared_per_block_ = static_cast<std::size_t>(max_shared);
     policy_ = options_.policy.value_or(PipelinePolicy{});
     if (!options_.policy && !check_shared_memory(policy_.scoring)) policy_.scoring = kRegisterScoringPolicy;
@@ -652,8 +652,8 @@ class FusedRetrievalPipeline {
     // The default cap's sort (K + 2048 keys, 64 KB) fits every GPU since Volta; a larger explicit cap may not.
     if (auto ok = check_shared_memory(policy_.topk); !ok) return ok;
     auto upload = [](float*& d, const std::vector<float>& h) -> expected<void, Error> {
-      KEVO_GPU_TRY(cudaMalloc(&d, h.size() * 4));
-      KEVO_GPU_TRY(cudaMemcpy(d, h.data(), h.size() * 4, cudaMemcpyHostToDevice));
+      KEVO_GPU_TRY(gpu_malloc(&d, h.size() * 4));
+      KEVO_GPU_TRY(gpu_copy(d, h.data(), h.size() * 4));
       return {};
     };
     for (auto [d, h] : {std::pair{&w1_, &model_.w1}, std::pair{&c1_, &model_.c1}, std::pair{&w2_, &model_.w2},
@@ -663,17 +663,17 @@ class FusedRetrievalPipeline {
     batch_layout_ = compute_batch_layout();
     const std::size_t upload_bytes = layout_.input_words * 4ull;
     for (Upload& u : uploads_) {
-      KEVO_GPU_TRY(cudaMallocHost(&u.host, upload_bytes));
-      KEVO_GPU_TRY(cudaEventCreateWithFlags(&u.done, cudaEventDisableTiming));
-      KEVO_GPU_TRY(cudaEventRecord(u.done, 0));
+      KEVO_GPU_TRY(gpu_malloc_host(&u.host, upload_bytes));
+      KEVO_GPU_TRY(gpu_event_create(&u.done));
+      KEVO_GPU_TRY(gpu_event_record(u.done, 0));
     }
     own_temp_bytes_ = search_temp_bytes();
-    KEVO_GPU_TRY(cudaMalloc(&own_temp_, own_temp_bytes_));
-    KEVO_GPU_TRY(cudaMalloc(&own_out_ids_, kMaxK * 4));
-    KEVO_GPU_TRY(cudaMalloc(&own_out_scores_, kMaxK * 4));
-    KEVO_GPU_TRY(cudaMalloc(&own_out_count_, 4));
-    KEVO_GPU_TRY(cudaStreamCreateWithFlags(&own_stream_, cudaStreamNonBlocking));
-    KEVO_GPU_TRY(cudaDeviceSynchronize());
+    KEVO_GPU_TRY(gpu_malloc(&own_temp_, own_temp_bytes_));
+    KEVO_GPU_TRY(gpu_malloc(&own_out_ids_, kMaxK * 4));
+    KEVO_GPU_TRY(gpu_malloc(&own_out_scores_, kMaxK * 4));
+    KEVO_GPU_TRY(gpu_malloc(&own_out_count_, 4));
+    KEVO_GPU_TRY(gpu_stream_create(&own_stream_));
+    KEVO_GPU_TRY(gpu_device_synchronize());
     return {};
   }
 
