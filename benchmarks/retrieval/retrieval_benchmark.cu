@@ -829,10 +829,57 @@ void run_topk_cap_sweep(Pool& pool, const Workload& workload, std::uint64_t n, i
   CHECK_OK(pool.pipeline->set_policy(original));
 }
 
+/// Where a small pool's search time goes: matching, scoring and top-K enqueued launch by launch on
+/// the stream, against the same launches replayed from a CUDA graph captured once (no host launch
+/// cost, only the device's own gaps between kernels), and the host time that enqueueing them takes.
+void run_launch_costs(Pool& pool, const Request& request, int repeats, SearchOutput out, cudaStream_t stream) {
+  FusedRetrievalPipeline& p = *pool.pipeline;
+  pool.ensure_temp();
+  void* temp = pool.temp;
+  auto lock = p.index().search_lock();
+  auto view = p.index().before_search(stream);
+  CHECK_OK(view);
+  CHECK_OK(p.enqueue_prepare(request, temp, stream));
+  auto enqueue = [&] {
+    CHECK_OK(p.enqueue_matching(*view, temp, stream));
+    CHECK_OK(p.enqueue_scoring(*view, temp, request.routing, stream));
+    CHECK_OK(p.enqueue_topk(*view, temp, request.k, out, stream));
+  };
+  // Each replay starts from a reset top-K state, as enqueue_prepare leaves it.
+  auto* state = static_cast<unsigned char*>(temp) + p.temp_layout().state;
+  auto reset = [&] { KEVO_GPU_ASSERT(cudaMemsetAsync(state, 0, sizeof(TopKState), stream)); };
+  std::vector<double> host;
+  const double on_stream = median_seconds(repeats, stream, [&] {
+    reset();
+    const auto a = std::chrono::steady_clock::now();
+    enqueue();
+    host.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - a).count());
+  });
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  KEVO_GPU_ASSERT(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  reset();
+  enqueue();
+  KEVO_GPU_ASSERT(cudaStreamEndCapture(stream, &graph));
+  KEVO_GPU_ASSERT(cudaGraphInstantiate(&exec, graph, 0));
+  std::size_t nodes = 0;
+  KEVO_GPU_ASSERT(cudaGraphGetNodes(graph, nullptr, &nodes));
+  const double replayed = median_seconds(repeats, stream, [&] { KEVO_GPU_ASSERT(cudaGraphLaunch(exec, stream)); });
+  KEVO_GPU_ASSERT(cudaStreamSynchronize(stream));
+  std::uint32_t count = 0;
+  KEVO_GPU_ASSERT(cudaMemcpy(&count, out.count, 4, cudaMemcpyDeviceToHost));
+  KEVO_GPU_ASSERT(cudaGraphExecDestroy(exec));
+  KEVO_GPU_ASSERT(cudaGraphDestroy(graph));
+  CHECK_OK(p.index().after_search(stream));
+  std::printf("| %s | %llu | %d | %zu | %.3f ms | %.3f ms | %.3f ms | %u |\n", to_string(p.schema().embedding_type),
+              static_cast<unsigned long long>(pool.n), request.k, nodes, on_stream * 1e3, replayed * 1e3,
+              median(host) * 1e3, count);
+}
+
 int main(int argc, char** argv) {
   std::uint64_t n = 100'000'000;
   bool quick = false, stages_only = false, updates_only = false, matching_only = false, probes_only = false,
-       batch_only = false, serving_only = false, sweep_only = false, topk_only = false;
+       batch_only = false, serving_only = false, sweep_only = false, topk_only = false, launches_only = false;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--n") && i + 1 < argc) n = std::strtoull(argv[++i], nullptr, 10);
     else if (!std::strcmp(argv[i], "--quick")) quick = true;
@@ -843,9 +890,10 @@ int main(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--serving-only")) serving_only = true;
     else if (!std::strcmp(argv[i], "--sweep-only")) sweep_only = true;  // the scoring policy sweep alone
     else if (!std::strcmp(argv[i], "--topk-only")) topk_only = true;    // the top-K boundary-cap sweep alone
+    else if (!std::strcmp(argv[i], "--launches-only")) launches_only = true;  // launch costs at 1M and 10M ads
     else if (!std::strcmp(argv[i], "--matching-only")) stages_only = matching_only = true;  // stages, then the matching sweep
     else {
-      std::fprintf(stderr, "usage: %s [--n ADS] [--quick] [--stages-only | --matching-only | --sweep-only | --topk-only | --updates-only | --probes-only | --batch-only | --serving-only]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--n ADS] [--quick] [--stages-only | --matching-only | --sweep-only | --topk-only | --launches-only | --updates-only | --probes-only | --batch-only | --serving-only]\n", argv[0]);
       return 2;
     }
   }
@@ -863,6 +911,25 @@ int main(int argc, char** argv) {
   const Workload fp16_workload({.seed = 2026});
   WorkloadOptions int8_options{.seed = 2026, .embedding_type = EmbeddingType::int8};
   const Workload int8_workload(int8_options);
+  if (launches_only) {
+    cudaStream_t stream;
+    cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
+    SearchOutput out;
+    KEVO_GPU_ASSERT(cudaMalloc(&out.ids, kMaxK * 4));
+    KEVO_GPU_ASSERT(cudaMalloc(&out.scores, kMaxK * 4));
+    KEVO_GPU_ASSERT(cudaMalloc(&out.count, 4));
+    std::puts("## Launch costs: matching + scoring + top-K on the stream, from a graph, and the host's enqueue time\n");
+    std::puts("| dtype | N | K | graph nodes | on the stream | graph replay | host enqueue | results |");
+    std::puts("| --- | --- | --- | --- | --- | --- | --- | --- |");
+    for (const std::uint64_t m : {1ull << 20, 10ull << 20}) {
+      for (const Workload* w : {&fp16_workload, &int8_workload}) {
+        std::vector<PackedAds> cache;
+        Pool pool = build_pool(*w, m, 99, &cache);
+        for (int k : {1, 1000, 4096}) run_launch_costs(pool, fp16_workload.request(1, RequestKind::typical, k), repeats, out, stream);
+      }
+    }
+    return 0;
+  }
   std::vector<PackedAds> targeting;
   auto t0 = std::chrono::steady_clock::now();
   Pool fp16 = build_pool(fp16_workload, n, 99, &targeting);
