@@ -509,11 +509,11 @@ TEST_CASE("a batch is matched and scored in one pass, and each answer agrees wit
   CHECK_THAT(refused.error().message, Catch::Contains("request 2 of the batch"));
 }
 
-// The sort's padded size, which the kernel and the host's shared-memory sizing both take from here.
-static_assert(kernels::topk_sort_keys(0) == 2 && kernels::topk_sort_keys(1) == 2 && kernels::topk_sort_keys(2) == 2);
-static_assert(kernels::topk_sort_keys(3) == 4 && kernels::topk_sort_keys(1000 + 2048) == 4096);
-static_assert(kernels::topk_sort_keys(4096 + 2048) == 8192 && kernels::topk_sort_keys(8192) == 8192 &&
-              kernels::topk_sort_keys(8193) == 16384);
+// The keys a thread of the sort holds, which the kernel and the host's shared-memory sizing both take from here.
+static_assert(kernels::topk_sort_items(0) == 1 && kernels::topk_sort_items(1) == 1 && kernels::topk_sort_items(1024) == 1);
+static_assert(kernels::topk_sort_items(1025) == 2 && kernels::topk_sort_items(1000 + 2048) == 4);
+static_assert(kernels::topk_sort_items(4096 + 2048) == 8 && kernels::topk_sort_items(4096 + 8192) == 16 &&
+              kernels::topk_sort_items(16384) == 16 && kernels::topk_sort_items(16385) == 0);
 
 TEST_CASE("ties are broken by lower id, through every radix-select level", "[cuda][topk]") {
   // 30000 ads with one embedding and bias: every score ties, so the K-th key is resolved in the id bits;

@@ -11,6 +11,7 @@
 #include "kevo/retrieval/agent/scoring.cuh"
 #include "kevo/retrieval/agent/topk.cuh"
 #include "kevo/retrieval/agent/views.cuh"
+#include "kevo/retrieval/tuning/policies.hpp"
 
 namespace kevo::retrieval::kernels {
 
@@ -707,56 +708,84 @@ __global__ void __launch_bounds__(BlockThreads)
       });
 }
 
-/// How many keys topk_sort sorts for `count` candidates: the count padded to a power of two, at
-/// least 2. (One function for the kernel and for the host that sizes its shared memory.)
-__host__ __device__ constexpr std::uint32_t topk_sort_keys(std::uint32_t count) {
-  std::uint32_t keys = 2;
-  while (keys < count) keys *= 2;
-  return keys;
+/// Threads of topk_sort's one block.
+inline constexpr int kTopKSortThreads = 1024;
+
+/// Keys each thread of topk_sort holds for `count` candidates: the fewest of 1, 2, 4, 8 and 16 that
+/// cover them (0: more than one block sorts). One function for the kernel and for the host that
+/// sizes its shared memory.
+__host__ __device__ constexpr int topk_sort_items(std::uint32_t count) {
+  for (int items = 1; items <= 16; items *= 2)
+    if (count <= static_cast<std::uint32_t>(items) * kTopKSortThreads) return items;
+  return 0;
 }
+static_assert(topk_sort_items(kMaxK + TopKPolicy::boundary_cap_domain.back()) != 0,
+              "topk_sort holds the largest candidate buffer");
+
+template <int Items>
+using TopKBlockSort = gpu_cub::BlockMergeSort<unsigned long long, kTopKSortThreads, Items>;
 
 /// The shared memory topk_sort needs for up to `capacity` candidates.
-inline std::size_t topk_sort_bytes(std::uint32_t capacity) { return topk_sort_keys(capacity) * 8ull; }
+inline std::size_t topk_sort_bytes(std::uint32_t capacity) {
+  switch (topk_sort_items(capacity)) {
+    case 1: return sizeof(TopKBlockSort<1>::TempStorage);
+    case 2: return sizeof(TopKBlockSort<2>::TempStorage);
+    case 4: return sizeof(TopKBlockSort<4>::TempStorage);
+    case 8: return sizeof(TopKBlockSort<8>::TempStorage);
+    case 16: return sizeof(TopKBlockSort<16>::TempStorage);
+  }
+  return ~std::size_t{0};  // more than any block holds: the launch is refused
+}
+
+/// Ranking keys in result order: larger first (score descending, then lower id, as keys hold ~id).
+struct RankingFirst {
+  __device__ bool operator()(unsigned long long a, unsigned long long b) const { return a > b; }
+};
+
+/// Sorts `count` candidates, `Items` a thread (blocked: thread t holds sorted positions t Items ..),
+/// and decodes the first `results` into (id, score).
+template <int Items>
+__device__ __forceinline__ void sort_and_decode(const unsigned long long* candidates, std::uint32_t count,
+                                                std::uint32_t results, void* storage, std::uint32_t* out_ids,
+                                                float* out_scores) {
+  const auto rank = static_cast<std::uint32_t>(threadIdx.x);
+  unsigned long long keys[Items];
+#pragma unroll
+  for (int i = 0; i < Items; ++i) {
+    const std::uint32_t at = rank * Items + i;
+    keys[i] = at < count ? candidates[at] : 0ull;
+  }
+  // Positions past `count` take 0, which ranks after every candidate (each is at least 1 << 32).
+  TopKBlockSort<Items>(*static_cast<typename TopKBlockSort<Items>::TempStorage*>(storage))
+      .Sort(keys, RankingFirst{}, static_cast<int>(count), 0ull);
+#pragma unroll
+  for (int i = 0; i < Items; ++i) {
+    const std::uint32_t at = rank * Items + i;
+    if (at < results) {
+      out_ids[at] = ~static_cast<std::uint32_t>(keys[i]);
+      out_scores[at] = score_from_key(static_cast<std::uint32_t>(keys[i] >> 32));
+    }
+  }
+}
 
 /// Sorts the candidates (ranking keys, larger first) and decodes the first min(K, eligible) into
-/// (id, score); count is ~0u if top-K overflowed. One block: a bitonic sort in shared memory over
-/// the candidates padded with 0 (below every ranking key) to a power of two, so that its cost
-/// follows how many candidates there are (usually a little over K), not the buffer's capacity.
-template <int BlockThreads>
-__global__ void __launch_bounds__(BlockThreads)
+/// (id, score); count is ~0u if top-K overflowed. One block, CUB's block merge sort with as few
+/// keys a thread as the candidates need, so that its cost follows how many candidates there are
+/// (usually a little over K), not the buffer's capacity.
+__global__ void __launch_bounds__(kTopKSortThreads)
     topk_sort(const unsigned long long* candidates, const TopKState* state, std::uint32_t k, std::uint32_t capacity,
               std::uint32_t* out_ids, float* out_scores, std::uint32_t* out_count) {
-  extern __shared__ unsigned long long sorted[];  // topk_sort_bytes(capacity)
-  const auto rank = static_cast<std::uint32_t>(threadIdx.x);
+  extern __shared__ __align__(16) unsigned char sort_storage[];  // topk_sort_bytes(capacity)
   const std::uint32_t count = min(state->candidate_count, capacity);
-  const std::uint32_t n = topk_sort_keys(count);
-  for (std::uint32_t i = rank; i < n; i += BlockThreads) sorted[i] = i < count ? candidates[i] : 0ull;
-  __syncthreads();
-  for (std::uint32_t size = 2; size <= n; size <<= 1)
-    for (std::uint32_t stride = size >> 1; stride > 0; stride >>= 1) {
-      for (std::uint32_t t = rank; t < n / 2; t += BlockThreads) {
-        const std::uint32_t lo = ((t & ~(stride - 1)) << 1) | (t & (stride - 1)), hi = lo + stride;  // (stride: a power of two)
-        const bool descending = (lo & size) == 0;  // the final merge (size = n) is all descending
-        const unsigned long long a = sorted[lo], b = sorted[hi];
-        if ((a < b) == descending) {
-          sorted[lo] = b;
-          sorted[hi] = a;
-        }
-      }
-      // With strides of at most 32, each warp's pairs lie in the same 64-key spans stage after stage, so
-      // between two such stages only the warp need wait.
-      const std::uint32_t next = stride > 1 ? stride >> 1 : size;  // the next stage's stride
-      if (stride <= 32 && next <= 32) __syncwarp();
-      else __syncthreads();
-    }
-  __syncthreads();  // (a sort of at most 64 keys ends on a warp barrier)
   const std::uint32_t results = min(k, state->eligible_count);
-  for (std::uint32_t i = rank; i < results; i += BlockThreads) {
-    const unsigned long long ranking = sorted[i];
-    out_ids[i] = ~static_cast<std::uint32_t>(ranking);
-    out_scores[i] = score_from_key(static_cast<std::uint32_t>(ranking >> 32));
+  switch (topk_sort_items(count)) {  // at most topk_sort_items(capacity), which sized the storage
+    case 1: sort_and_decode<1>(candidates, count, results, sort_storage, out_ids, out_scores); break;
+    case 2: sort_and_decode<2>(candidates, count, results, sort_storage, out_ids, out_scores); break;
+    case 4: sort_and_decode<4>(candidates, count, results, sort_storage, out_ids, out_scores); break;
+    case 8: sort_and_decode<8>(candidates, count, results, sort_storage, out_ids, out_scores); break;
+    case 16: sort_and_decode<16>(candidates, count, results, sort_storage, out_ids, out_scores); break;
   }
-  if (rank == 0) *out_count = state->overflow ? ~0u : results;
+  if (threadIdx.x == 0) *out_count = state->overflow ? ~0u : results;
 }
 
 // ---- index updates -----------------------------------------------------------------------------
