@@ -517,7 +517,7 @@ class FusedRetrievalPipeline {
                                                                  l.chunk_size, candidates, l.candidate_capacity);
     KEVO_GPU_TRY(gpu_last_error());
     const std::size_t sort_bytes = kernels::topk_sort_bytes(l.candidate_capacity);
-    if (resident_blocks(kernels::topk_sort, kernels::kTopKSortThreads, sort_bytes) == 0)
+    if (resident_blocks(kernels::topk_sort<>, kernels::kTopKSortThreads, sort_bytes) == 0)
       return make_error("top-K's sort needs " + std::to_string(sort_bytes) + " bytes of shared memory per block");
     kernels::topk_sort<<<1, kernels::kTopKSortThreads, sort_bytes, stream>>>(candidates, state, kk, l.candidate_capacity,
                                                                             out.ids, out.scores, out.count);

@@ -15,9 +15,16 @@
 
 namespace kevo::retrieval::kernels {
 
+// Every kernel here is a template, those with no parameters of their own taking an unused
+// `template <class = void>`: a template's host stub may be defined in each translation unit, so two
+// .cu files of one program can include this header (a plain __global__ function would be defined
+// twice and fail to link). Launch as usual (`tower_hidden<<<...>>>`); take an address as
+// `topk_sort<>`.
+
 // ---- request: user towers, gating keys, query bitmap ------------------------------------------
 
 /// hidden(E, H) = relu(W1 x + c1); one warp per row.
+template <class = void>
 __global__ void tower_hidden(const float* w1, const float* c1, const float* x, int features, int rows, float* hidden) {
   const int row = static_cast<int>((blockIdx.x * blockDim.x + threadIdx.x) / 32);
   if (row >= rows) return;
@@ -26,6 +33,7 @@ __global__ void tower_hidden(const float* w1, const float* c1, const float* x, i
 }
 
 /// u(E, d) = W2_e hidden_e + c2_e.
+template <class = void>
 __global__ void tower_expert(const float* w2, const float* c2, const float* hidden, int hidden_dim, int dim, int rows,
                              float* u) {
   const int row = static_cast<int>((blockIdx.x * blockDim.x + threadIdx.x) / 32);
@@ -37,6 +45,7 @@ __global__ void tower_expert(const float* w2, const float* c2, const float* hidd
 }
 
 /// vectors(16, d) fp16: rows 0..7 = u_e, rows 8..15 = g_e = P u_e / sqrt(d); experts >= E are zero.
+template <class = void>
 __global__ void tower_gate(const float* projection, const float* u, int dim, int experts, __half* vectors) {
   const int row = static_cast<int>((blockIdx.x * blockDim.x + threadIdx.x) / 32);
   if (row >= kMaxGpuExperts * dim) return;
@@ -55,6 +64,7 @@ __global__ void tower_gate(const float* projection, const float* u, int dim, int
 }
 
 /// Sets the request's (category, value) bits; the bitmap was cleared before.
+template <class = void>
 __global__ void query_set_bits(const std::uint32_t* bits, const std::uint32_t* count, std::uint32_t* bitmap) {
   for (std::uint32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < *count; i += gridDim.x * blockDim.x)
     atomicOr(bitmap + (bits[i] >> 5), 1u << (bits[i] & 31u));
@@ -772,6 +782,7 @@ __device__ __forceinline__ void sort_and_decode(const unsigned long long* candid
 /// (id, score); count is ~0u if top-K overflowed. One block, CUB's block merge sort with as few
 /// keys a thread as the candidates need, so that its cost follows how many candidates there are
 /// (usually a little over K), not the buffer's capacity.
+template <class = void>
 __global__ void __launch_bounds__(kTopKSortThreads)
     topk_sort(const unsigned long long* candidates, const TopKState* state, std::uint32_t k, std::uint32_t capacity,
               std::uint32_t* out_ids, float* out_scores, std::uint32_t* out_count) {
@@ -791,6 +802,7 @@ __global__ void __launch_bounds__(kTopKSortThreads)
 // ---- index updates -----------------------------------------------------------------------------
 
 /// Writes a batch of ads into their slots: one warp per ad copies the embedding row (if given).
+template <class = void>
 __global__ void scatter_ads(std::uint32_t count, const std::uint32_t* slots, const std::uint32_t* ids,
                             const std::uint32_t* targeting, const float* bias, const float* scale,
                             const uint4* rows, int row_vectors, std::uint32_t* index_ids,
@@ -816,6 +828,7 @@ __global__ void scatter_ads(std::uint32_t count, const std::uint32_t* slots, con
 
 /// Clause-arena compaction, step 0: slots a batch is about to overwrite keep their live bit but
 /// drop their run (the batch writes their new targeting word before any search sees them).
+template <class = void>
 __global__ void drop_clause_runs(const std::uint32_t* slots, std::uint32_t count, std::uint32_t* targeting) {
   for (std::uint32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < count; i += gridDim.x * blockDim.x)
     targeting[slots[i]] &= targeting_bits::live;
@@ -823,6 +836,7 @@ __global__ void drop_clause_runs(const std::uint32_t* slots, std::uint32_t count
 
 /// Clause-arena compaction, step 1: the length in 16-byte quads of each live slot's clause run (0
 /// where the slot has none or is not live). A run ends in the quad that holds its `last` clause.
+template <class = void>
 __global__ void arena_run_quads(const std::uint32_t* targeting, const uint4* arena, std::uint32_t slots,
                                 std::uint32_t* quads) {
   for (std::uint32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < slots; i += gridDim.x * blockDim.x) {
@@ -841,6 +855,7 @@ __global__ void arena_run_quads(const std::uint32_t* targeting, const uint4* are
 
 /// Step 2: copies each kept run to its offset in the new arena and points the slot at it; slots
 /// whose run is dropped lose their has-clauses bit.
+template <class = void>
 __global__ void arena_move_runs(std::uint32_t* targeting, const uint4* old_arena, uint4* new_arena,
                                 const std::uint32_t* quads, const std::uint32_t* offsets, std::uint32_t slots) {
   for (std::uint32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < slots; i += gridDim.x * blockDim.x) {
@@ -898,6 +913,7 @@ __device__ __forceinline__ std::uint32_t posting_count(const std::uint32_t* clau
 
 /// Reindex step 1: each slot's match header, and how many postings it contributes (0 unless indexed
 /// or prefiltered). `walked` counts the ads left to walk: those with more clauses than a segment holds.
+template <class = void>
 __global__ void postings_count(const std::uint32_t* targeting, const std::uint32_t* clauses, std::uint32_t slots,
                                std::uint8_t* headers, std::uint32_t* counts, std::uint32_t* walked) {
   for (std::uint32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < slots; i += gridDim.x * blockDim.x) {
@@ -927,6 +943,7 @@ __global__ void postings_count(const std::uint32_t* targeting, const std::uint32
 /// Reindex step 2: the postings of slots [first, end) at their offsets (less `first_offset`), each
 /// keyed by (segment - first / kSegmentSlots) << 22 | query bit, so that one sort groups a slice's
 /// postings by segment, then by bit, in slot order within a bit.
+template <class = void>
 __global__ void postings_emit(const std::uint32_t* targeting, const std::uint32_t* clauses,
                               const std::uint32_t* category_offsets, const std::uint32_t* offsets, std::uint32_t first,
                               std::uint32_t end, std::uint32_t* keys, std::uint16_t* values) {
@@ -950,6 +967,7 @@ __global__ void postings_emit(const std::uint32_t* targeting, const std::uint32_
 }
 
 /// Reindex step 3: how many distinct query bits each segment of the slice lists.
+template <class = void>
 __global__ void postings_count_bits(const std::uint32_t* unique_keys, const std::uint32_t* runs,
                                     std::uint32_t* segment_bits) {
   for (std::uint32_t u = blockIdx.x * blockDim.x + threadIdx.x; u < *runs; u += gridDim.x * blockDim.x)
@@ -958,6 +976,7 @@ __global__ void postings_count_bits(const std::uint32_t* unique_keys, const std:
 
 /// Reindex step 4: inserts each distinct (segment, bit) of the slice into its segment's table.
 /// `run_starts` count from the slice's first posting, `segment_starts` likewise.
+template <class = void>
 __global__ void postings_fill_tables(const std::uint32_t* unique_keys, const std::uint32_t* run_counts,
                                      const std::uint32_t* run_starts, const std::uint32_t* runs,
                                      const std::uint32_t* segment_starts, const std::uint32_t* table_offsets,
@@ -973,6 +992,7 @@ __global__ void postings_fill_tables(const std::uint32_t* unique_keys, const std
 }
 
 /// Reindex: the first posting of each segment (offsets at segment starts, the last one the total).
+template <class = void>
 __global__ void postings_segment_starts(const std::uint32_t* offsets, std::uint32_t slots, std::uint32_t segments,
                                         std::uint32_t* starts) {
   for (std::uint32_t s = blockIdx.x * blockDim.x + threadIdx.x; s <= segments; s += gridDim.x * blockDim.x)
