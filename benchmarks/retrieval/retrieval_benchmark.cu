@@ -834,46 +834,44 @@ void run_topk_cap_sweep(Pool& pool, const Workload& workload, std::uint64_t n, i
 /// cost, only the device's own gaps between kernels), and the host time that enqueueing them takes.
 void run_launch_costs(Pool& pool, const Request& request, int repeats, SearchOutput out, cudaStream_t stream) {
   FusedRetrievalPipeline& p = *pool.pipeline;
-  pool.ensure_temp();
-  void* temp = pool.temp;
-  auto lock = p.index().search_lock();
-  auto view = p.index().before_search(stream);
-  CHECK_OK(view);
-  CHECK_OK(p.enqueue_prepare(request, temp, stream));
-  auto enqueue = [&] {
-    CHECK_OK(p.enqueue_matching(*view, temp, stream));
-    CHECK_OK(p.enqueue_scoring(*view, temp, request.routing, stream));
-    CHECK_OK(p.enqueue_topk(*view, temp, request.k, out, stream));
-  };
-  // Each replay starts from a reset top-K state, as enqueue_prepare leaves it.
-  auto* state = static_cast<unsigned char*>(temp) + p.temp_layout().state;
-  auto reset = [&] { KEVO_GPU_ASSERT(cudaMemsetAsync(state, 0, sizeof(TopKState), stream)); };
-  std::vector<double> host;
-  const double on_stream = median_seconds(repeats, stream, [&] {
+  // (Matched once beforehand as well: each timed run matches again from a reset state.)
+  with_matched_request(pool, request, pool.n, stream, [&](const IndexView& view, unsigned char* temp) {
+    auto enqueue = [&] {
+      CHECK_OK(p.enqueue_matching(view, temp, stream));
+      CHECK_OK(p.enqueue_scoring(view, temp, request.routing, stream));
+      CHECK_OK(p.enqueue_topk(view, temp, request.k, out, stream));
+    };
+    // Each run starts from a reset top-K state, as enqueue_prepare leaves it.
+    auto reset = [&] {
+      KEVO_GPU_ASSERT(cudaMemsetAsync(temp + p.temp_layout().state, 0, sizeof(TopKState), stream));
+    };
+    std::vector<double> host;
+    const double on_stream = median_seconds(repeats, stream, [&] {
+      reset();
+      const auto a = std::chrono::steady_clock::now();
+      enqueue();
+      host.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - a).count());
+    });
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    KEVO_GPU_ASSERT(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
     reset();
-    const auto a = std::chrono::steady_clock::now();
     enqueue();
-    host.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - a).count());
+    KEVO_GPU_ASSERT(cudaStreamEndCapture(stream, &graph));
+    KEVO_GPU_ASSERT(cudaGraphInstantiate(&exec, graph, 0));
+    std::size_t nodes = 0;
+    KEVO_GPU_ASSERT(cudaGraphGetNodes(graph, nullptr, &nodes));
+    const double replayed = median_seconds(repeats, stream, [&] { KEVO_GPU_ASSERT(cudaGraphLaunch(exec, stream)); });
+    KEVO_GPU_ASSERT(cudaStreamSynchronize(stream));
+    std::uint32_t count = 0;
+    KEVO_GPU_ASSERT(cudaMemcpy(&count, out.count, 4, cudaMemcpyDeviceToHost));
+    KEVO_GPU_ASSERT(cudaGraphExecDestroy(exec));
+    KEVO_GPU_ASSERT(cudaGraphDestroy(graph));
+    std::printf("| %s | %llu | %d | %zu | %.3f ms | %.3f ms | %.3f ms | %u |\n", to_string(p.schema().embedding_type),
+                static_cast<unsigned long long>(pool.n), request.k, nodes, on_stream * 1e3, replayed * 1e3,
+                median(host) * 1e3, count);
+    return 0;
   });
-  cudaGraph_t graph;
-  cudaGraphExec_t exec;
-  KEVO_GPU_ASSERT(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-  reset();
-  enqueue();
-  KEVO_GPU_ASSERT(cudaStreamEndCapture(stream, &graph));
-  KEVO_GPU_ASSERT(cudaGraphInstantiate(&exec, graph, 0));
-  std::size_t nodes = 0;
-  KEVO_GPU_ASSERT(cudaGraphGetNodes(graph, nullptr, &nodes));
-  const double replayed = median_seconds(repeats, stream, [&] { KEVO_GPU_ASSERT(cudaGraphLaunch(exec, stream)); });
-  KEVO_GPU_ASSERT(cudaStreamSynchronize(stream));
-  std::uint32_t count = 0;
-  KEVO_GPU_ASSERT(cudaMemcpy(&count, out.count, 4, cudaMemcpyDeviceToHost));
-  KEVO_GPU_ASSERT(cudaGraphExecDestroy(exec));
-  KEVO_GPU_ASSERT(cudaGraphDestroy(graph));
-  CHECK_OK(p.index().after_search(stream));
-  std::printf("| %s | %llu | %d | %zu | %.3f ms | %.3f ms | %.3f ms | %u |\n", to_string(p.schema().embedding_type),
-              static_cast<unsigned long long>(pool.n), request.k, nodes, on_stream * 1e3, replayed * 1e3,
-              median(host) * 1e3, count);
 }
 
 int main(int argc, char** argv) {
@@ -911,13 +909,13 @@ int main(int argc, char** argv) {
   const Workload fp16_workload({.seed = 2026});
   WorkloadOptions int8_options{.seed = 2026, .embedding_type = EmbeddingType::int8};
   const Workload int8_workload(int8_options);
+  cudaStream_t stream;
+  cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
+  SearchOutput out;
+  KEVO_GPU_ASSERT(cudaMalloc(&out.ids, kMaxK * 4));
+  KEVO_GPU_ASSERT(cudaMalloc(&out.scores, kMaxK * 4));
+  KEVO_GPU_ASSERT(cudaMalloc(&out.count, 4));
   if (launches_only) {
-    cudaStream_t stream;
-    cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
-    SearchOutput out;
-    KEVO_GPU_ASSERT(cudaMalloc(&out.ids, kMaxK * 4));
-    KEVO_GPU_ASSERT(cudaMalloc(&out.scores, kMaxK * 4));
-    KEVO_GPU_ASSERT(cudaMalloc(&out.count, 4));
     std::puts("## Launch costs: matching + scoring + top-K on the stream, from a graph, and the host's enqueue time\n");
     std::puts("| dtype | N | K | graph nodes | on the stream | graph replay | host enqueue | results |");
     std::puts("| --- | --- | --- | --- | --- | --- | --- | --- |");
@@ -939,13 +937,6 @@ int main(int argc, char** argv) {
   Pool int8 = updates_only || probes_only || topk_only ? Pool{} : build_pool(int8_workload, n, 99, &targeting);
   std::printf("loaded %llu int8 ads in %.1f s\n\n", static_cast<unsigned long long>(n),
               std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count());
-
-  cudaStream_t stream;
-  cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
-  SearchOutput out;
-  KEVO_GPU_ASSERT(cudaMalloc(&out.ids, kMaxK * 4));
-  KEVO_GPU_ASSERT(cudaMalloc(&out.scores, kMaxK * 4));
-  KEVO_GPU_ASSERT(cudaMalloc(&out.count, 4));
 
   auto report = [&](const char* label, Pool& pool, const Request& request, std::uint64_t slots) {
     const StageTimes st = time_stages(pool, request, slots, repeats, out, stream);
