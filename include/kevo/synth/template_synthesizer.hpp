@@ -11,6 +11,7 @@
 //   auto child = synth.generate(request);                 // a mutation of request.parent
 #pragma once
 
+#include <kevo/search_policy.hpp>  // Rng
 #include <kevo/synthesizer.hpp>
 
 #include <fmt/format.h>
