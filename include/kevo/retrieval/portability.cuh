@@ -1,7 +1,8 @@
 // kevo/retrieval/portability.cuh: the one place that names the GPU runtime, so that a HIP build
 // can follow by filling in the other branch. The library's other headers say gpu_* and KEVO_GPU_*
-// for the runtime and gpu_cub for CUB (hipCUB mirrors it); device code uses only the intrinsics
-// that HIP spells the same (__shfl_xor_sync, __syncwarp, __half) or the gpu_* wrappers below.
+// for the runtime and gpu_cub for CUB (hipCUB mirrors it), and inline PTX lives only here. Device
+// code still calls CUDA's intrinsics by name (__shfl_xor_sync, __reduce_max_sync, __vcmpeq4,
+// __half) and assumes 32-lane warps: the HIP issue wraps what HIP lacks and handles 64-lane waves.
 //
 //   kevo::retrieval::gpu_stream_t stream;
 //   KEVO_GPU_TRY(gpu_stream_create(&stream));   // returns kevo::Error from the enclosing function
