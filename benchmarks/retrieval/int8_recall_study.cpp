@@ -82,11 +82,10 @@ Matrix rounding_factor(Matrix h, int d) {
   return u;
 }
 
-/// int8 within the spec's rule (the max-abs scale, q in [-127, 127]), rounded coordinate by
-/// coordinate with each error spread over the coordinates still to come.
-void quantize_error_weighted(const std::vector<float>& a, const Matrix& u, float* dequantized) {
+/// int8 within the spec's rule (q in [-127, 127] at `scale`, quantize_int8's max-abs scale),
+/// rounded coordinate by coordinate with each error spread over the coordinates still to come.
+void quantize_error_weighted(const std::vector<float>& a, float scale, const Matrix& u, float* dequantized) {
   const int d = static_cast<int>(a.size());
-  const float scale = quantize_int8(a).scale;
   std::vector<double> rest(a.begin(), a.end());
   for (int j = 0; j < d; ++j) {
     const double q = scale > 0 ? std::clamp(std::round(rest[j] / scale), -127.0, 127.0) : 0.0;
@@ -207,7 +206,7 @@ int main(int argc, char** argv) {
         fp16[i * d + j] = round_to_half(ad.embedding[j]);
         int8[i * d + j] = q.scale * q.values[j];
       }
-      quantize_error_weighted(ad.embedding, factor, &weighted[i * d]);
+      quantize_error_weighted(ad.embedding, q.scale, factor, &weighted[i * d]);
     }
   });
 
