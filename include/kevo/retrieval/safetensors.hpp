@@ -1,6 +1,8 @@
 // kevo/retrieval/safetensors.hpp: the model's weights in a safetensors file (F32 tensors named
 // w1, c1, w2, c2, gate_projection). The header parser reads exactly what safetensors writes: one
 // flat JSON object of {dtype, shape, data_offsets} entries and an optional __metadata__ of strings.
+// It is hand-written because the pipeline's .cu files include this header and simdjson.h does not
+// compile under nvcc 13 (its SSE types trip nvcc's front end); the server's JSON goes through simdjson.
 //
 //   if (auto saved = save_model(model, "model.safetensors"); !saved) fail(saved.error().message);
 //   expected<Model, Error> loaded = load_model("model.safetensors");

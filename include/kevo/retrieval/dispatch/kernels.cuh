@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
+#include <utility>
 
 #include "kevo/retrieval/agent/matching.cuh"
 #include "kevo/retrieval/agent/request_vectors.cuh"
@@ -721,30 +723,40 @@ __global__ void __launch_bounds__(BlockThreads)
 /// Threads of topk_sort's one block.
 inline constexpr int kTopKSortThreads = 1024;
 
-/// Keys each thread of topk_sort holds for `count` candidates: the fewest of 1, 2, 4, 8 and 16 that
-/// cover them (0: more than one block sorts). One function for the kernel and for the host that
-/// sizes its shared memory.
+/// The keys a thread of topk_sort may hold: one build of the sort for each.
+using TopKSortItemCounts = std::integer_sequence<int, 1, 2, 4, 8, 16>;
+
+/// Keys each thread of topk_sort holds for `count` candidates: the fewest of TopKSortItemCounts
+/// that cover them (0: more than one block sorts). One function for the kernel and for the host
+/// that sizes its shared memory.
 __host__ __device__ constexpr int topk_sort_items(std::uint32_t count) {
-  for (int items = 1; items <= 16; items *= 2)
-    if (count <= static_cast<std::uint32_t>(items) * kTopKSortThreads) return items;
-  return 0;
+  return []<int... Items>(std::uint32_t n, std::integer_sequence<int, Items...>) {
+    int fewest = 0;
+    ((fewest = fewest == 0 && n <= static_cast<std::uint32_t>(Items) * kTopKSortThreads ? Items : fewest), ...);
+    return fewest;
+  }(count, TopKSortItemCounts{});
 }
 static_assert(topk_sort_items(kMaxK + TopKPolicy::boundary_cap_domain.back()) != 0,
               "topk_sort holds the largest candidate buffer");
+
+/// Calls f(std::integral_constant<int, topk_sort_items(count)>{}), so that the host's sizing and
+/// the kernel's sort pick their build in one place; false (f not called) past the largest.
+template <class F>
+__host__ __device__ bool visit_topk_sort_items(std::uint32_t count, F&& f) {
+  const int items = topk_sort_items(count);
+  return [&]<int... Items>(std::integer_sequence<int, Items...>) {
+    return ((items == Items && (f(std::integral_constant<int, Items>{}), true)) || ...);
+  }(TopKSortItemCounts{});
+}
 
 template <int Items>
 using TopKBlockSort = gpu_cub::BlockMergeSort<unsigned long long, kTopKSortThreads, Items>;
 
 /// The shared memory topk_sort needs for up to `capacity` candidates.
 inline std::size_t topk_sort_bytes(std::uint32_t capacity) {
-  switch (topk_sort_items(capacity)) {
-    case 1: return sizeof(TopKBlockSort<1>::TempStorage);
-    case 2: return sizeof(TopKBlockSort<2>::TempStorage);
-    case 4: return sizeof(TopKBlockSort<4>::TempStorage);
-    case 8: return sizeof(TopKBlockSort<8>::TempStorage);
-    case 16: return sizeof(TopKBlockSort<16>::TempStorage);
-  }
-  return ~std::size_t{0};  // more than any block holds: the launch is refused
+  std::size_t bytes = ~std::size_t{0};  // more than any block holds: the launch is refused
+  visit_topk_sort_items(capacity, [&](auto items) { bytes = sizeof(typename TopKBlockSort<items()>::TempStorage); });
+  return bytes;
 }
 
 /// Ranking keys in result order: larger first (score descending, then lower id, as keys hold ~id).
@@ -789,13 +801,10 @@ __global__ void __launch_bounds__(kTopKSortThreads)
   extern __shared__ __align__(16) unsigned char sort_storage[];  // topk_sort_bytes(capacity)
   const std::uint32_t count = min(state->candidate_count, capacity);
   const std::uint32_t results = min(k, state->eligible_count);
-  switch (topk_sort_items(count)) {  // at most topk_sort_items(capacity), which sized the storage
-    case 1: sort_and_decode<1>(candidates, count, results, sort_storage, out_ids, out_scores); break;
-    case 2: sort_and_decode<2>(candidates, count, results, sort_storage, out_ids, out_scores); break;
-    case 4: sort_and_decode<4>(candidates, count, results, sort_storage, out_ids, out_scores); break;
-    case 8: sort_and_decode<8>(candidates, count, results, sort_storage, out_ids, out_scores); break;
-    case 16: sort_and_decode<16>(candidates, count, results, sort_storage, out_ids, out_scores); break;
-  }
+  // At most topk_sort_items(capacity), which sized the storage.
+  visit_topk_sort_items(count, [&](auto items) {
+    sort_and_decode<items()>(candidates, count, results, sort_storage, out_ids, out_scores);
+  });
   if (threadIdx.x == 0) *out_count = state->overflow ? ~0u : results;
 }
 
