@@ -10,9 +10,11 @@ one with --backend cpu, then:
     batch) and compares each answer with the CPU server's;
   - sends malformed requests to the GPU server and expects 400s with a message, then a good answer;
   - upserts an ad that must rank first, sees it first on both, expires it, and sees it gone.
+With --via-file PATH the first server writes its pool there (--save-ads) and the second loads it
+(--ads-file) instead of generating it, so the comparison covers the ad file too.
 Exits non-zero on the first failure. Standard library only (the device has no extra packages).
 
-  python3 benchmarks/retrieval/server_check.py BINARY [--ads 200000] [--requests 20] [--dtype int8]
+  python3 benchmarks/retrieval/server_check.py BINARY [--ads 200000] [--requests 20] [--dtype int8] [--via-file PATH]
 
 With --first cpu both servers run the CPU backend: no GPU needed, and what is checked is the
 binary's HTTP path end to end (CI runs it so, tests/cli).
@@ -41,15 +43,16 @@ def post(url, payload, expect=200):
     return json.loads(body) if body else None
 
 
-def start(binary, backend, port, ads, seed, dtype):
+def start(binary, backend, port, ads, seed, dtype, extra=()):
     proc = subprocess.Popen([binary, "--backend", backend, "--port", str(port), "--ads", str(ads), "--seed",
-                             str(seed), "--dtype", dtype], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                             str(seed), "--dtype", dtype, *extra], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
     line = proc.stdout.readline()  # "serving N ads on http://... with the X backend" once loaded
     print(f"{backend}: {line.strip()}", flush=True)
     if f"with the {'cuda' if backend == 'gpu' else 'cpu'} backend" not in line:
         proc.kill()
         sys.exit(f"FAIL: the {backend} server did not come up as asked: {line!r}")
-    return proc, f"http://127.0.0.1:{port}"
+    return proc, f"http://127.0.0.1:{port}", line
 
 
 def close(a, b):
@@ -81,9 +84,18 @@ def main():
     ap.add_argument("--first", default="gpu", choices=["gpu", "cpu"], help="cpu: try the script without a GPU")
     ap.add_argument("--dtype", default="fp16", choices=["fp16", "int8"])
     ap.add_argument("--port", type=int, default=18181, help="the first server's; the second takes the next")
+    ap.add_argument("--via-file", help="the first server saves its pool here, the second loads it")
     args = ap.parse_args()
-    gpu_proc, gpu = start(args.binary, args.first, args.port, args.ads, args.seed, args.dtype)
-    cpu_proc, cpu = start(args.binary, "cpu", args.port + 1, args.ads, args.seed, args.dtype)
+    saving = ("--save-ads", args.via_file) if args.via_file else ()
+    loading = ("--ads-file", args.via_file) if args.via_file else ()
+    gpu_proc, gpu, _ = start(args.binary, args.first, args.port, args.ads, args.seed, args.dtype, saving)
+    # The second server starts once the first serves, so the file is whole by then.
+    cpu_proc, cpu, line = start(args.binary, "cpu", args.port + 1, 0 if args.via_file else args.ads, args.seed,
+                                args.dtype, loading)
+    if args.via_file and f"serving {args.ads} ads" not in line:
+        gpu_proc.kill()
+        cpu_proc.kill()
+        sys.exit(f"FAIL: the server loading {args.via_file} did not load {args.ads} ads: {line!r}")
     try:
         rng = random.Random(args.seed)
 

@@ -1,12 +1,13 @@
 // retrieval_server: kevo's fused retrieval pipeline behind HTTP.
 //
-// It loads a model (a safetensors file, or the workload's own), fills the ad pool with the spec's
-// synthetic workload, and serves top-K requests and real-time ad updates as JSON over HTTP
+// It loads a model (a safetensors file, or the workload's own), fills the ad pool from an ad file
+// (ad_file.hpp) or with the spec's synthetic workload, and serves top-K requests and real-time ad updates as JSON over HTTP
 // (kevo/retrieval/serving.hpp lists the endpoints). It runs on the GPU where one exists and on the
 // CPU reference elsewhere; the GPU backend comes from cuda_backend.cu beside this file, a separate
 // translation unit because Boost.Beast does not compile under nvcc:
 //
-//   retrieval_server --port 8080 --ads 1000000 [--dtype int8]
+//   retrieval_server --port 8080 --ads 1000000 [--dtype int8] [--save-ads pool.safetensors]
+//   retrieval_server --port 8080 --ads-file pool.safetensors --model model.safetensors
 //   curl -s localhost:8080/search -d '{"features":[...256 floats...],"query":[{"category":0,"values":[1]}],"k":10}'
 #include <kevo/retrieval/retrieval.hpp>
 #include <kevo/retrieval/serving.hpp>
@@ -16,6 +17,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <thread>
 
@@ -37,6 +39,8 @@ struct Options {
   std::uint64_t ads = 100000;
   std::uint64_t seed = 1;
   std::string model;
+  std::string ads_file;  // load the pool from here instead of generating it
+  std::string save_ads;  // write the generated pool here before serving
   std::string backend = "auto";
   unsigned threads = 4;
   std::size_t batch = 8;  // concurrent searches answered together (1: one at a time)
@@ -53,6 +57,8 @@ bool parse(int argc, char** argv, Options& o) {
     else if (a == "--ads") o.ads = std::strtoull(v, nullptr, 10);
     else if (a == "--seed") o.seed = std::strtoull(v, nullptr, 10);
     else if (a == "--model") o.model = v;
+    else if (a == "--ads-file") o.ads_file = v;
+    else if (a == "--save-ads") o.save_ads = v;
     else if (a == "--backend" && (std::strcmp(v, "auto") == 0 || std::strcmp(v, "cpu") == 0 || std::strcmp(v, "gpu") == 0)) o.backend = v;
     else if (a == "--threads") o.threads = static_cast<unsigned>(std::max(1, std::atoi(v)));
     else if (a == "--batch") o.batch = static_cast<std::size_t>(std::max(1, std::atoi(v)));
@@ -64,15 +70,17 @@ bool parse(int argc, char** argv, Options& o) {
 }
 
 /// The GPU backend where this build has CUDA and the machine a GPU (unless --backend cpu), else the CPU one.
-std::unique_ptr<RetrievalBackend> make_backend(const Options& o, const Schema& schema, const Model& model) {
+std::unique_ptr<RetrievalBackend> make_backend(const Options& o, const Schema& schema, const Model& model,
+                                               std::size_t ads) {
 #if defined(KEVO_RETRIEVAL_SERVER_CUDA)
   if (o.backend != "cpu") {
     std::string why;
-    if (auto gpu = make_cuda_backend(schema, model, o.ads + (1u << 20), why)) return gpu;
+    if (auto gpu = make_cuda_backend(schema, model, ads + (1u << 20), why)) return gpu;
     std::fprintf(stderr, "GPU backend unavailable (%s); using the CPU\n", why.c_str());
   }
 #endif
   if (o.backend == "gpu") std::fprintf(stderr, "no GPU backend in this build or machine; using the CPU\n");
+  (void)ads;
   return std::make_unique<CpuRetrievalBackend>(schema, model);
 }
 
@@ -82,11 +90,21 @@ int main(int argc, char** argv) {
   Options o;
   if (!parse(argc, argv, o)) {
     std::fprintf(stderr, "usage: %s [--host 127.0.0.1] [--port 8080] [--ads 100000] [--seed 1] "
-                         "[--model FILE.safetensors] [--backend auto|cpu|gpu] [--threads 4] [--batch 8] [--dtype fp16|int8]\n",
+                         "[--model FILE.safetensors] [--ads-file FILE.safetensors | --save-ads FILE.safetensors] "
+                         "[--backend auto|cpu|gpu] [--threads 4] [--batch 8] [--dtype fp16|int8]\n",
                  argv[0]);
     return 2;
   }
+  if (!o.ads_file.empty() && !o.save_ads.empty()) return std::fprintf(stderr, "--ads-file and --save-ads exclude each other\n"), 2;
+  std::optional<AdFileReader> file;
+  if (!o.ads_file.empty()) {
+    auto opened = AdFileReader::open(o.ads_file);
+    if (!opened) return std::fprintf(stderr, "%s\n", opened.error().message.c_str()), 1;
+    file.emplace(std::move(*opened));
+    o.ads = file->size();
+  }
   WorkloadOptions shape{.seed = o.seed, .embedding_type = o.dtype};
+  if (file) shape.dim = file->schema().dim;  // the workload's model, where no --model is given, takes the file's d
   Model model;
   if (!o.model.empty()) {
     auto loaded = load_model(o.model);
@@ -96,13 +114,30 @@ int main(int argc, char** argv) {
   }
   const Workload workload(shape);
   if (o.model.empty()) model = workload.model();
-  std::unique_ptr<RetrievalBackend> backend = make_backend(o, workload.schema(), model);
+  Schema schema = workload.schema();
+  if (file) {
+    schema = file->schema();
+    schema.embedding_type = o.dtype;
+    if (schema.dim != model.dim)
+      return std::fprintf(stderr, "%s holds d = %d, the model takes d = %d\n", o.ads_file.c_str(), schema.dim, model.dim), 1;
+  }
+  std::unique_ptr<RetrievalBackend> backend = make_backend(o, schema, model, o.ads);
+  std::vector<AdRecord> generated;  // kept only for --save-ads
   for (std::uint64_t begin = 0; begin < o.ads; begin += 10000) {
     std::vector<AdRecord> batch;
-    for (std::uint64_t i = begin; i < std::min(o.ads, begin + 10000); ++i) batch.push_back(workload.ad(i));
+    if (file) {
+      auto slice = file->read(begin, 10000);
+      if (!slice) return std::fprintf(stderr, "%s\n", slice.error().message.c_str()), 1;
+      batch = std::move(*slice);
+    } else {
+      for (std::uint64_t i = begin; i < std::min(o.ads, begin + 10000); ++i) batch.push_back(workload.ad(i));
+    }
     if (auto ok = backend->upsert(std::span<const AdRecord>(batch.data(), batch.size())); !ok)
       return std::fprintf(stderr, "%s\n", ok.error().message.c_str()), 1;
+    if (!o.save_ads.empty()) generated.insert(generated.end(), batch.begin(), batch.end());
   }
+  if (!o.save_ads.empty())
+    if (auto ok = save_ads(schema, generated, o.save_ads); !ok) return std::fprintf(stderr, "%s\n", ok.error().message.c_str()), 1;
   if (auto ok = backend->reindex(); !ok) return std::fprintf(stderr, "%s\n", ok.error().message.c_str()), 1;
 
   // Searches arriving on several threads while the engine is busy are answered as one batch.

@@ -605,6 +605,74 @@ TEST_CASE("bad requests come back as errors", "[cuda][pipeline]") {
   CHECK(!pool.pipeline->search(r));
 }
 
+TEST_CASE("searches enqueued from several threads on their own streams agree with the reference", "[cuda][pipeline]") {
+  // The pipeline's enqueues are serialised by the index's lock, but the streams run at once; each
+  // reuses its temp storage round after round, which stream order alone must keep apart.
+  const EmbeddingType type = GENERATE(EmbeddingType::fp16, EmbeddingType::int8);
+  Loaded pool(small_options(13, type), 60000);
+  constexpr int streams = 4, rounds = 3, k = 500;
+  FusedRetrievalPipeline& p = *pool.pipeline;
+  struct Lane {
+    cudaStream_t stream = nullptr;
+    void* temp = nullptr;
+    std::uint32_t* ids = nullptr;  // (rounds, k)
+    float* scores = nullptr;
+    std::uint32_t* counts = nullptr;
+  };
+  std::vector<Lane> lanes(streams);
+  for (Lane& l : lanes) {
+    KEVO_GPU_ASSERT(cudaStreamCreateWithFlags(&l.stream, cudaStreamNonBlocking));
+    KEVO_GPU_ASSERT(cudaMalloc(&l.temp, p.search_temp_bytes()));
+    KEVO_GPU_ASSERT(cudaMalloc(&l.ids, rounds * k * 4));
+    KEVO_GPU_ASSERT(cudaMalloc(&l.scores, rounds * k * 4));
+    KEVO_GPU_ASSERT(cudaMalloc(&l.counts, rounds * 4));
+    KEVO_GPU_ASSERT(cudaMemset(l.ids, 0xff, rounds * k * 4));  // poison
+    KEVO_GPU_ASSERT(cudaMemset(l.scores, 0xff, rounds * k * 4));
+    KEVO_GPU_ASSERT(cudaMemset(l.counts, 0xff, rounds * 4));
+  }
+  auto request_of = [&](int lane, int round) {
+    const RequestKind kind = (lane + round) % 3 == 0 ? RequestKind::broad : RequestKind::typical;
+    return pool.workload.request(static_cast<std::uint64_t>(100 + lane * rounds + round), kind, k);
+  };
+  std::atomic<int> failures{0};
+  std::vector<std::thread> threads;
+  for (int lane = 0; lane < streams; ++lane)
+    threads.emplace_back([&, lane] {
+      const Lane& l = lanes[lane];
+      for (int round = 0; round < rounds; ++round)  // no waiting between rounds
+        if (!p.search_async(request_of(lane, round), l.temp, p.search_temp_bytes(),
+                            {l.ids + round * k, l.scores + round * k, l.counts + round}, l.stream))
+          ++failures;
+    });
+  for (std::thread& t : threads) t.join();
+  REQUIRE(failures == 0);
+  for (int lane = 0; lane < streams; ++lane) {
+    const Lane& l = lanes[lane];
+    KEVO_GPU_ASSERT(cudaStreamSynchronize(l.stream));
+    const auto counts = download<std::uint32_t>(l.counts, rounds);
+    const auto ids = download<std::uint32_t>(l.ids, rounds * k);
+    const auto scores = download<float>(l.scores, rounds * k);
+    for (int round = 0; round < rounds; ++round) {
+      const Request request = request_of(lane, round);
+      REQUIRE(counts[round] == static_cast<std::uint32_t>(k));
+      std::vector<ScoredAd> top(k);
+      for (int i = 0; i < k; ++i) top[i] = {ids[round * k + i], scores[round * k + i]};
+      auto ok = compare_with_reference(pool.host, compute_request_vectors(pool.workload.model(), request.features),
+                                       request, top);
+      INFO("type " << to_string(type) << " stream " << lane << " round " << round << ": "
+                   << (ok ? "ok" : ok.error().message));
+      REQUIRE(ok);
+    }
+  }
+  for (Lane& l : lanes) {
+    cudaFree(l.temp);
+    cudaFree(l.ids);
+    cudaFree(l.scores);
+    cudaFree(l.counts);
+    cudaStreamDestroy(l.stream);
+  }
+}
+
 TEST_CASE("updates during search are never torn and are seen once applied", "[cuda][updates]") {
   const EmbeddingType type = GENERATE(EmbeddingType::fp16, EmbeddingType::int8);
   Loaded pool(small_options(11, type), 20000);

@@ -6,6 +6,7 @@
 //   auto top = backend.search(request);
 #pragma once
 
+#include "kevo/retrieval/ad_file.hpp"
 #include "kevo/retrieval/ad_pool.hpp"
 #include "kevo/retrieval/backend.hpp"
 #include "kevo/retrieval/fair_mutex.hpp"

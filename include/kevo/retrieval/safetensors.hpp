@@ -1,7 +1,7 @@
 // kevo/retrieval/safetensors.hpp: the model's weights in a safetensors file (F32 tensors named
-// w1, c1, w2, c2, gate_projection). The header parser reads exactly what safetensors writes: one
-// flat JSON object of {dtype, shape, data_offsets} entries and an optional __metadata__ of strings.
-// It is hand-written because the pipeline's .cu files include this header and simdjson.h does not
+// w1, c1, w2, c2, gate_projection), and the reader and writer that ad_file.hpp shares. The header
+// parser reads exactly what safetensors writes: one flat JSON object of {dtype, shape,
+// data_offsets} entries and an optional __metadata__ of strings. It is hand-written because the pipeline's .cu files include this header and simdjson.h does not
 // compile under nvcc 13 (its SSE types trip nvcc's front end); the server's JSON goes through simdjson.
 //
 //   if (auto saved = save_model(model, "model.safetensors"); !saved) fail(saved.error().message);
@@ -12,6 +12,8 @@
 #include <cstdint>
 #include <cstring>
 #include <fstream>
+#include <functional>
+#include <memory>
 #include <map>
 #include <string>
 #include <vector>
@@ -128,6 +130,109 @@ class HeaderParser {
   std::size_t pos_ = 0;
 };
 
+/// One tensor to write: its name, safetensors dtype ("F32", "U32", ...), shape and byte count, and
+/// a function that writes exactly that many bytes of it (little-endian) to the stream, so that a
+/// large tensor is written straight from where it lives.
+struct TensorWriter {
+  std::string name, dtype;
+  std::vector<std::int64_t> shape;
+  std::uint64_t bytes = 0;
+  std::function<void(std::ostream&)> write;
+};
+
+/// Writes the tensors, in order, as one safetensors file: the 8-byte header length, the header
+/// padded with spaces to 8 bytes as safetensors does, then the data.
+inline expected<void, Error> write_safetensors(const std::string& path, const std::vector<TensorWriter>& tensors) {
+  std::string header = "{";
+  std::uint64_t offset = 0;
+  for (std::size_t t = 0; t < tensors.size(); ++t) {
+    std::string shape;
+    for (std::size_t i = 0; i < tensors[t].shape.size(); ++i)
+      shape += (i ? "," : "") + std::to_string(tensors[t].shape[i]);
+    header += (t ? "," : "") + std::string("\"") + tensors[t].name + "\":{\"dtype\":\"" + tensors[t].dtype +
+              "\",\"shape\":[" + shape + "],\"data_offsets\":[" + std::to_string(offset) + "," +
+              std::to_string(offset + tensors[t].bytes) + "]}";
+    offset += tensors[t].bytes;
+  }
+  header += "}";
+  while (header.size() % 8) header += ' ';
+  std::ofstream out(path, std::ios::binary);
+  if (!out) return make_error("cannot write " + path);
+  const std::uint64_t length = header.size();
+  unsigned char length_bytes[8];
+  for (int i = 0; i < 8; ++i) length_bytes[i] = static_cast<unsigned char>(length >> (8 * i));  // little-endian
+  out.write(reinterpret_cast<const char*>(length_bytes), 8);
+  out.write(header.data(), static_cast<std::streamsize>(header.size()));
+  for (const TensorWriter& t : tensors) {
+    const auto before = out.tellp();
+    t.write(out);
+    if (out && static_cast<std::uint64_t>(out.tellp() - before) != t.bytes)
+      return make_error("write failed: " + path + ": tensor " + t.name + " wrote the wrong number of bytes");
+  }
+  if (!out.flush()) return make_error("write failed: " + path);
+  return {};
+}
+
+/// An open safetensors file: the entries of its header, and reads of any byte range of a tensor,
+/// so that a file larger than memory can be read a slice at a time.
+class SafetensorsFile {
+ public:
+  static expected<SafetensorsFile, Error> open(const std::string& path) {
+    SafetensorsFile f;
+    f.path_ = path;
+    f.in_ = std::make_unique<std::ifstream>(path, std::ios::binary);
+    std::ifstream& in = *f.in_;
+    if (!in) return make_error("cannot open " + path);
+    unsigned char length_bytes[8];
+    if (!in.read(reinterpret_cast<char*>(length_bytes), 8)) return make_error(path + ": too short for safetensors");
+    std::uint64_t length = 0;
+    for (int i = 0; i < 8; ++i) length |= static_cast<std::uint64_t>(length_bytes[i]) << (8 * i);
+    if (length > (100u << 20)) return make_error(path + ": header length " + std::to_string(length) + " is implausible");
+    std::string header(length, '\0');
+    if (!in.read(header.data(), static_cast<std::streamsize>(length))) return make_error(path + ": truncated header");
+    if (!HeaderParser(header).parse(f.entries_)) return make_error(path + ": malformed safetensors header");
+    f.data_start_ = 8 + length;
+    in.seekg(0, std::ios::end);
+    const auto size = static_cast<std::uint64_t>(in.tellg());
+    f.data_bytes_ = size - f.data_start_;
+    return f;
+  }
+
+  const std::string& path() const { return path_; }
+
+  /// The tensor `name`, checked to hold `dtype` values (of `value_bytes` each) in `rank` dimensions
+  /// and to lie wholly inside the file.
+  expected<const TensorEntry*, Error> tensor(const std::string& name, const std::string& dtype, std::size_t value_bytes,
+                                             std::size_t rank) const {
+    auto it = entries_.find(name);
+    if (it == entries_.end()) return make_error(path_ + ": missing tensor " + name);
+    const TensorEntry& e = it->second;
+    if (e.dtype != dtype) return make_error(path_ + ": tensor " + name + " is " + e.dtype + ", expected " + dtype);
+    if (e.shape.size() != rank) return make_error(path_ + ": tensor " + name + " has the wrong shape");
+    std::uint64_t count = 1;
+    for (std::int64_t s : e.shape) count *= static_cast<std::uint64_t>(s);
+    if (e.end - e.begin != count * value_bytes || e.end > data_bytes_)
+      return make_error(path_ + ": tensor " + name + " has bad data offsets");
+    return &e;
+  }
+
+  /// Reads `bytes` bytes from `offset` within the tensor's data (inside it: tensor() checked the extent).
+  expected<void, Error> read(const TensorEntry& e, std::uint64_t offset, void* out, std::uint64_t bytes) {
+    if (offset + bytes > e.end - e.begin) return make_error(path_ + ": read past a tensor's end");
+    if (bytes == 0) return {};
+    in_->clear();
+    in_->seekg(static_cast<std::streamoff>(data_start_ + e.begin + offset));
+    if (!in_->read(static_cast<char*>(out), static_cast<std::streamsize>(bytes))) return make_error(path_ + ": read failed");
+    return {};
+  }
+
+ private:
+  std::string path_;
+  std::unique_ptr<std::ifstream> in_;  // a pointer, so that the file can be returned by value
+  std::uint64_t data_start_ = 0, data_bytes_ = 0;
+  std::map<std::string, TensorEntry> entries_;
+};
+
 struct NamedTensor {
   const char* name;
   std::vector<float>* values;
@@ -145,76 +250,41 @@ inline std::vector<NamedTensor> model_tensors(Model& m) {
 
 }  // namespace detail
 
-/// Writes the model as F32 tensors; the header is padded with spaces to 8 bytes as safetensors does.
+/// Writes the model as F32 tensors.
 inline expected<void, Error> save_model(const Model& model, const std::string& path) {
   if (auto ok = validate_model(model); !ok) return ok;
   Model copy = model;
-  std::string header = "{";
-  std::uint64_t offset = 0;
-  std::vector<detail::NamedTensor> tensors = detail::model_tensors(copy);
-  for (std::size_t t = 0; t < tensors.size(); ++t) {
-    const std::uint64_t bytes = tensors[t].values->size() * sizeof(float);
-    std::string shape;
-    for (std::size_t i = 0; i < tensors[t].shape.size(); ++i)
-      shape += (i ? "," : "") + std::to_string(tensors[t].shape[i]);
-    header += (t ? "," : "") + std::string("\"") + tensors[t].name + "\":{\"dtype\":\"F32\",\"shape\":[" + shape +
-              "],\"data_offsets\":[" + std::to_string(offset) + "," + std::to_string(offset + bytes) + "]}";
-    offset += bytes;
+  std::vector<detail::TensorWriter> writers;
+  for (const detail::NamedTensor& t : detail::model_tensors(copy)) {
+    const std::vector<float>& values = *t.values;
+    writers.push_back({t.name, "F32", t.shape, values.size() * sizeof(float), [&values](std::ostream& out) {
+                         out.write(reinterpret_cast<const char*>(values.data()),
+                                   static_cast<std::streamsize>(values.size() * sizeof(float)));
+                       }});
   }
-  header += "}";
-  while (header.size() % 8) header += ' ';
-  std::ofstream out(path, std::ios::binary);
-  if (!out) return make_error("cannot write " + path);
-  const std::uint64_t length = header.size();
-  unsigned char length_bytes[8];
-  for (int i = 0; i < 8; ++i) length_bytes[i] = static_cast<unsigned char>(length >> (8 * i));  // little-endian
-  out.write(reinterpret_cast<const char*>(length_bytes), 8);
-  out.write(header.data(), static_cast<std::streamsize>(header.size()));
-  for (const detail::NamedTensor& t : tensors)
-    out.write(reinterpret_cast<const char*>(t.values->data()), static_cast<std::streamsize>(t.values->size() * sizeof(float)));
-  if (!out) return make_error("write failed: " + path);
-  return {};
+  return detail::write_safetensors(path, writers);
 }
 
 /// Reads a model written by save_model (or by Python's safetensors with the same names, F32).
 inline expected<Model, Error> load_model(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return make_error("cannot open " + path);
-  unsigned char length_bytes[8];
-  if (!in.read(reinterpret_cast<char*>(length_bytes), 8)) return make_error(path + ": too short for safetensors");
-  std::uint64_t length = 0;
-  for (int i = 0; i < 8; ++i) length |= static_cast<std::uint64_t>(length_bytes[i]) << (8 * i);
-  if (length > (100u << 20)) return make_error(path + ": header length " + std::to_string(length) + " is implausible");
-  std::string header(length, '\0');
-  if (!in.read(header.data(), static_cast<std::streamsize>(length))) return make_error(path + ": truncated header");
-  std::map<std::string, detail::TensorEntry> entries;
-  if (!detail::HeaderParser(header).parse(entries)) return make_error(path + ": malformed safetensors header");
-  std::vector<char> data((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-
-  auto shape_of = [&](const char* name) -> const std::vector<std::int64_t>* {
-    auto it = entries.find(name);
-    return it == entries.end() ? nullptr : &it->second.shape;
-  };
-  const auto* w1 = shape_of("w1");
-  const auto* w2 = shape_of("w2");
-  if (!w1 || w1->size() != 3 || !w2 || w2->size() != 3) return make_error(path + ": needs 3-d tensors w1 and w2");
+  auto file = detail::SafetensorsFile::open(path);
+  if (!file) return unexpected(file.error());
+  auto w1 = file->tensor("w1", "F32", 4, 3);
+  auto w2 = file->tensor("w2", "F32", 4, 3);
+  if (!w1 || !w2) return make_error(path + ": needs 3-d F32 tensors w1 and w2");
   Model model;
-  model.experts = static_cast<int>((*w1)[0]);
-  model.hidden = static_cast<int>((*w1)[1]);
-  model.features = static_cast<int>((*w1)[2]);
-  model.dim = static_cast<int>((*w2)[1]);
+  model.experts = static_cast<int>((*w1)->shape[0]);
+  model.hidden = static_cast<int>((*w1)->shape[1]);
+  model.features = static_cast<int>((*w1)->shape[2]);
+  model.dim = static_cast<int>((*w2)->shape[1]);
   for (detail::NamedTensor& t : detail::model_tensors(model)) {
-    auto it = entries.find(t.name);
-    if (it == entries.end()) return make_error(path + ": missing tensor " + t.name);
-    const detail::TensorEntry& e = it->second;
-    if (e.dtype != "F32") return make_error(path + ": tensor " + t.name + " is " + e.dtype + ", expected F32");
-    if (e.shape != t.shape) return make_error(path + ": tensor " + t.name + " has the wrong shape");
+    auto entry = file->tensor(t.name, "F32", 4, t.shape.size());
+    if (!entry) return unexpected(entry.error());
+    if ((*entry)->shape != t.shape) return make_error(path + ": tensor " + t.name + " has the wrong shape");
     std::uint64_t count = 1;
     for (std::int64_t s : t.shape) count *= static_cast<std::uint64_t>(s);
-    if (e.end - e.begin != count * sizeof(float) || e.end > data.size())
-      return make_error(path + ": tensor " + t.name + " has bad data offsets");
     t.values->resize(count);
-    std::memcpy(t.values->data(), data.data() + e.begin, count * sizeof(float));
+    if (auto ok = file->read(**entry, 0, t.values->data(), count * sizeof(float)); !ok) return unexpected(ok.error());
   }
   if (auto ok = validate_model(model); !ok) return unexpected(ok.error());
   return model;

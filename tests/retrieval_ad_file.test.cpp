@@ -1,0 +1,196 @@
+// Ad files (ad_file.hpp): a pool written and read back is the same pool, searched the same; slices
+// cover it in order; a damaged file is a clear error that names what is wrong.
+#include <catch2/catch.hpp>
+
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "kevo/retrieval/retrieval.hpp"
+
+using namespace kevo::retrieval;
+
+namespace {
+
+std::string temp_path(const char* name) { return (std::filesystem::temp_directory_path() / name).string(); }
+
+std::vector<AdRecord> workload_ads(const Workload& w, int n) {
+  std::vector<AdRecord> ads;
+  for (int i = 0; i < n; ++i) ads.push_back(w.ad(static_cast<std::uint64_t>(i)));
+  return ads;
+}
+
+bool same_ad(const AdRecord& a, const AdRecord& b) {
+  if (a.id != b.id || a.bias != b.bias || a.live != b.live || a.embedding != b.embedding ||
+      a.clauses.size() != b.clauses.size())
+    return false;
+  for (std::size_t c = 0; c < a.clauses.size(); ++c)
+    if (a.clauses[c].category != b.clauses[c].category || a.clauses[c].value != b.clauses[c].value ||
+        a.clauses[c].exclude != b.clauses[c].exclude)
+      return false;
+  return true;
+}
+
+/// A file written tensor by tensor, for the damaged cases: `change` edits one tensor's values.
+struct RawAdFile {
+  std::vector<std::uint32_t> category_values{4, 8};
+  std::vector<std::uint32_t> ids{10, 11, 12};
+  std::vector<float> embeddings = std::vector<float>(3 * 2, 0.5f);  // d = 2
+  std::vector<float> bias{0.1f, 0.2f, 0.3f};
+  std::vector<std::uint8_t> live{1, 1, 0};
+  std::vector<std::uint64_t> clause_offsets{0, 1, 1, 3};
+  std::vector<std::uint32_t> clauses{0, 3, 0, /**/ 1, 7, 1, /**/ 1, 2, 0};
+  std::string embeddings_dtype = "F32";
+
+  template <class T>
+  static detail::TensorWriter tensor(const char* name, const char* dtype, std::vector<std::int64_t> shape,
+                                     const std::vector<T>& values) {
+    return {name, dtype, std::move(shape), values.size() * sizeof(T), [&values](std::ostream& out) {
+              out.write(reinterpret_cast<const char*>(values.data()), static_cast<std::streamsize>(values.size() * sizeof(T)));
+            }};
+  }
+  void write(const std::string& path) const {
+    const auto n = static_cast<std::int64_t>(ids.size());
+    REQUIRE(detail::write_safetensors(
+        path, {tensor("category_values", "U32", {static_cast<std::int64_t>(category_values.size())}, category_values),
+               tensor("ids", "U32", {n}, ids), tensor("embeddings", embeddings_dtype.c_str(), {n, 2}, embeddings),
+               tensor("bias", "F32", {static_cast<std::int64_t>(bias.size())}, bias), tensor("live", "U8", {n}, live),
+               tensor("clause_offsets", "U64", {static_cast<std::int64_t>(clause_offsets.size())}, clause_offsets),
+               tensor("clauses", "U32", {static_cast<std::int64_t>(clauses.size() / 3), 3}, clauses)}));
+  }
+};
+
+/// The error that opening and reading the whole file ends with ("" if it reads cleanly).
+std::string read_error(const std::string& path) {
+  auto file = AdFileReader::open(path);
+  if (!file) return file.error().message;
+  auto ads = file->read(0, file->size());
+  return ads ? "" : ads.error().message;
+}
+
+}  // namespace
+
+TEST_CASE("an ad file holds the pool exactly, and the pool read back searches the same", "[retrieval][ad_file]") {
+  const Workload w({.seed = 17, .dim = 64, .features = 32, .hidden = 32});
+  const std::vector<AdRecord> ads = workload_ads(w, 5000);
+  const std::string path = temp_path("kevo_ad_file_roundtrip.safetensors");
+  REQUIRE(save_ads(w.schema(), ads, path));
+  auto file = AdFileReader::open(path);
+  REQUIRE(file);
+  CHECK(file->size() == ads.size());
+  CHECK(file->schema().category_values == w.schema().category_values);
+  CHECK(file->schema().dim == 64);
+
+  // Slices of an awkward size cover the pool in order, the last one short.
+  std::vector<AdRecord> back;
+  for (std::size_t first = 0; first < file->size(); first += 777) {
+    auto slice = file->read(first, 777);
+    REQUIRE(slice);
+    CHECK(slice->size() == std::min<std::size_t>(777, ads.size() - first));
+    back.insert(back.end(), slice->begin(), slice->end());
+  }
+  REQUIRE(back.size() == ads.size());
+  std::size_t same = 0, with_clauses = 0, not_live = 0;
+  for (std::size_t i = 0; i < ads.size(); ++i) {
+    same += same_ad(ads[i], back[i]);
+    with_clauses += !ads[i].clauses.empty();
+    not_live += !ads[i].live;
+  }
+  CHECK(same == ads.size());
+  CHECK(with_clauses > 1000);  // the check covered clauses and paused ads, not only the easy cases
+  CHECK(not_live > 10);
+  CHECK(file->read(ads.size(), 10)->empty());
+  CHECK(!file->read(ads.size() + 1, 10));
+
+  HostAdPool original(w.schema()), loaded(file->schema());
+  for (const AdRecord& ad : ads) REQUIRE(original.upsert(ad));
+  for (const AdRecord& ad : back) REQUIRE(loaded.upsert(ad));
+  for (RequestKind kind : {RequestKind::typical, RequestKind::broad}) {
+    const Request request = w.request(3, kind, 200);
+    const RequestVectors v = compute_request_vectors(w.model(), request.features);
+    const auto expected = reference_search(original, v, request);
+    REQUIRE(expected.size() == 200u);
+    CHECK(reference_search(loaded, v, request) == expected);
+  }
+  std::filesystem::remove(path);
+}
+
+TEST_CASE("an ad file can hold fp16 embeddings, half the bytes", "[retrieval][ad_file]") {
+  const Workload w({.seed = 18, .dim = 128});
+  const std::vector<AdRecord> ads = workload_ads(w, 1000);
+  const std::string f32 = temp_path("kevo_ad_file_f32.safetensors"), f16 = temp_path("kevo_ad_file_f16.safetensors");
+  REQUIRE(save_ads(w.schema(), ads, f32));
+  REQUIRE(save_ads(w.schema(), ads, f16, {.fp16_embeddings = true}));
+  const auto embedding_bytes = ads.size() * 128 * 2;
+  CHECK(std::filesystem::file_size(f32) - std::filesystem::file_size(f16) == embedding_bytes);
+  auto back = AdFileReader::open(f16)->read(0, ads.size());
+  REQUIRE(back);
+  std::size_t rounded = 0, changed = 0;
+  for (std::size_t i = 0; i < ads.size(); ++i)
+    for (int j = 0; j < 128; ++j) {
+      rounded += (*back)[i].embedding[j] == round_to_half(ads[i].embedding[j]);
+      changed += (*back)[i].embedding[j] != ads[i].embedding[j];
+    }
+  CHECK(rounded == ads.size() * 128);
+  CHECK(changed > ads.size() * 64);  // the values really went through fp16
+  std::filesystem::remove(f32);
+  std::filesystem::remove(f16);
+}
+
+TEST_CASE("a damaged ad file is a clear error", "[retrieval][ad_file]") {
+  const std::string path = temp_path("kevo_ad_file_damaged.safetensors");
+  RawAdFile good;
+  good.write(path);
+  REQUIRE(read_error(path).empty());
+
+  auto fails_with = [&](RawAdFile raw, const char* expected) {
+    raw.write(path);
+    const std::string error = read_error(path);
+    INFO("error: " << error);
+    CHECK_THAT(error, Catch::Contains(expected));
+  };
+  RawAdFile raw;
+  raw.clause_offsets = {0, 2, 1, 3};
+  fails_with(raw, "clause_offsets of ad 1 run backwards");
+  raw = {};
+  raw.clause_offsets = {0, 1, 1, 4};
+  fails_with(raw, "past the clauses");
+  raw = {};
+  raw.clauses[4] = 8;  // clause row 1 is ad 12's; category 1 has 8 values: 0..7
+  fails_with(raw, "ad 12: value out of range in category 1");
+  raw = {};
+  raw.clauses[5] = 2;
+  fails_with(raw, "a clause's exclude is 2");
+  raw = {};
+  raw.live[0] = 7;
+  fails_with(raw, "ad 10: live is 7");
+  raw = {};
+  raw.embeddings[3] = std::numeric_limits<float>::infinity();
+  fails_with(raw, "ad 11: embedding must be finite");
+  raw = {};
+  raw.bias.pop_back();
+  fails_with(raw, "shapes disagree");
+  raw = {};
+  raw.embeddings_dtype = "I32";
+  fails_with(raw, "needs a 2-d F32 or F16 tensor embeddings");
+  raw = {};
+  raw.category_values = {};
+  fails_with(raw, "0 categories");
+
+  good.write(path);
+  std::filesystem::resize_file(path, std::filesystem::file_size(path) - 4);
+  CHECK_THAT(read_error(path), Catch::Contains("bad data offsets"));
+  std::filesystem::remove(path);
+  CHECK_THAT(read_error(path), Catch::Contains("cannot open"));
+
+  // And save_ads refuses an ad its own schema would refuse.
+  const Workload w({.seed = 19, .dim = 64, .features = 32, .hidden = 32});
+  std::vector<AdRecord> ads = workload_ads(w, 3);
+  ads[2].embedding.pop_back();
+  auto saved = save_ads(w.schema(), ads, path);
+  REQUIRE(!saved);
+  CHECK_THAT(saved.error().message, Catch::Contains("embedding has 63 values"));
+}
