@@ -874,6 +874,26 @@ void run_launch_costs(Pool& pool, const Request& request, int repeats, SearchOut
   });
 }
 
+/// search() as a serving thread sees it: request in, answer in a std::vector on the host (host clock).
+void run_search_latency(Pool& pool, const Workload& workload, int repeats) {
+  for (int k : {1, 1000, 4096}) {
+    const Request request = workload.request(1, RequestKind::typical, k);
+    std::vector<double> seconds;
+    std::size_t results = 0;
+    for (int r = 0; r < repeats + 2; ++r) {
+      const auto a = std::chrono::steady_clock::now();
+      auto top = pool.pipeline->search(request);
+      const double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - a).count();
+      CHECK_OK(top);
+      results = top->size();
+      if (r >= 2) seconds.push_back(t);  // the first two warm up
+    }
+    std::printf("search(): %s N %llu K %d: %.3f ms (median of %d), %zu results\n",
+                to_string(pool.pipeline->schema().embedding_type), static_cast<unsigned long long>(pool.n), k,
+                median(seconds) * 1e3, repeats, results);
+  }
+}
+
 int main(int argc, char** argv) {
   std::uint64_t n = 100'000'000;
   bool quick = false, stages_only = false, updates_only = false, matching_only = false, probes_only = false,
@@ -924,6 +944,7 @@ int main(int argc, char** argv) {
         std::vector<PackedAds> cache;
         Pool pool = build_pool(*w, m, 99, &cache);
         for (int k : {1, 1000, 4096}) run_launch_costs(pool, fp16_workload.request(1, RequestKind::typical, k), repeats, out, stream);
+        run_search_latency(pool, fp16_workload, repeats);
       }
     }
     return 0;

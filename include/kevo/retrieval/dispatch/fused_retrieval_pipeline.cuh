@@ -13,6 +13,7 @@
 #pragma once
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <map>
@@ -95,10 +96,9 @@ class FusedRetrievalPipeline {
   ~FusedRetrievalPipeline() {
     for (void* p : {static_cast<void*>(w1_), static_cast<void*>(c1_), static_cast<void*>(w2_),
                     static_cast<void*>(c2_), static_cast<void*>(projection_), static_cast<void*>(own_temp_),
-                    static_cast<void*>(own_out_ids_), static_cast<void*>(own_batch_temp_),
-                    static_cast<void*>(own_batch_out_),
-                    static_cast<void*>(own_out_scores_), static_cast<void*>(own_out_count_)})
+                    static_cast<void*>(own_batch_temp_), static_cast<void*>(own_answers_)})
       if (p) gpu_free(p);
+    if (own_answers_host_) gpu_free_host(own_answers_host_);
     for (Upload& u : uploads_) {
       if (u.host) gpu_free_host(u.host);
       if (u.done) gpu_event_destroy(u.done);
@@ -209,23 +209,11 @@ class FusedRetrievalPipeline {
   /// that queue as one batch.
   expected<std::vector<ScoredAd>, Error> search(const Request& request) {
     std::lock_guard lock(own_mutex_);
-    if (auto ok = search_async(request, own_temp_, own_temp_bytes_,
-                               {own_out_ids_, own_out_scores_, own_out_count_}, own_stream_);
-        !ok)
+    if (auto ok = search_async(request, own_temp_, own_temp_bytes_, answer_output(0, request.k), own_stream_); !ok)
       return unexpected(ok.error());
-    std::uint32_t count = 0;
-    KEVO_GPU_TRY(gpu_copy_async(&count, own_out_count_, 4, own_stream_));
+    KEVO_GPU_TRY(copy_answer_back(0, request.k));
     KEVO_GPU_TRY(gpu_stream_synchronize(own_stream_));
-    if (count == ~0u) return make_error("top-K candidate buffer overflowed (a bug)");
-    std::vector<std::uint32_t> ids(count);
-    std::vector<float> scores(count);
-    if (count) {
-      KEVO_GPU_TRY(gpu_copy(ids.data(), own_out_ids_, count * 4ull));
-      KEVO_GPU_TRY(gpu_copy(scores.data(), own_out_scores_, count * 4ull));
-    }
-    std::vector<ScoredAd> result(count);
-    for (std::uint32_t i = 0; i < count; ++i) result[i] = {ids[i], scores[i]};
-    return result;
+    return read_answer(0, request.k);
   }
 
   /// Searches several requests and waits for the answers, on the pipeline's own stream: groups of
@@ -234,19 +222,12 @@ class FusedRetrievalPipeline {
   expected<std::vector<std::vector<ScoredAd>>, Error> search_batch(std::span<const Request> requests) {
     constexpr std::size_t group = kernels::kMaxBatchRequests;
     std::lock_guard lock(own_mutex_);
-    if (requests.empty()) return std::vector<std::vector<ScoredAd>>{};
-    if (!own_batch_out_) KEVO_GPU_TRY(gpu_malloc(&own_batch_out_, group * (kMaxK * 8ull + 4)));
-    auto* ids = static_cast<std::uint32_t*>(own_batch_out_);
-    auto* scores = reinterpret_cast<float*>(ids + group * kMaxK);
-    auto* counts = reinterpret_cast<std::uint32_t*>(scores + group * kMaxK);
     std::vector<std::vector<ScoredAd>> all;
-    std::vector<std::uint32_t> host_ids(group * kMaxK);
-    std::vector<float> host_scores(group * kMaxK);
     for (std::size_t first = 0; first < requests.size(); first += group) {
       const std::size_t n = std::min(group, requests.size() - first);
       const auto some = requests.subspan(first, n);
       std::vector<SearchOutput> outs(n);
-      for (std::size_t r = 0; r < n; ++r) outs[r] = {ids + r * kMaxK, scores + r * kMaxK, counts + r};
+      for (std::size_t r = 0; r < n; ++r) outs[r] = answer_output(r, some[r].k);
       if (n >= static_cast<std::size_t>(policy_.batch_scoring.one_pass_from)) {
         if (!own_batch_temp_) {  // the first one-pass batch pays for its temp storage (~37 B per ad of capacity)
           own_batch_temp_bytes_ = search_batch_temp_bytes();
@@ -259,16 +240,12 @@ class FusedRetrievalPipeline {
           if (auto ok = search_async(some[r], own_temp_, own_temp_bytes_, outs[r], own_stream_); !ok)
             return batch_error(first + r, ok.error());
       }
-      std::uint32_t count[group];
-      KEVO_GPU_TRY(gpu_copy_async(count, counts, n * 4, own_stream_));
-      KEVO_GPU_TRY(gpu_copy_async(host_ids.data(), ids, n * kMaxK * 4ull, own_stream_));
-      KEVO_GPU_TRY(gpu_copy_async(host_scores.data(), scores, n * kMaxK * 4ull, own_stream_));
+      for (std::size_t r = 0; r < n; ++r) KEVO_GPU_TRY(copy_answer_back(r, some[r].k));
       KEVO_GPU_TRY(gpu_stream_synchronize(own_stream_));
       for (std::size_t r = 0; r < n; ++r) {
-        if (count[r] == ~0u) return make_error("top-K candidate buffer overflowed (a bug)");
-        std::vector<ScoredAd> top(count[r]);
-        for (std::uint32_t i = 0; i < count[r]; ++i) top[i] = {host_ids[r * kMaxK + i], host_scores[r * kMaxK + i]};
-        all.push_back(std::move(top));
+        auto top = read_answer(r, some[r].k);
+        if (!top) return unexpected(top.error());
+        all.push_back(std::move(*top));
       }
     }
     return all;
@@ -396,6 +373,29 @@ class FusedRetrievalPipeline {
                                                    reinterpret_cast<std::uint32_t*>(t + l.bitmap));
     KEVO_GPU_TRY(gpu_last_error());
     return {};
+  }
+
+  // search() and search_batch() have answer r written to slot r of own_answers_: its count, then K
+  // ids, then K scores, contiguous, so that one copy into pinned memory brings it back.
+  static constexpr std::size_t kAnswerWords = 1 + 2 * static_cast<std::size_t>(kMaxK);
+  SearchOutput answer_output(std::size_t r, int k) const {
+    k = std::clamp(k, 1, kMaxK);  // (a K out of range is refused before anything is written)
+    std::uint32_t* slot = own_answers_ + r * kAnswerWords;
+    return {slot + 1, reinterpret_cast<float*>(slot + 1 + k), slot};
+  }
+  gpu_error_t copy_answer_back(std::size_t r, int k) {
+    return gpu_copy_async(own_answers_host_ + r * kAnswerWords, own_answers_ + r * kAnswerWords,
+                          (1 + 2 * static_cast<std::size_t>(k)) * 4, own_stream_);
+  }
+  /// Answer r, once its copy has landed.
+  expected<std::vector<ScoredAd>, Error> read_answer(std::size_t r, int k) const {
+    const std::uint32_t* slot = own_answers_host_ + r * kAnswerWords;
+    const std::uint32_t count = slot[0];
+    if (count == ~0u) return make_error("top-K candidate buffer overflowed (a bug)");
+    if (count > static_cast<std::uint32_t>(k)) return make_error("top-K wrote a count past K (a bug)");
+    std::vector<ScoredAd> top(count);
+    for (std::uint32_t i = 0; i < count; ++i) top[i] = {slot[1 + i], std::bit_cast<float>(slot[1 + k + i])};
+    return top;
   }
 
   /// What matching sees of the requests whose temp regions (laid out as `l`) are `regions`.
@@ -668,9 +668,8 @@ class FusedRetrievalPipeline {
     }
     own_temp_bytes_ = search_temp_bytes();
     KEVO_GPU_TRY(gpu_malloc(&own_temp_, own_temp_bytes_));
-    KEVO_GPU_TRY(gpu_malloc(&own_out_ids_, kMaxK * 4));
-    KEVO_GPU_TRY(gpu_malloc(&own_out_scores_, kMaxK * 4));
-    KEVO_GPU_TRY(gpu_malloc(&own_out_count_, 4));
+    KEVO_GPU_TRY(gpu_malloc(&own_answers_, kernels::kMaxBatchRequests * kAnswerWords * 4));
+    KEVO_GPU_TRY(gpu_malloc_host(&own_answers_host_, kernels::kMaxBatchRequests * kAnswerWords * 4));
     KEVO_GPU_TRY(gpu_stream_create(&own_stream_));
     KEVO_GPU_TRY(gpu_device_synchronize());
     return {};
@@ -701,10 +700,8 @@ class FusedRetrievalPipeline {
   std::size_t own_temp_bytes_ = 0;
   void* own_batch_temp_ = nullptr;  // search_batch's, allocated by its first call
   std::size_t own_batch_temp_bytes_ = 0;
-  void* own_batch_out_ = nullptr;   // search_batch's ids, scores and counts
-  std::uint32_t* own_out_ids_ = nullptr;
-  float* own_out_scores_ = nullptr;
-  std::uint32_t* own_out_count_ = nullptr;
+  std::uint32_t* own_answers_ = nullptr;       // kMaxBatchRequests answers of kAnswerWords (device)
+  std::uint32_t* own_answers_host_ = nullptr;  // their pinned copies on the host
   gpu_stream_t own_stream_ = nullptr;
 };
 
