@@ -1,10 +1,10 @@
 // kevo/retrieval/dispatch/fused_retrieval_pipeline.cuh: request in, top-K out, on one GPU.
 //
 // Per request, on the caller's stream and in caller-supplied temp storage (two-phase: ask
-// search_temp_bytes(), then pass that much): upload the features and query bits, run the user
-// towers and gating keys, clear and set the query bitmap, match, score (fused, fp16 or int8, with
-// the level-0 top-K histogram), radix-select the K-th key, compact the survivors, sort them, and
-// write (id, score) pairs to the caller's device buffers.
+// search_temp_bytes(), then pass that much): upload the features and query bits, clear the top-K
+// state and set the query bitmap (one kernel), run the user towers and gating keys, match, score
+// (fused, fp16 or int8, with the level-0 top-K histogram), radix-select the K-th key, compact the
+// survivors, sort them, and write (id, score) pairs to the caller's device buffers.
 //
 //   auto pipeline = FusedRetrievalPipeline::create(schema, model, {.capacity = n});
 //   (*pipeline)->index().upsert(ads);
@@ -253,7 +253,7 @@ class FusedRetrievalPipeline {
 
   // ---- the stages, for tests and benchmarks (search_async runs them in this order) ----
 
-  /// Resets top-K state, uploads features and query bits, runs towers and gating keys, sets the bitmap.
+  /// Uploads features and query bits, resets top-K state and sets the bitmap, runs towers and gating keys.
   expected<void, Error> enqueue_prepare(const Request& request, void* d_temp, gpu_stream_t stream) {
     return prepare(request, layout_, static_cast<unsigned char*>(d_temp), stream);
   }
@@ -355,10 +355,12 @@ class FusedRetrievalPipeline {
       for (std::uint32_t v : q.values)
         if (bits < index_->total_query_bits()) bit_list[bits++] = offsets[q.category] + v;
     words[model_.features] = bits;
-    KEVO_GPU_TRY(gpu_memset_async(t + l.state, 0, sizeof(TopKState), stream));
-    KEVO_GPU_TRY(gpu_memset_async(t + l.bitmap, 0, (index_->total_query_bits() + 31) / 32 * 4ull, stream));
     KEVO_GPU_TRY(gpu_copy_async(t + l.input, up.host, (model_.features + 1 + bits) * 4ull, stream));
     KEVO_GPU_TRY(gpu_event_record(up.done, stream));
+    const auto* input_words = reinterpret_cast<const std::uint32_t*>(t + l.input);
+    kernels::prepare_query<<<1, kernels::kPrepareQueryThreads, 0, stream>>>(
+        input_words + model_.features + 1, input_words + model_.features, reinterpret_cast<std::uint32_t*>(t + l.bitmap),
+        static_cast<std::uint32_t>((index_->total_query_bits() + 31) / 32), reinterpret_cast<TopKState*>(t + l.state));
     const auto* x = reinterpret_cast<const float*>(t + l.input);
     auto* hidden = reinterpret_cast<float*>(t + l.hidden);
     auto* u = reinterpret_cast<float*>(t + l.expert);
@@ -368,9 +370,6 @@ class FusedRetrievalPipeline {
     kernels::tower_hidden<<<warps_grid(e * h), 256, 0, stream>>>(w1_, c1_, x, model_.features, e * h, hidden);
     kernels::tower_expert<<<warps_grid(e * d), 256, 0, stream>>>(w2_, c2_, hidden, h, d, e * d, u);
     kernels::tower_gate<<<warps_grid(kMaxGpuExperts * d), 256, 0, stream>>>(projection_, u, d, e, vectors);
-    kernels::query_set_bits<<<4, 256, 0, stream>>>(reinterpret_cast<const std::uint32_t*>(t + l.input) + model_.features + 1,
-                                                   reinterpret_cast<const std::uint32_t*>(t + l.input) + model_.features,
-                                                   reinterpret_cast<std::uint32_t*>(t + l.bitmap));
     KEVO_GPU_TRY(gpu_last_error());
     return {};
   }

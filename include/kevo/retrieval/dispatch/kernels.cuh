@@ -65,11 +65,22 @@ __global__ void tower_gate(const float* projection, const float* u, int dim, int
   }
 }
 
-/// Sets the request's (category, value) bits; the bitmap was cleared before.
+/// Threads of prepare_query's one block.
+inline constexpr int kPrepareQueryThreads = 1024;
+
+/// Clears the request's top-K state and query bitmap, then sets its (category, value) bits. One
+/// block, so that a barrier orders the clearing before the setting: one launch where two memsets
+/// and a kernel were (each costs the host a call and the device a gap, at every pool size).
 template <class = void>
-__global__ void query_set_bits(const std::uint32_t* bits, const std::uint32_t* count, std::uint32_t* bitmap) {
-  for (std::uint32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < *count; i += gridDim.x * blockDim.x)
-    atomicOr(bitmap + (bits[i] >> 5), 1u << (bits[i] & 31u));
+__global__ void __launch_bounds__(kPrepareQueryThreads)
+    prepare_query(const std::uint32_t* bits, const std::uint32_t* count, std::uint32_t* bitmap,
+                  std::uint32_t bitmap_words, TopKState* state) {
+  static_assert(sizeof(TopKState) % 4 == 0);
+  auto* state_words = reinterpret_cast<std::uint32_t*>(state);
+  for (std::uint32_t i = threadIdx.x; i < sizeof(TopKState) / 4; i += blockDim.x) state_words[i] = 0;
+  for (std::uint32_t i = threadIdx.x; i < bitmap_words; i += blockDim.x) bitmap[i] = 0;
+  __syncthreads();
+  for (std::uint32_t i = threadIdx.x; i < *count; i += blockDim.x) atomicOr(bitmap + (bits[i] >> 5), 1u << (bits[i] & 31u));
 }
 
 // ---- index matching ----------------------------------------------------------------------------
