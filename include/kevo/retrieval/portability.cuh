@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <utility>
 #include <vector>
 #include <algorithm>
 
@@ -102,6 +103,33 @@ inline int gpu_device_count() {
     return 0;
   }
   return n;
+}
+
+/// Launches `kernel` as a programmatic dependent of the kernel before it on `stream` (Hopper): the
+/// grid is scheduled while that one drains, instead of after, and must call
+/// gpu_wait_for_prior_grid() before it touches memory. Saves the gap between dependent launches.
+template <class... Params, class... Args>
+gpu_error_t gpu_launch_after_prior(void (*kernel)(Params...), dim3 grid, dim3 block, std::size_t dynamic_shared,
+                                   gpu_stream_t stream, Args&&... args) {
+  cudaLaunchAttribute attribute{};
+  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config{};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = dynamic_shared;
+  config.stream = stream;
+  config.attrs = &attribute;
+  config.numAttrs = 1;
+  return cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
+}
+
+/// First thing in a kernel launched by gpu_launch_after_prior: waits until the grid before it has
+/// finished and its writes are visible. In a kernel launched the ordinary way it returns at once.
+__device__ __forceinline__ void gpu_wait_for_prior_grid() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
 }
 
 /// D += A * B on tensor cores: one m16n8k16 tile, fp16 inputs, fp32 accumulators (mma.sync

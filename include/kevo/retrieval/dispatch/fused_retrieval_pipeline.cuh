@@ -278,13 +278,14 @@ class FusedRetrievalPipeline {
     auto* keys = reinterpret_cast<std::uint32_t*>(t + l.keys);
     auto* chunk_max = reinterpret_cast<std::uint32_t*>(t + l.chunk_max);
     bool launched = false;
+    gpu_error_t launch_error = gpu_success;
     auto launch = [&](auto* kernel, int threads, std::size_t dynamic_shared) {
       const int resident = resident_blocks(kernel, threads, dynamic_shared);
       if (resident == 0) return;
       // No more blocks than are resident at once: a partial second wave would idle most SMs.
       const auto grid = static_cast<unsigned>(multiprocessors_ * std::min(p.blocks_per_sm, resident));
-      kernel<<<grid, threads, dynamic_shared, stream>>>(view, vectors, list, state, keys, chunk_max, routing,
-                                                       model_.experts, p.tiles_per_chunk);
+      launch_error = gpu_launch_after_prior(kernel, grid, threads, dynamic_shared, stream, view, vectors, list, state,
+                                            keys, chunk_max, routing, model_.experts, p.tiles_per_chunk);
       launched = true;
     };
     for_each_scoring_variant([&]<int Threads, int Dim, EmbeddingType Type>() {
@@ -300,7 +301,7 @@ class FusedRetrievalPipeline {
       else if (p.stages == 4) launch(kernels::scoring_staged<Threads, Dim, Type, 4>, Threads, bytes);
     });
     if (!launched) return make_error("no prebuilt scoring variant for " + to_string(p));
-    KEVO_GPU_TRY(gpu_last_error());
+    KEVO_GPU_TRY(launch_error);
     return {};
   }
 
@@ -505,22 +506,19 @@ class FusedRetrievalPipeline {
     const auto cap = static_cast<std::uint32_t>(p.boundary_cap);
     const auto grid = static_cast<unsigned>(multiprocessors_ * 4);
     // Eight launches: level 0's select, each later level's refine (its last block selects; once the
-    // threshold is known they return at once), the compaction, the sort.
-    kernels::topk_select<threads><<<1, threads, 0, stream>>>(state, 0, kk, cap);
-    KEVO_GPU_TRY(gpu_last_error());
+    // threshold is known they return at once), the compaction, the sort. Each is a programmatic
+    // dependent of the one before, so that the small ones do not each pay a launch gap.
+    KEVO_GPU_TRY(gpu_launch_after_prior(kernels::topk_select<threads>, 1, threads, 0, stream, state, 0, kk, cap));
     for (int level = 1; level < kTopKLevels; ++level)
-      kernels::topk_refine<threads><<<grid, threads, 0, stream>>>(view, list, keys, chunk_max, listed, state, level,
-                                                                  l.chunk_size, kk, cap);
-    KEVO_GPU_TRY(gpu_last_error());
-    kernels::topk_compact<threads><<<grid, threads, 0, stream>>>(view, list, keys, chunk_max, listed, state,
-                                                                 l.chunk_size, candidates, l.candidate_capacity);
-    KEVO_GPU_TRY(gpu_last_error());
+      KEVO_GPU_TRY(gpu_launch_after_prior(kernels::topk_refine<threads>, grid, threads, 0, stream, view, list, keys,
+                                          chunk_max, listed, state, level, l.chunk_size, kk, cap));
+    KEVO_GPU_TRY(gpu_launch_after_prior(kernels::topk_compact<threads>, grid, threads, 0, stream, view, list, keys,
+                                        chunk_max, listed, state, l.chunk_size, candidates, l.candidate_capacity));
     const std::size_t sort_bytes = kernels::topk_sort_bytes(l.candidate_capacity);
     if (resident_blocks(kernels::topk_sort<>, kernels::kTopKSortThreads, sort_bytes) == 0)
       return make_error("top-K's sort needs " + std::to_string(sort_bytes) + " bytes of shared memory per block");
-    kernels::topk_sort<<<1, kernels::kTopKSortThreads, sort_bytes, stream>>>(candidates, state, kk, l.candidate_capacity,
-                                                                            out.ids, out.scores, out.count);
-    KEVO_GPU_TRY(gpu_last_error());
+    KEVO_GPU_TRY(gpu_launch_after_prior(kernels::topk_sort<>, 1, kernels::kTopKSortThreads, sort_bytes, stream,
+                                        candidates, state, kk, l.candidate_capacity, out.ids, out.scores, out.count));
     return {};
   }
 

@@ -370,6 +370,7 @@ template <int BlockThreads, int Dim, EmbeddingType Type, int TilesInFlight>
 __global__ void __launch_bounds__(BlockThreads)
     scoring(IndexView index, const __half* vectors, const std::uint32_t* eligible_list, TopKState* state,
             std::uint32_t* keys, std::uint32_t* chunk_max, int routing, int experts, int tiles_per_chunk) {
+  gpu_wait_for_prior_grid();  // launched as a programmatic dependent (gpu_launch_after_prior)
   constexpr int warps = BlockThreads / 32;
   using Agent = AgentScoring<Dim, Type>;
   __shared__ ScoringBlock<Dim, Type> block;
@@ -476,6 +477,7 @@ template <int BlockThreads, int Dim, EmbeddingType Type, int Stages>
 __global__ void __launch_bounds__(BlockThreads)
     scoring_staged(IndexView index, const __half* vectors, const std::uint32_t* eligible_list, TopKState* state,
                    std::uint32_t* keys, std::uint32_t* chunk_max, int routing, int experts, int tiles_per_chunk) {
+  gpu_wait_for_prior_grid();  // launched as a programmatic dependent (gpu_launch_after_prior)
   constexpr int warps = BlockThreads / 32;
   using Agent = AgentScoring<Dim, Type>;
   using Stage = StagedPair<Dim, Type>;
@@ -609,6 +611,7 @@ __global__ void __launch_bounds__(BlockThreads)
 /// Resolves one level of the radix select (one block).
 template <int BlockThreads>
 __global__ void __launch_bounds__(BlockThreads) topk_select(TopKState* state, int level, std::uint32_t k, std::uint32_t cap) {
+  gpu_wait_for_prior_grid();  // launched as a programmatic dependent (gpu_launch_after_prior)
   using Agent = AgentTopKSelect<BlockThreads>;
   __shared__ typename Agent::TempStorage storage;
   if (state->done) return;
@@ -668,6 +671,7 @@ __global__ void __launch_bounds__(BlockThreads)
     topk_refine(IndexView index, const std::uint32_t* eligible_list, const std::uint32_t* keys,
                 const std::uint32_t* chunk_max, const std::uint32_t* listed, TopKState* state, int level,
                 std::uint32_t chunk_size, std::uint32_t k, std::uint32_t cap) {
+  gpu_wait_for_prior_grid();  // launched as a programmatic dependent (gpu_launch_after_prior)
   using Select = AgentTopKSelect<BlockThreads>;
   __shared__ std::uint32_t histogram[kTopKBins];
   __shared__ typename Select::TempStorage select_storage;
@@ -711,6 +715,7 @@ __global__ void __launch_bounds__(BlockThreads)
     topk_compact(IndexView index, const std::uint32_t* eligible_list, const std::uint32_t* keys,
                  const std::uint32_t* chunk_max, const std::uint32_t* listed, TopKState* state,
                  std::uint32_t chunk_size, unsigned long long* candidates, std::uint32_t capacity) {
+  gpu_wait_for_prior_grid();  // launched as a programmatic dependent (gpu_launch_after_prior)
   const unsigned long long threshold = state->threshold;
   const std::uint32_t count = *listed;
   const std::uint32_t chunks = (count + chunk_size - 1) / chunk_size;
@@ -809,6 +814,7 @@ template <class = void>
 __global__ void __launch_bounds__(kTopKSortThreads)
     topk_sort(const unsigned long long* candidates, const TopKState* state, std::uint32_t k, std::uint32_t capacity,
               std::uint32_t* out_ids, float* out_scores, std::uint32_t* out_count) {
+  gpu_wait_for_prior_grid();  // launched as a programmatic dependent (gpu_launch_after_prior)
   extern __shared__ __align__(16) unsigned char sort_storage[];  // topk_sort_bytes(capacity)
   const std::uint32_t count = min(state->candidate_count, capacity);
   const std::uint32_t results = min(k, state->eligible_count);
