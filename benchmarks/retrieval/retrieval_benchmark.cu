@@ -609,6 +609,22 @@ std::vector<ScoredAd> top_k(Pool& pool, const Request& request) {
   return std::move(*r);
 }
 
+/// search() as a serving thread sees it, request in and answer in a vector on the host: the median
+/// host-clock time over `repeats` calls after two warm-ups, call r searching request_of(r). The
+/// last answer's size lands in *results.
+template <class RequestOf>
+double median_search_seconds(Pool& pool, int repeats, RequestOf request_of, std::size_t* results = nullptr) {
+  std::vector<double> seconds;
+  for (int r = 0; r < repeats + 2; ++r) {
+    const Request request = request_of(r);
+    const auto a = std::chrono::steady_clock::now();
+    const std::size_t size = top_k(pool, request).size();
+    if (r >= 2) seconds.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - a).count());
+    if (results) *results = size;
+  }
+  return median(seconds);
+}
+
 /// Replaces random live ads (new embeddings and targeting) in batches of 10,000, alone and while
 /// another thread searches back to back.
 void run_updates(Pool& fp16, const Workload& fp16_workload, const Request& typical, std::uint64_t n, bool quick) {
@@ -874,23 +890,15 @@ void run_launch_costs(Pool& pool, const Request& request, int repeats, SearchOut
   });
 }
 
-/// search() as a serving thread sees it: request in, answer in a std::vector on the host (host clock).
+/// search()'s latency at a small pool, one line per K (the same request each call).
 void run_search_latency(Pool& pool, const Workload& workload, int repeats) {
   for (int k : {1, 1000, 4096}) {
     const Request request = workload.request(1, RequestKind::typical, k);
-    std::vector<double> seconds;
     std::size_t results = 0;
-    for (int r = 0; r < repeats + 2; ++r) {
-      const auto a = std::chrono::steady_clock::now();
-      auto top = pool.pipeline->search(request);
-      const double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - a).count();
-      CHECK_OK(top);
-      results = top->size();
-      if (r >= 2) seconds.push_back(t);  // the first two warm up
-    }
+    const double t = median_search_seconds(pool, repeats, [&](int) { return request; }, &results);
     std::printf("search(): %s N %llu K %d: %.3f ms (median of %d), %zu results\n",
-                to_string(pool.pipeline->schema().embedding_type), static_cast<unsigned long long>(pool.n), k,
-                median(seconds) * 1e3, repeats, results);
+                to_string(pool.pipeline->schema().embedding_type), static_cast<unsigned long long>(pool.n), k, t * 1e3,
+                repeats, results);
   }
 }
 
@@ -1094,14 +1102,9 @@ int main(int argc, char** argv) {
 
   std::puts("\n## Pipeline, request in to top-K out on the host (search(), synchronous), and back-to-back async\n");
   for (Pool* p : both_pools) {
-    std::vector<double> times;
-    for (int r = 0; r < repeats + 2; ++r) {
-      const Request req = fp16_workload.request(200 + r, RequestKind::typical, 1000);
-      const auto a = std::chrono::steady_clock::now();
-      top_k(*p, req);
-      if (r >= 2) times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - a).count());
-    }
-    const double t = median(times);
+    const double t = median_search_seconds(*p, repeats, [&](int r) {
+      return fp16_workload.request(200 + static_cast<std::uint64_t>(r), RequestKind::typical, 1000);
+    });
     std::printf("%s one request at a time: %.3f ms = %.2f G pool ads/s\n",
                 to_string(p->pipeline->schema().embedding_type), t * 1e3, n / t * 1e-9);
     for (int batch : {8, 32}) {
