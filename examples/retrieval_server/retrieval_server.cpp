@@ -17,6 +17,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <iterator>
 #include <optional>
 #include <string>
 #include <thread>
@@ -70,17 +71,15 @@ bool parse(int argc, char** argv, Options& o) {
 }
 
 /// The GPU backend where this build has CUDA and the machine a GPU (unless --backend cpu), else the CPU one.
-std::unique_ptr<RetrievalBackend> make_backend(const Options& o, const Schema& schema, const Model& model,
-                                               std::size_t ads) {
+std::unique_ptr<RetrievalBackend> make_backend(const Options& o, const Schema& schema, const Model& model) {
 #if defined(KEVO_RETRIEVAL_SERVER_CUDA)
   if (o.backend != "cpu") {
     std::string why;
-    if (auto gpu = make_cuda_backend(schema, model, ads + (1u << 20), why)) return gpu;
+    if (auto gpu = make_cuda_backend(schema, model, o.ads + (1u << 20), why)) return gpu;
     std::fprintf(stderr, "GPU backend unavailable (%s); using the CPU\n", why.c_str());
   }
 #endif
   if (o.backend == "gpu") std::fprintf(stderr, "no GPU backend in this build or machine; using the CPU\n");
-  (void)ads;
   return std::make_unique<CpuRetrievalBackend>(schema, model);
 }
 
@@ -121,7 +120,7 @@ int main(int argc, char** argv) {
     if (schema.dim != model.dim)
       return std::fprintf(stderr, "%s holds d = %d, the model takes d = %d\n", o.ads_file.c_str(), schema.dim, model.dim), 1;
   }
-  std::unique_ptr<RetrievalBackend> backend = make_backend(o, schema, model, o.ads);
+  std::unique_ptr<RetrievalBackend> backend = make_backend(o, schema, model);
   std::vector<AdRecord> generated;  // kept only for --save-ads
   for (std::uint64_t begin = 0; begin < o.ads; begin += 10000) {
     std::vector<AdRecord> batch;
@@ -134,7 +133,8 @@ int main(int argc, char** argv) {
     }
     if (auto ok = backend->upsert(std::span<const AdRecord>(batch.data(), batch.size())); !ok)
       return std::fprintf(stderr, "%s\n", ok.error().message.c_str()), 1;
-    if (!o.save_ads.empty()) generated.insert(generated.end(), batch.begin(), batch.end());
+    if (!o.save_ads.empty())
+      generated.insert(generated.end(), std::make_move_iterator(batch.begin()), std::make_move_iterator(batch.end()));
   }
   if (!o.save_ads.empty())
     if (auto ok = save_ads(schema, generated, o.save_ads); !ok) return std::fprintf(stderr, "%s\n", ok.error().message.c_str()), 1;
