@@ -281,8 +281,7 @@ inline expected<Model, Error> load_model(const std::string& path) {
     auto entry = file->tensor(t.name, "F32", 4, t.shape.size());
     if (!entry) return unexpected(entry.error());
     if ((*entry)->shape != t.shape) return make_error(path + ": tensor " + t.name + " has the wrong shape");
-    std::uint64_t count = 1;
-    for (std::int64_t s : t.shape) count *= static_cast<std::uint64_t>(s);
+    const std::uint64_t count = ((*entry)->end - (*entry)->begin) / sizeof(float);  // tensor() checked it fits the shape
     t.values->resize(count);
     if (auto ok = file->read(**entry, 0, t.values->data(), count * sizeof(float)); !ok) return unexpected(ok.error());
   }
