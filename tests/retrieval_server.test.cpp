@@ -27,8 +27,8 @@ struct RunningServer {
   asio::io_context io;
   RetrievalHttpServer server;
   std::thread thread;
-  RunningServer(RetrievalBackend& backend)
-      : server(io, backend, {asio::ip::make_address("127.0.0.1"), 0}, {std::chrono::milliseconds(3000)}) {
+  RunningServer(RetrievalBackend& backend, ServingOptions options = {.io_timeout = std::chrono::milliseconds(3000)})
+      : server(io, backend, {asio::ip::make_address("127.0.0.1"), 0}, options) {
     server.start();
     thread = std::thread([this] { io.run(); });
   }
@@ -130,6 +130,29 @@ TEST_CASE("the retrieval server answers on loopback with the CPU backend", "[ret
       CHECK(r.status == 400);
       CHECK_THAT(r.body, Catch::Contains(message));
     }
+    // Numbers of the wrong kind or range are refused, never wrapped into a value validation accepts
+    // (4294967297 cast to an int is 1, a legal K).
+    const std::string good = search_body(request);
+    auto replaced = [&](const std::string& from, const std::string& to) {
+      const std::size_t at = good.find(from);
+      REQUIRE(at != std::string::npos);
+      return std::string(good).replace(at, from.size(), to);
+    };
+    const std::string first_category = fmt::format("{{\"category\":{},", request.query.front().category);
+    const std::pair<std::string, std::string> bad_numbers[] = {
+        {replaced("\"k\":25", "\"k\":4294967297"), "k out of range"},
+        {replaced("\"k\":25", "\"k\":-4294967295"), "k out of range"},
+        {replaced(fmt::format("\"routing\":{}", request.routing), "\"routing\":4294967298"), "routing out of range"},
+        {replaced("\"k\":25", "\"k\":\"25\""), "malformed JSON"},
+        {replaced("\"k\":25", "\"k\":2.5"), "malformed JSON"},
+        {replaced(first_category, "{\"category\":-1,"), "malformed JSON"},
+        {replaced(first_category, "{\"category\":4294967296,"), "category out of range"},
+    };
+    for (const auto& [body, message] : bad_numbers) {
+      Reply r = call(port, http::verb::post, "/search", body);
+      CHECK(r.status == 400);
+      CHECK_THAT(r.body, Catch::Contains(message));
+    }
     Request too_many = request;
     too_many.k = 5000;
     Reply k = call(port, http::verb::post, "/search", search_body(too_many));
@@ -146,6 +169,24 @@ TEST_CASE("the retrieval server answers on loopback with the CPU backend", "[ret
     Reply again = call(port, http::verb::post, "/search", search_body(request));
     CHECK(again.status == 200);
     CHECK(parse_results(again.body).size() == 25);
+  }
+
+  SECTION("a body over the limit gets a 400, and the server keeps serving") {
+    const std::string body = search_body(request);
+    Request small_request = request;  // no query values and short numbers: a body far under the limit
+    small_request.query.clear();
+    small_request.features.assign(small_request.features.size(), 0.5f);
+    const std::string small_body = search_body(small_request);
+    REQUIRE(small_body.size() < body.size() / 2);
+    RunningServer limited(backend, {.io_timeout = std::chrono::milliseconds(3000), .max_body_bytes = body.size() / 2});
+    Reply refused = call(limited.server.port(), http::verb::post, "/search", body);
+    CHECK(refused.status == 400);
+    CHECK_THAT(refused.body, Catch::Contains("body limit exceeded"));
+    Reply answered = call(limited.server.port(), http::verb::post, "/search", small_body);
+    CHECK(answered.status == 200);
+    auto direct_small = backend.search(small_request);
+    REQUIRE(direct_small);
+    CHECK(parse_results(answered.body).size() == direct_small->size());
   }
 
   SECTION("a batch of searches answers each request as /search does, in order") {

@@ -23,6 +23,7 @@
 
 #include <charconv>
 #include <chrono>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <string>
@@ -45,6 +46,14 @@ struct BadRequest {
 inline std::uint32_t to_u32(std::uint64_t v, const char* what) {
   if (v > 0xffffffffull) throw BadRequest{std::string(what) + " out of range"};
   return static_cast<std::uint32_t>(v);
+}
+
+/// A JSON integer that must fit an int (k, routing): a larger one is refused here, not wrapped
+/// into a different value that validation would then accept.
+inline int to_int(std::int64_t v, const char* what) {
+  if (v < std::numeric_limits<int>::min() || v > std::numeric_limits<int>::max())
+    throw BadRequest{std::string(what) + " out of range"};
+  return static_cast<int>(v);
 }
 
 inline std::vector<float> float_array(json::value v) {
@@ -72,9 +81,9 @@ inline Request parse_search(json::object object) {
         r.query.push_back(std::move(q));
       }
     } else if (key == "k") {
-      r.k = static_cast<int>(field.value().get_int64());
+      r.k = to_int(field.value().get_int64(), "k");
     } else if (key == "routing") {
-      r.routing = static_cast<int>(field.value().get_int64());
+      r.routing = to_int(field.value().get_int64(), "routing");
     } else {
       throw BadRequest{"unknown field: " + std::string(key)};
     }
