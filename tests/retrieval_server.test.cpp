@@ -258,6 +258,35 @@ TEST_CASE("the retrieval server answers on loopback with the CPU backend", "[ret
     Reply bad_ad = call(port, http::verb::post, "/ads", "{\"ads\":[{\"id\":1,\"embedding\":[1,2]}]}");
     CHECK(bad_ad.status == 400);
     CHECK_THAT(bad_ad.body, Catch::Contains("embedding"));
+
+    // A field left out is refused, not taken as 0 (an ad with no id would replace ad 0).
+    const std::string no_id = fmt::format("{{\"ads\":[{{\"embedding\":[{}],\"bias\":1.0}}]}}", embedding);
+    Reply refused_ad = call(port, http::verb::post, "/ads", no_id);
+    CHECK(refused_ad.status == 400);
+    CHECK_THAT(refused_ad.body, Catch::Contains("an ad needs \\\"id\\\""));
+    const std::string no_value = fmt::format(
+        "{{\"ads\":[{{\"id\":7,\"embedding\":[{}],\"clauses\":[{{\"category\":0}}]}}]}}", embedding);
+    Reply refused_clause = call(port, http::verb::post, "/ads", no_value);
+    CHECK(refused_clause.status == 400);
+    CHECK_THAT(refused_clause.body, Catch::Contains("a clause needs"));
+    std::string no_category = search_body(req);  // (req has no query entries)
+    no_category.replace(no_category.find("\"query\":[]"), std::string("\"query\":[]").size(), "\"query\":[{\"values\":[1]}]");
+    Reply refused_query = call(port, http::verb::post, "/search", no_category);
+    CHECK(refused_query.status == 400);
+    CHECK_THAT(refused_query.body, Catch::Contains("a query entry needs"));
+    // An fp16 pool cannot hold a value past 65504: refused, where it would have scored NaN.
+    const std::string too_large = fmt::format(
+        "{{\"ads\":[{{\"id\":7,\"embedding\":[1e5{}],\"bias\":1.0}}]}}", embedding.substr(embedding.find(',')));
+    Reply refused_range = call(port, http::verb::post, "/ads", too_large);
+    CHECK(refused_range.status == 400);
+    CHECK_THAT(refused_range.body, Catch::Contains("beyond fp16's range"));
+    // Features so large that the request's fp16 vectors overflow: a 400 with the reason, not NaN scores.
+    Request huge = request;
+    huge.features.assign(huge.features.size(), 1e6f);
+    Reply overflowing = call(port, http::verb::post, "/search", search_body(huge));
+    CHECK(overflowing.status == 400);
+    CHECK_THAT(overflowing.body, Catch::Contains("overflow fp16"));
+    CHECK(call(port, http::verb::post, "/search", search_body(request)).status == 200);
   }
 }
 

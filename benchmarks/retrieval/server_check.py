@@ -2,17 +2,19 @@
 
 Starts two servers over the same workload (same seed and ad count), one with --backend gpu and
 one with --backend cpu, then:
-  - sends the same random requests to both and compares the answers (the same ids, scores within
-    the spec's 1e-3 * (1 + |score|), except at the K-th score's tolerance boundary);
+  - sends the same random requests to both and compares the answers (each ordered by score, ties
+    by lower id, no id twice; the same ids both ways, except at the K-th score's tolerance boundary;
+    scores within the spec's 1e-3 * (1 + |score|));
   - sends a batch of 8 of them to both through /search_batch (the GPU's one-pass path) and compares
     each answer the same way;
   - sends 12 searches to the GPU server at once (it answers searches that queue together, as a
     batch) and compares each answer with the CPU server's;
-  - sends malformed requests to the GPU server and expects 400s with a message, then a good answer;
+  - sends malformed requests to the GPU server and expects 400s, each with {"error": message},
+    then a good answer;
   - upserts an ad that must rank first, sees it first on both, expires it, and sees it gone.
 With --via-file PATH the first server writes its pool there (--save-ads) and the second loads it
 (--ads-file) instead of generating it, so the comparison covers the ad file too.
-Exits non-zero on the first failure. Standard library only (the device has no extra packages).
+First checks compare() itself on made-up answers. Exits non-zero on the first failure. Standard library only (the device has no extra packages).
 
   python3 benchmarks/retrieval/server_check.py BINARY [--ads 200000] [--requests 20] [--dtype int8] [--via-file PATH]
 
@@ -40,7 +42,18 @@ def post(url, payload, expect=200):
         status, body = e.code, e.read()
     if status != expect:
         sys.exit(f"FAIL: POST {url} -> {status}, expected {expect}: {body[:300]!r}")
-    return json.loads(body) if body else None
+    try:
+        return json.loads(body) if body else None
+    except ValueError:
+        sys.exit(f"FAIL: POST {url} -> {status} with a body that is not JSON: {body[:300]!r}")
+
+
+def post_bad(url, payload):
+    """A request the server must refuse: a 400 whose body is {"error": "<a message>"}."""
+    reply = post(url, payload, expect=400)
+    if not isinstance(reply, dict) or not isinstance(reply.get("error"), str) or not reply["error"].strip():
+        sys.exit(f"FAIL: POST {url} -> 400 without an error message: {reply!r}")
+    return reply
 
 
 def start(binary, backend, port, ads, seed, dtype, extra=()):
@@ -59,20 +72,70 @@ def close(a, b):
     return abs(a - b) <= 1e-3 * (1 + abs(b))
 
 
+def ranking_problem(results, k, who):
+    """One answer on its own: at most k results, score descending, ties by lower id, no id twice."""
+    if len(results) > k:
+        return f"{who}: {len(results)} results for k {k}"
+    seen = set()
+    for i, r in enumerate(results):
+        if r["id"] in seen:
+            return f"{who}: id {r['id']} twice"
+        seen.add(r["id"])
+        if i and not (results[i - 1]["score"] > r["score"] or
+                      (results[i - 1]["score"] == r["score"] and results[i - 1]["id"] < r["id"])):
+            return f"{who}: out of order at {i}: {results[i - 1]} before {r}"
+    return None
+
+
 def compare(gpu, cpu, k):
-    """The spec's rules, simplified: same count; ids equal except where the CPU's score is within
-    tolerance of its K-th score; every shared id's score close."""
+    """The spec's rules, simplified (the CPU's answer stands in for the reference; no routing
+    near-ties): each answer ordered and without duplicates; the same count; every shared id's score
+    close; an id in only one answer, either way, only where its score is within tolerance of the
+    CPU's K-th score, and only when K ads came back (fewer means every eligible ad did)."""
+    for who, results in (("GPU", gpu), ("CPU", cpu)):
+        problem = ranking_problem(results, k, who)
+        if problem:
+            return problem
     if len(gpu) != len(cpu):
         return f"{len(gpu)} results vs {len(cpu)}"
+    gpu_score = {r["id"]: r["score"] for r in gpu}
     cpu_score = {r["id"]: r["score"] for r in cpu}
-    kth = cpu[-1]["score"] if cpu else 0.0
+    kth = cpu[-1]["score"] if len(cpu) == k else None
     for r in gpu:
         if r["id"] in cpu_score:
             if not close(r["score"], cpu_score[r["id"]]):
                 return f"id {r['id']}: score {r['score']} vs {cpu_score[r['id']]}"
-        elif not close(r["score"], kth):
+        elif kth is None or not close(r["score"], kth):
             return f"id {r['id']} (score {r['score']}) is not in the CPU's top-{k}"
+    for r in cpu:
+        if r["id"] not in gpu_score and (kth is None or not close(r["score"], kth)):
+            return f"id {r['id']} (CPU score {r['score']}) is missing from the GPU's top-{k}"
     return None
+
+
+def check_compare():
+    """compare() itself, on made-up answers: it must pass the good ones and catch each fault."""
+    def res(*pairs):
+        return [{"id": i, "score": s} for i, s in pairs]
+    cpu = res((1, 3.0), (2, 2.0), (4, 1.0), (5, 1.0), (9, 0.5))
+    cases = [  # (what, GPU's answer, CPU's answer, k, None to pass or the words of the failure)
+        ("the same answer", res((1, 3.0), (2, 2.0), (4, 1.0), (5, 1.0), (9, 0.5)), cpu, 5, None),
+        ("a swap at the K-th score", res((1, 3.0), (2, 2.0), (4, 1.0), (5, 1.0), (7, 0.5004)), cpu, 5, None),
+        ("tied scores, higher id first", res((1, 3.0), (2, 2.0), (5, 1.0), (4, 1.0), (9, 0.5)), cpu, 5, "GPU: out of order"),
+        ("scores out of order", res((2, 2.0), (1, 3.0), (4, 1.0), (5, 1.0), (9, 0.5)), cpu, 5, "GPU: out of order"),
+        ("a duplicate id", res((1, 3.0), (1, 3.0), (4, 1.0), (5, 1.0), (9, 0.5)), cpu, 5, "twice"),
+        ("the CPU's answer out of order", cpu, res((2, 2.0), (1, 3.0), (4, 1.0), (5, 1.0), (9, 0.5)), 5, "CPU: out of order"),
+        ("a CPU id far from the K-th score missing, an extra one at it",
+         res((1, 3.0), (4, 1.0), (5, 1.0), (7, 0.5), (9, 0.5)), cpu, 5, "id 2 (CPU score 2.0) is missing"),
+        ("an extra id far from the K-th score", res((1, 3.0), (2, 2.0), (8, 1.5), (4, 1.0), (5, 1.0)), cpu, 5, "id 8"),
+        ("a score off", res((1, 3.0), (2, 2.1), (4, 1.0), (5, 1.0), (9, 0.5)), cpu, 5, "id 2: score"),
+        ("a swap when fewer than K came back", res((1, 3.0), (2, 2.0), (4, 1.0), (5, 1.0), (7, 0.5)), cpu, 6, "id 7"),
+        ("more than K", cpu, cpu, 4, "results for k 4"),
+    ]
+    for what, gpu_answer, cpu_answer, k, failure in cases:
+        problem = compare(gpu_answer, cpu_answer, k)
+        if (problem is None) != (failure is None) or (failure and failure not in problem):
+            sys.exit(f"FAIL: compare() on {what}: {problem or 'accepted'}")
 
 
 def main():
@@ -86,6 +149,7 @@ def main():
     ap.add_argument("--port", type=int, default=18181, help="the first server's; the second takes the next")
     ap.add_argument("--via-file", help="the first server saves its pool here, the second loads it")
     args = ap.parse_args()
+    check_compare()
     saving = ("--save-ads", args.via_file) if args.via_file else ()
     loading = ("--ads-file", args.via_file) if args.via_file else ()
     gpu_proc, gpu, _ = start(args.binary, args.first, args.port, args.ads, args.seed, args.dtype, saving)
@@ -146,10 +210,10 @@ def main():
             if problem:
                 sys.exit(f"FAIL: search {i} of a burst: GPU and CPU servers disagree: {problem}")
         print(f"{len(burst)} searches at once: every answer agrees", flush=True)
-        post(gpu + "/search_batch", {"requests": [batch[0], dict(batch[1], k=0)]}, expect=400)
+        post_bad(gpu + "/search_batch", {"requests": [batch[0], dict(batch[1], k=0)]})
         for bad in [b"{not json", {"features": [1.0], "k": 10}, {"features": [0.0] * 256, "k": 5000},
                     {"features": [0.0] * 256, "query": [{"category": 99, "values": [0]}], "k": 10}]:
-            reply = post(gpu + "/search", bad, expect=400)
+            reply = post_bad(gpu + "/search", bad)
             print(f"bad request -> 400: {reply}", flush=True)
         request = {"features": [0.5] * 256, "query": [], "k": 10}
         star = {"id": 4000000000, "embedding": [0.0] * 128, "bias": 1000.0, "clauses": [], "live": True}

@@ -70,16 +70,21 @@ bool parse(int argc, char** argv, Options& o) {
   return true;
 }
 
-/// The GPU backend where this build has CUDA and the machine a GPU (unless --backend cpu), else the CPU one.
+/// The GPU backend where this build has CUDA and the machine a GPU (unless --backend cpu), else the
+/// CPU one; null where --backend gpu was asked for and no GPU backend can be had (a server meant for
+/// a GPU should not quietly serve from the CPU).
 std::unique_ptr<RetrievalBackend> make_backend(const Options& o, const Schema& schema, const Model& model) {
+  std::string why = "this build has no CUDA";
 #if defined(KEVO_RETRIEVAL_SERVER_CUDA)
   if (o.backend != "cpu") {
-    std::string why;
     if (auto gpu = make_cuda_backend(schema, model, o.ads + (1u << 20), why)) return gpu;
-    std::fprintf(stderr, "GPU backend unavailable (%s); using the CPU\n", why.c_str());
   }
 #endif
-  if (o.backend == "gpu") std::fprintf(stderr, "no GPU backend in this build or machine; using the CPU\n");
+  if (o.backend == "gpu") {
+    std::fprintf(stderr, "--backend gpu: no GPU backend (%s)\n", why.c_str());
+    return nullptr;
+  }
+  if (o.backend == "auto") std::fprintf(stderr, "no GPU backend (%s); serving from the CPU\n", why.c_str());
   return std::make_unique<CpuRetrievalBackend>(schema, model);
 }
 
@@ -121,6 +126,7 @@ int main(int argc, char** argv) {
       return std::fprintf(stderr, "%s holds d = %d, the model takes d = %d\n", o.ads_file.c_str(), schema.dim, model.dim), 1;
   }
   std::unique_ptr<RetrievalBackend> backend = make_backend(o, schema, model);
+  if (!backend) return 1;
   std::vector<AdRecord> generated;  // kept only for --save-ads
   for (std::uint64_t begin = 0; begin < o.ads; begin += 10000) {
     std::vector<AdRecord> batch;

@@ -13,6 +13,8 @@
 #include <condition_variable>
 #include <deque>
 #include <exception>
+#include <memory>
+#include <stdexcept>
 #include <mutex>
 #include <optional>
 #include <shared_mutex>
@@ -21,6 +23,7 @@
 #include <vector>
 
 #include "kevo/retrieval/ad_pool.hpp"
+#include "kevo/retrieval/fair_mutex.hpp"
 #include "kevo/retrieval/reference.hpp"
 #include "kevo/retrieval/types.hpp"
 
@@ -59,8 +62,26 @@ class RetrievalBackend {
 /// exclusively, so a search sees each update wholly or not at all.
 class CpuRetrievalBackend final : public RetrievalBackend {
  public:
+  /// The checks the GPU pipeline's create makes: a valid schema and model that agree on d.
+  static expected<void, Error> check(const Schema& schema, const Model& model) {
+    if (auto ok = validate_schema(schema); !ok) return ok;
+    if (auto ok = validate_model(model); !ok) return ok;
+    if (model.dim != schema.dim)
+      return make_error("the model's d (" + std::to_string(model.dim) + ") is not the pool's (" +
+                        std::to_string(schema.dim) + ")");
+    return {};
+  }
+  static expected<std::unique_ptr<CpuRetrievalBackend>, Error> create(Schema schema, Model model,
+                                                                     unsigned threads = default_thread_count()) {
+    if (auto ok = check(schema, model); !ok) return unexpected(ok.error());
+    return std::make_unique<CpuRetrievalBackend>(std::move(schema), std::move(model), threads);
+  }
+  /// Throws std::invalid_argument with check()'s message where `create` would return it: a schema
+  /// and model that disagree would otherwise read past an ad's row.
   CpuRetrievalBackend(Schema schema, Model model, unsigned threads = default_thread_count())
-      : pool_(std::move(schema)), model_(std::move(model)), threads_(threads) {}
+      : pool_(std::move(schema)), model_(std::move(model)), threads_(std::max(1u, threads)) {
+    if (auto ok = check(pool_.schema(), model_); !ok) throw std::invalid_argument(ok.error().message);
+  }
 
   std::string name() const override { return "cpu"; }
   const Schema& schema() const override { return pool_.schema(); }
@@ -69,6 +90,7 @@ class CpuRetrievalBackend final : public RetrievalBackend {
   expected<std::vector<ScoredAd>, Error> search(const Request& request) override {
     if (auto ok = validate_request(pool_.schema(), model_, request); !ok) return unexpected(ok.error());
     const RequestVectors vectors = compute_request_vectors(model_, request.features);
+    if (auto ok = check_request_vectors(vectors); !ok) return unexpected(ok.error());
     std::shared_lock lock(mutex_);
     return reference_search(pool_, vectors, request, threads_);
   }
@@ -80,6 +102,7 @@ class CpuRetrievalBackend final : public RetrievalBackend {
       if (auto ok = validate_request(pool_.schema(), model_, requests[r]); !ok)
         return batch_error(r, ok.error());
       vectors.push_back(compute_request_vectors(model_, requests[r].features));
+      if (auto ok = check_request_vectors(vectors.back()); !ok) return batch_error(r, ok.error());
     }
     std::shared_lock lock(mutex_);
     std::vector<std::vector<ScoredAd>> all;
@@ -106,7 +129,7 @@ class CpuRetrievalBackend final : public RetrievalBackend {
   HostAdPool pool_;
   Model model_;
   unsigned threads_;
-  std::shared_mutex mutex_;
+  WriterFirstSharedMutex mutex_;  // an update waits only for the searches already running
 };
 
 struct BatchingOptions {

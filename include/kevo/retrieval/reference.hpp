@@ -72,6 +72,18 @@ inline RequestVectors compute_request_vectors(const Model& model, const std::vec
   return v;
 }
 
+/// The error for a request whose u_e or g_e overflow fp16: the model computes no finite score for
+/// it, so it is refused (the GPU reports the same from its towers).
+inline constexpr const char* kVectorsOverflowMessage =
+    "the request's features are too large for the model: its expert or gate vectors overflow fp16";
+
+inline expected<void, Error> check_request_vectors(const RequestVectors& v) {
+  for (const std::vector<float>* values : {&v.expert, &v.gate})
+    for (float x : *values)
+      if (!is_finite(x)) return make_error(kVectorsOverflowMessage);
+  return {};
+}
+
 /// The request's targeting query as one sorted value list per category, for membership tests.
 class QuerySets {
  public:

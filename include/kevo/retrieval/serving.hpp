@@ -12,6 +12,9 @@
 //   POST /expire  {"ids":[7]} -> {"expired":1}
 //   GET  /health  -> {"backend":"cpu"}
 //
+// Status: 400 for a request the caller got wrong (with its reason), 500 where the backend failed
+// a valid search, 503 where it could not apply a valid update (such as a full index).
+//
 //   RetrievalHttpServer server(io, backend, {asio::ip::make_address("127.0.0.1"), 0});
 //   server.start();   // then io.run(); server.port() is the bound port
 #pragma once
@@ -26,6 +29,7 @@
 #include <limits>
 #include <memory>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -71,13 +75,15 @@ inline Request parse_search(json::object object) {
     } else if (key == "query") {
       for (auto entry : field.value().get_array()) {
         CategoryQuery q;
+        bool has_category = false;
         for (auto f : entry.get_object()) {
           const std::string_view k = f.unescaped_key();
-          if (k == "category") q.category = to_u32(f.value().get_uint64(), "category");
+          if (k == "category") q.category = to_u32(f.value().get_uint64(), "category"), has_category = true;
           else if (k == "values")
             for (auto v : f.value().get_array()) q.values.push_back(to_u32(v.get_uint64(), "value"));
           else throw BadRequest{"unknown field in query: " + std::string(k)};
         }
+        if (!has_category) throw BadRequest{"a query entry needs \"category\""};
         r.query.push_back(std::move(q));
       }
     } else if (key == "k") {
@@ -116,26 +122,30 @@ inline std::vector<AdRecord> parse_ads(json::document& doc) {
     if (std::string_view(field.unescaped_key()) != "ads") throw BadRequest{"expected {\"ads\": [...]}"};
     for (auto entry : field.value().get_array()) {
       AdRecord ad;
+      bool has_id = false;
       for (auto f : entry.get_object()) {
         const std::string_view k = f.unescaped_key();
-        if (k == "id") ad.id = to_u32(f.value().get_uint64(), "id");
+        if (k == "id") ad.id = to_u32(f.value().get_uint64(), "id"), has_id = true;
         else if (k == "embedding") ad.embedding = float_array(f.value());
         else if (k == "bias") ad.bias = static_cast<float>(f.value().get_double());
         else if (k == "live") ad.live = f.value().get_bool();
         else if (k == "clauses")
           for (auto c : f.value().get_array()) {
             Clause clause;
+            bool has_category = false, has_value = false;
             for (auto cf : c.get_object()) {
               const std::string_view ck = cf.unescaped_key();
-              if (ck == "category") clause.category = to_u32(cf.value().get_uint64(), "category");
-              else if (ck == "value") clause.value = to_u32(cf.value().get_uint64(), "value");
+              if (ck == "category") clause.category = to_u32(cf.value().get_uint64(), "category"), has_category = true;
+              else if (ck == "value") clause.value = to_u32(cf.value().get_uint64(), "value"), has_value = true;
               else if (ck == "exclude") clause.exclude = cf.value().get_bool();
               else throw BadRequest{"unknown field in clause: " + std::string(ck)};
             }
+            if (!has_category || !has_value) throw BadRequest{"a clause needs \"category\" and \"value\""};
             ad.clauses.push_back(clause);
           }
         else throw BadRequest{"unknown field in ad: " + std::string(k)};
       }
+      if (!has_id) throw BadRequest{"an ad needs \"id\" (an upsert without one would replace ad 0)"};
       ads.push_back(std::move(ad));
     }
   }
@@ -178,8 +188,10 @@ inline std::string json_escape(std::string_view s) {
 /// {"results":[{"id":..,"score":..}, ...]}
 inline std::string results_json(const std::vector<ScoredAd>& top) {
   std::string out = "{\"results\":[";
-  for (std::size_t i = 0; i < top.size(); ++i)
+  for (std::size_t i = 0; i < top.size(); ++i) {
+    if (!is_finite(top[i].score)) throw std::runtime_error("a score is not finite (a bug)");  // JSON has no NaN
     out += (i ? ",{\"id\":" : "{\"id\":") + number(top[i].id) + ",\"score\":" + number(top[i].score) + "}";
+  }
   return out + "]}";
 }
 
@@ -224,34 +236,51 @@ class RetrievalHttpServer {
       // The padded copy and the document live together in this scope; no view outlives them.
       const simdjson::padded_string input(body);
       simdjson::ondemand::document doc = parser.iterate(input);
+      // The request is checked here, so that what the backend refuses after these checks is its own
+      // failure (500, 503), not the caller's (400); a request too large for the model's fp16
+      // vectors is found only by running its towers, and is the caller's.
+      auto search_failed = [&](const Error& e) {
+        return error(e.message.find(kVectorsOverflowMessage) != std::string::npos ? status::bad_request
+                                                                                  : status::internal_server_error,
+                     e.message);
+      };
       if (target == "/search") {
         const Request request = sd::parse_search(doc);
+        if (auto ok = validate_request(backend_.schema(), backend_.model(), request); !ok)
+          return error(status::bad_request, ok.error().message);
         auto top = backend_.search(request);
-        if (!top) return error(status::bad_request, top.error().message);
+        if (!top) return search_failed(top.error());
         return {status::ok, sd::results_json(*top)};
       }
       if (target == "/search_batch") {
         const std::vector<Request> requests = sd::parse_search_batch(doc, options_.max_batch_requests);
+        for (std::size_t r = 0; r < requests.size(); ++r)
+          if (auto ok = validate_request(backend_.schema(), backend_.model(), requests[r]); !ok)
+            return error(status::bad_request, "request " + std::to_string(r) + " of the batch: " + ok.error().message);
         auto answers = backend_.search_batch(std::span<const Request>(requests.data(), requests.size()));
-        if (!answers) return error(status::bad_request, answers.error().message);
+        if (!answers) return search_failed(answers.error());
         std::string out = "{\"answers\":[";
         for (std::size_t r = 0; r < answers->size(); ++r) out += (r ? "," : "") + sd::results_json((*answers)[r]);
         return {status::ok, out + "]}"};
       }
       if (target == "/ads") {
         const std::vector<AdRecord> ads = sd::parse_ads(doc);
+        for (const AdRecord& ad : ads)
+          if (auto ok = validate_ad(backend_.schema(), ad); !ok) return error(status::bad_request, ok.error().message);
         if (auto ok = backend_.upsert(std::span<const AdRecord>(ads.data(), ads.size())); !ok)
-          return error(status::bad_request, ok.error().message);
+          return error(status::service_unavailable, ok.error().message);  // such as a full index
         return {status::ok, "{\"upserted\":" + sd::number(ads.size()) + "}"};
       }
       const std::vector<std::uint32_t> ids = sd::parse_ids(doc);
       auto expired = backend_.expire(std::span<const std::uint32_t>(ids.data(), ids.size()));
-      if (!expired) return error(status::bad_request, expired.error().message);
+      if (!expired) return error(status::service_unavailable, expired.error().message);
       return {status::ok, "{\"expired\":" + sd::number(*expired) + "}"};
     } catch (const sd::BadRequest& e) {
       return error(status::bad_request, e.message);
     } catch (const simdjson::simdjson_error& e) {
       return error(status::bad_request, std::string("malformed JSON: ") + e.what());
+    } catch (const std::exception& e) {  // (out of memory, no thread to start): this request fails, the server goes on
+      return error(status::internal_server_error, std::string("internal error: ") + e.what());
     }
   }
 

@@ -5,6 +5,7 @@
 //   if (auto ok = validate_request(schema, model, request); !ok) reply_400(ok.error().message);
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -81,6 +82,21 @@ struct ScoredAd {
   friend bool operator==(const ScoredAd&, const ScoredAd&) = default;
 };
 
+/// Whether x is a finite number (written so that it holds under -ffast-math too).
+inline bool is_finite(float x) { return x == x && x - x == 0.0f; }
+
+/// The largest finite fp16 value: an fp16 pool's embeddings, and every request's u_e and g_e, are
+/// rounded to fp16, and anything larger would become infinite.
+inline constexpr float kMaxHalf = 65504.0f;
+
+/// Checks one embedding value for the pool's storage: finite, and (fp16) within fp16's range.
+inline expected<void, Error> check_embedding_value(const Schema& schema, float a) {
+  if (!is_finite(a)) return make_error("embedding must be finite");
+  if (schema.embedding_type == EmbeddingType::fp16 && std::fabs(a) > kMaxHalf)
+    return make_error("embedding value " + std::to_string(a) + " is beyond fp16's range (65504)");
+  return {};
+}
+
 /// Checks a model's shapes; a model that fails this is a caller's error, not a bug.
 inline expected<void, Error> validate_model(const Model& model) {
   const auto e = static_cast<std::size_t>(model.experts), h = static_cast<std::size_t>(model.hidden);
@@ -90,6 +106,9 @@ inline expected<void, Error> validate_model(const Model& model) {
   if (model.w1.size() != e * h * f || model.c1.size() != e * h || model.w2.size() != e * d * h ||
       model.c2.size() != e * d || model.gate_projection.size() != d * d)
     return make_error("model: a weight tensor has the wrong number of values");
+  for (const std::vector<float>* weights : {&model.w1, &model.c1, &model.w2, &model.c2, &model.gate_projection})
+    for (float w : *weights)
+      if (!is_finite(w)) return make_error("model: every weight must be finite");
   return {};
 }
 
@@ -115,7 +134,7 @@ inline expected<void, Error> validate_request(const Schema& schema, const Model&
                           std::to_string(schema.category_values[q.category]) + " values, got " + std::to_string(v));
   }
   for (float x : request.features)
-    if (!(x == x) || x - x != 0.0f) return make_error("features must be finite");
+    if (!is_finite(x)) return make_error("features must be finite");
   return {};
 }
 
@@ -137,9 +156,8 @@ inline expected<void, Error> validate_ad(const Schema& schema, const AdRecord& a
                         std::to_string(c.category));
   }
   for (float a : ad.embedding)
-    if (!(a == a) || a - a != 0.0f) return make_error("ad " + std::to_string(ad.id) + ": embedding must be finite");
-  if (!(ad.bias == ad.bias) || ad.bias - ad.bias != 0.0f)
-    return make_error("ad " + std::to_string(ad.id) + ": bias must be finite");
+    if (auto ok = check_embedding_value(schema, a); !ok) return make_error("ad " + std::to_string(ad.id) + ": " + ok.error().message);
+  if (!is_finite(ad.bias)) return make_error("ad " + std::to_string(ad.id) + ": bias must be finite");
   return {};
 }
 

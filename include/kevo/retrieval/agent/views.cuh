@@ -61,13 +61,20 @@ inline constexpr int kTopKBins = 4096;
 __host__ __device__ constexpr int topk_level_shift(int level) { return level < 5 ? 52 - 12 * level : 0; }
 __host__ __device__ constexpr int topk_level_bits(int level) { return level < 5 ? 12 : 4; }
 
+/// What can go wrong on the device during a search, as bits of TopKState::overflow, and the
+/// answer count that reports it in place of a count of results.
+inline constexpr std::uint32_t kOverflowCandidates = 1;  // the candidate buffer was too small (a bug)
+inline constexpr std::uint32_t kOverflowVectors = 2;     // u_e or g_e overflowed fp16: features too large
+inline constexpr std::uint32_t kCountCandidatesOverflowed = ~0u;
+inline constexpr std::uint32_t kCountVectorsOverflowed = ~0u - 1;
+
 /// Top-K's state for one request, in the request's temp storage (zeroed before each request).
 struct TopKState {
   std::uint32_t eligible_count;
   std::uint32_t done;               // the threshold is known
   std::uint32_t k_remaining;        // how many of the K lie at or below the resolved prefix
   std::uint32_t candidate_count;
-  std::uint32_t overflow;           // set if the candidate buffer was too small (a bug)
+  std::uint32_t overflow;           // kOverflowCandidates | kOverflowVectors, as they happened
   std::uint32_t pad;                // keeps the 64-bit fields 8-byte aligned
   unsigned long long prefix;        // resolved high bits of the K-th ranking key
   unsigned long long threshold;     // candidates are the keys >= threshold

@@ -207,11 +207,30 @@ class DeviceAdIndex {
     if (ads.bias.size() != n || ads.live.size() != n || ads.clause_begin.size() != n + 1 ||
         (!ads.embeddings.empty() && ads.embeddings.size() != n * static_cast<std::size_t>(schema_.dim)))
       return make_error("PackedAds: arrays of different lengths");
+    if (ads.clause_begin.front() != 0 || ads.clause_begin.back() != ads.clauses.size())
+      return make_error("PackedAds: clause_begin must run from 0 to the number of clauses");
+    for (std::size_t i = 0; i < n; ++i)
+      if (ads.clause_begin[i + 1] < ads.clause_begin[i])
+        return make_error("PackedAds: clause_begin runs backwards at ad " + std::to_string(i));
+    for (std::size_t i = 0; i < n; ++i) {
+      const std::uint32_t begin = ads.clause_begin[i], end = ads.clause_begin[i + 1];
+      // Matching walks a run until its flagged last clause: a run flagged anywhere else would read
+      // into the next ad's clauses.
+      for (std::uint32_t c = begin; c < end; ++c)
+        if (((ads.clauses[c] & clause_bits::last) != 0) != (c + 1 == end))
+          return make_error("PackedAds: ad " + std::to_string(i) + "'s clauses must flag their last one, and only it");
+    }
     for (std::uint32_t packed : ads.clauses) {
       const std::uint32_t c = clause_bits::category(packed);
       if (c >= schema_.category_values.size() || clause_bits::value(packed) >= schema_.category_values[c])
         return make_error("PackedAds: a clause is outside the schema");
     }
+    for (std::size_t i = 0; i < n; ++i)
+      if (!is_finite(ads.bias[i])) return make_error("PackedAds: ad " + std::to_string(i) + "'s bias must be finite");
+    for (std::size_t i = 0; i < ads.embeddings.size(); ++i)
+      if (auto ok = check_embedding_value(schema_, ads.embeddings[i]); !ok)
+        return make_error("PackedAds: ad " + std::to_string(i / static_cast<std::size_t>(schema_.dim)) + ": " +
+                          ok.error().message);
     std::lock_guard update(update_mutex_);
     // Searches run on while the batch is staged on the host; they are held off only while it is
     // enqueued, or from a compaction on (the runs it drops would read as ANY until the batch is in).
@@ -418,6 +437,8 @@ class DeviceAdIndex {
 
   /// Orders a search on `stream` after every update enqueued so far; returns the view it may read.
   /// Call with the lock from `search_lock()` held, then `after_search(stream)` once enqueued.
+  /// The index keeps one event for each stream that has ever searched, and every update waits on
+  /// all of them: search from a fixed set of streams (a pool), not a new stream per request.
   std::unique_lock<std::mutex> search_lock() const { return std::unique_lock<std::mutex>(mutex_); }
   expected<IndexView, Error> before_search(gpu_stream_t stream) {
     KEVO_GPU_TRY(gpu_stream_wait_event(stream, updated_));

@@ -33,8 +33,10 @@
 
 namespace kevo::retrieval {
 
-/// Where search_async writes its answer: device buffers of K ids and scores, and the count
-/// (min(K, eligible); ~0u would mean an internal overflow, reported as an error by search()).
+/// Where search_async writes its answer: device buffers of K ids and scores, and the count:
+/// min(K, eligible), or kCountVectorsOverflowed where the request's features were too large for
+/// the model's fp16 vectors (no finite scores), or kCountCandidatesOverflowed (a bug). search()
+/// turns both into errors.
 struct SearchOutput {
   std::uint32_t* ids = nullptr;
   float* scores = nullptr;
@@ -116,6 +118,7 @@ class FusedRetrievalPipeline {
     if (!is_legal(policy)) return make_error("illegal policy: " + to_string(policy));
     if (auto ok = check_shared_memory(policy.scoring); !ok) return ok;
     if (auto ok = check_shared_memory(policy.topk); !ok) return ok;
+    if (auto ok = check_shared_memory(policy.batch_scoring, policy.scoring); !ok) return ok;
     std::lock_guard lock(own_mutex_);
     policy_ = policy;
     layout_ = compute_layout();
@@ -146,11 +149,15 @@ class FusedRetrievalPipeline {
   std::size_t search_temp_bytes() const { return layout_.total; }
 
   /// Enqueues one search on `stream`; the answer lands in `out` when the stream reaches it.
+  /// `d_temp` must be aligned to kTempAlignment bytes (as cudaMalloc's pointers are) and the outputs
+  /// to 4: a misaligned access would fault the kernel, and such a fault ends the process's context.
+  /// Search from a fixed set of streams: the index keeps an event for each one that ever searched.
   expected<void, Error> search_async(const Request& request, void* d_temp, std::size_t temp_bytes, SearchOutput out,
                                      gpu_stream_t stream) {
     if (auto ok = validate_request(schema(), model_, request); !ok) return ok;
     const SearchTempLayout& l = layout_;
     if (d_temp == nullptr || temp_bytes < l.total) return make_error("search_async: temp storage too small");
+    if (auto ok = check_alignment("search_async", d_temp, std::span(&out, 1)); !ok) return ok;
     auto lock = index_->search_lock();
     auto view = index_->before_search(stream);
     if (!view) return unexpected(view.error());
@@ -181,6 +188,7 @@ class FusedRetrievalPipeline {
         return batch_error(r, ok.error());
     const BatchTempLayout& b = batch_layout_;
     if (d_temp == nullptr || temp_bytes < b.total) return make_error("search_batch_async: temp storage too small");
+    if (auto ok = check_alignment("search_batch_async", d_temp, outs); !ok) return ok;
     auto* t = static_cast<unsigned char*>(d_temp);
     auto lock = index_->search_lock();
     auto view = index_->before_search(stream);
@@ -218,9 +226,13 @@ class FusedRetrievalPipeline {
 
   /// Searches several requests and waits for the answers, on the pipeline's own stream: groups of
   /// up to kMaxBatchRequests go through search_batch_async (each row read once per group) when they
-  /// hold at least policy().batch_scoring.one_pass_from requests, the others one by one.
+  /// hold at least policy().batch_scoring.one_pass_from requests, the others one by one. Every
+  /// request is checked before any runs. Each search sees every update wholly or not at all, but an
+  /// update may land between two groups (or two one-by-one searches) of one batch.
   expected<std::vector<std::vector<ScoredAd>>, Error> search_batch(std::span<const Request> requests) {
     constexpr std::size_t group = kernels::kMaxBatchRequests;
+    for (std::size_t r = 0; r < requests.size(); ++r)
+      if (auto ok = validate_request(schema(), model_, requests[r]); !ok) return batch_error(r, ok.error());
     std::lock_guard lock(own_mutex_);
     std::vector<std::vector<ScoredAd>> all;
     for (std::size_t first = 0; first < requests.size(); first += group) {
@@ -325,12 +337,29 @@ class FusedRetrievalPipeline {
     return bytes;
   }
 
+  /// What search_async and search_batch_async ask of the caller's temp storage's alignment.
+  static constexpr std::size_t kTempAlignment = 256;
+
   /// A staged policy whose ring does not fit one block's shared memory is refused up front.
   expected<void, Error> check_shared_memory(const ScoringPolicy& p) const {
     const std::size_t need = scoring_shared_bytes(p);
     if (need > max_shared_per_block_)
       return make_error(to_string(p) + " needs " + std::to_string(need) + " bytes of shared memory per block; this GPU allows " +
                         std::to_string(max_shared_per_block_) + " (use fewer stages or threads)");
+    return {};
+  }
+  /// Batched scoring holds every request's fragments in one block, and with stages > 0 a ring per
+  /// warp: at d = 256 a ring does not fit, so such a policy is refused here, not at its first batch.
+  expected<void, Error> check_shared_memory(const BatchScoringPolicy& p, const ScoringPolicy& scoring) const {
+    std::size_t need = 0;
+    for_each_scoring_variant([&]<int Threads, int Dim, EmbeddingType Type>() {
+      if (Threads != kBatchScoringThreads || model_.dim != Dim || schema().embedding_type != Type) return;
+      need = kernels::scoring_batch_dynamic_bytes<Dim, Type>(Threads / 32, p.stages,
+                                                             16u * static_cast<std::uint32_t>(scoring.tiles_per_chunk));
+    });
+    if (need > max_shared_per_block_)
+      return make_error(to_string(p) + " needs " + std::to_string(need) + " bytes of shared memory per block; this GPU allows " +
+                        std::to_string(max_shared_per_block_) + " (use stages = 0)");
     return {};
   }
   /// Top-K's sort holds up to K + boundary_cap keys in one block's shared memory.
@@ -343,6 +372,16 @@ class FusedRetrievalPipeline {
   }
 
  private:
+  static expected<void, Error> check_alignment(const char* who, const void* d_temp, std::span<const SearchOutput> outs) {
+    auto misaligned = [](const void* p, std::size_t to) { return reinterpret_cast<std::uintptr_t>(p) % to != 0; };
+    if (misaligned(d_temp, kTempAlignment))
+      return make_error(std::string(who) + ": temp storage must be aligned to " + std::to_string(kTempAlignment) + " bytes");
+    for (const SearchOutput& out : outs)
+      if (misaligned(out.ids, 4) || misaligned(out.scores, 4) || misaligned(out.count, 4))
+        return make_error(std::string(who) + ": outputs must be aligned to 4 bytes");
+    return {};
+  }
+
   expected<void, Error> prepare(const Request& request, const SearchTempLayout& l, unsigned char* t,
                                 gpu_stream_t stream) {
     Upload& up = uploads_[next_upload_++ % uploads_.size()];
@@ -352,9 +391,15 @@ class FusedRetrievalPipeline {
     std::uint32_t bits = 0;
     std::uint32_t* bit_list = words + model_.features + 1;
     const std::vector<std::uint32_t>& offsets = index_->host_category_offsets();
-    for (const CategoryQuery& q : request.query)
-      for (std::uint32_t v : q.values)
-        if (bits < index_->total_query_bits()) bit_list[bits++] = offsets[q.category] + v;
+    // Each category's distinct values: a value listed twice is one bit (and the distinct values of
+    // all categories, at most total_query_bits, always fit the list).
+    thread_local std::vector<std::uint32_t> values;
+    for (const CategoryQuery& q : request.query) {
+      values.assign(q.values.begin(), q.values.end());
+      std::sort(values.begin(), values.end());
+      values.erase(std::unique(values.begin(), values.end()), values.end());
+      for (std::uint32_t v : values) bit_list[bits++] = offsets[q.category] + v;
+    }
     words[model_.features] = bits;
     KEVO_GPU_TRY(gpu_copy_async(t + l.input, up.host, (model_.features + 1 + bits) * 4ull, stream));
     KEVO_GPU_TRY(gpu_event_record(up.done, stream));
@@ -370,7 +415,8 @@ class FusedRetrievalPipeline {
     auto warps_grid = [](int rows) { return static_cast<unsigned>((rows * 32 + 255) / 256); };
     kernels::tower_hidden<<<warps_grid(e * h), 256, 0, stream>>>(w1_, c1_, x, model_.features, e * h, hidden);
     kernels::tower_expert<<<warps_grid(e * d), 256, 0, stream>>>(w2_, c2_, hidden, h, d, e * d, u);
-    kernels::tower_gate<<<warps_grid(kMaxGpuExperts * d), 256, 0, stream>>>(projection_, u, d, e, vectors);
+    kernels::tower_gate<<<warps_grid(kMaxGpuExperts * d), 256, 0, stream>>>(projection_, u, d, e, vectors,
+                                                                             reinterpret_cast<TopKState*>(t + l.state));
     KEVO_GPU_TRY(gpu_last_error());
     return {};
   }
@@ -391,7 +437,8 @@ class FusedRetrievalPipeline {
   expected<std::vector<ScoredAd>, Error> read_answer(std::size_t r, int k) const {
     const std::uint32_t* slot = own_answers_host_ + r * kAnswerWords;
     const std::uint32_t count = slot[0];
-    if (count == ~0u) return make_error("top-K candidate buffer overflowed (a bug)");
+    if (count == kCountVectorsOverflowed) return make_error(kVectorsOverflowMessage);
+    if (count == kCountCandidatesOverflowed) return make_error("top-K candidate buffer overflowed (a bug)");
     if (count > static_cast<std::uint32_t>(k)) return make_error("top-K wrote a count past K (a bug)");
     std::vector<ScoredAd> top(count);
     for (std::uint32_t i = 0; i < count; ++i) top[i] = {slot[1 + i], std::bit_cast<float>(slot[1 + k + i])};
@@ -647,6 +694,7 @@ class FusedRetrievalPipeline {
     if (auto ok = check_shared_memory(policy_.scoring); !ok) return ok;
     // The default cap's sort (K + 2048 keys, 64 KB) fits every GPU since Volta; a larger explicit cap may not.
     if (auto ok = check_shared_memory(policy_.topk); !ok) return ok;
+    if (auto ok = check_shared_memory(policy_.batch_scoring, policy_.scoring); !ok) return ok;
     auto upload = [](float*& d, const std::vector<float>& h) -> expected<void, Error> {
       KEVO_GPU_TRY(gpu_malloc(&d, h.size() * 4));
       KEVO_GPU_TRY(gpu_copy(d, h.data(), h.size() * 4));

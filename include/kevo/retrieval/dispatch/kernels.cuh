@@ -47,8 +47,10 @@ __global__ void tower_expert(const float* w2, const float* c2, const float* hidd
 }
 
 /// vectors(16, d) fp16: rows 0..7 = u_e, rows 8..15 = g_e = P u_e / sqrt(d); experts >= E are zero.
+/// A value past fp16's range flags kOverflowVectors in the request's state (its scores would be NaN).
 template <class = void>
-__global__ void tower_gate(const float* projection, const float* u, int dim, int experts, __half* vectors) {
+__global__ void tower_gate(const float* projection, const float* u, int dim, int experts, __half* vectors,
+                           TopKState* state) {
   const int row = static_cast<int>((blockIdx.x * blockDim.x + threadIdx.x) / 32);
   if (row >= kMaxGpuExperts * dim) return;
   const int e = row / dim, j = row % dim;
@@ -60,8 +62,11 @@ __global__ void tower_gate(const float* projection, const float* u, int dim, int
   const float dot = warp_dot(projection + static_cast<std::size_t>(j) * dim, u + static_cast<std::size_t>(e) * dim,
                              dim, lane);
   if (lane == 0) {
-    vectors[kMaxGpuExperts * dim + row] = __float2half_rn(__fdiv_rn(dot, __fsqrt_rn(static_cast<float>(dim))));
-    vectors[row] = __float2half_rn(u[row]);
+    const __half g = __float2half_rn(__fdiv_rn(dot, __fsqrt_rn(static_cast<float>(dim))));
+    const __half expert = __float2half_rn(u[row]);
+    vectors[kMaxGpuExperts * dim + row] = g;
+    vectors[row] = expert;
+    if (__hisinf(g) || __hisnan(g) || __hisinf(expert) || __hisnan(expert)) atomicOr(&state->overflow, kOverflowVectors);
   }
 }
 
@@ -731,7 +736,7 @@ __global__ void __launch_bounds__(BlockThreads)
           if (ranking < threshold) continue;
           const std::uint32_t at = atomicAdd(&state->candidate_count, 1u);
           if (at < capacity) candidates[at] = ranking;
-          else state->overflow = 1;
+          else atomicOr(&state->overflow, kOverflowCandidates);
         }
       });
 }
@@ -807,7 +812,7 @@ __device__ __forceinline__ void sort_and_decode(const unsigned long long* candid
 }
 
 /// Sorts the candidates (ranking keys, larger first) and decodes the first min(K, eligible) into
-/// (id, score); count is ~0u if top-K overflowed. One block, CUB's block merge sort with as few
+/// (id, score); count is kCountVectorsOverflowed or kCountCandidatesOverflowed where a search failed. One block, CUB's block merge sort with as few
 /// keys a thread as the candidates need, so that its cost follows how many candidates there are
 /// (usually a little over K), not the buffer's capacity.
 template <class = void>
@@ -822,7 +827,10 @@ __global__ void __launch_bounds__(kTopKSortThreads)
   visit_topk_sort_items(count, [&](auto items) {
     sort_and_decode<items()>(candidates, count, results, sort_storage, out_ids, out_scores);
   });
-  if (threadIdx.x == 0) *out_count = state->overflow ? ~0u : results;
+  if (threadIdx.x == 0)
+    *out_count = state->overflow & kOverflowVectors       ? kCountVectorsOverflowed
+                 : state->overflow & kOverflowCandidates ? kCountCandidatesOverflowed
+                                                         : results;
 }
 
 // ---- index updates -----------------------------------------------------------------------------
