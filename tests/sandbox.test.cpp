@@ -259,6 +259,28 @@ TEST_CASE("run_sandboxed: scrubbed environment, /dev/null stdin, no network, unp
   }
 }
 
+TEST_CASE("run_sandboxed: the process limit applies only to a run with a uid of its own") {
+  // RLIMIT_NPROC counts all of a uid's processes: under the caller's own uid it would count the
+  // caller's other processes too, and fail a threaded candidate on a busy desktop.
+  kevo::eval::SandboxLimits limits;
+  limits.wall_time = std::chrono::seconds(5);
+  limits.max_processes = 37;
+  limits.drop_privileges = false;
+  const std::vector<std::string> show_limit{"/bin/sh", "-c", "grep 'Max processes' /proc/self/limits"};
+  const auto own = kevo::eval::run_sandboxed(show_limit, limits);
+  INFO(own.stdout_text << own.stderr_text << own.setup_error);
+  REQUIRE(own.ok());
+  CHECK(contains(own.stdout_text, "Max processes"));
+  CHECK_FALSE(contains(own.stdout_text, " 37 "));
+  if (::geteuid() == 0) {  // only root can drop to a uid of the run's own
+    limits.drop_privileges = true;
+    const auto dropped = kevo::eval::run_sandboxed(show_limit, limits);
+    INFO(dropped.stdout_text << dropped.stderr_text << dropped.setup_error);
+    REQUIRE(dropped.ok());
+    CHECK(contains(dropped.stdout_text, " 37 "));
+  }
+}
+
 TEST_CASE("run_sandboxed: a timeout kills the whole process group, grandchildren included") {
   kevo::eval::SandboxLimits limits;
   limits.wall_time = std::chrono::milliseconds(500);

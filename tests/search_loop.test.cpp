@@ -251,6 +251,89 @@ TEST_CASE("a new best is re-timed side by side, so a lucky measurement cannot wi
 }
 
 namespace {
+/// An evaluator whose odd-b candidates pass their first check but give wrong answers on the race's
+/// other inputs (as a kernel with a data race may): they must not be kept as correct, nor best.
+struct OnceCorrectEvaluator {
+  SyntheticEvaluator truth;
+  static bool flaky(const Candidate& c) { return c.knobs.count("b") && std::stoi(c.knobs.at("b")) % 2 == 1; }
+  Evaluation evaluate(const Candidate& c, std::uint64_t seed) { return truth.evaluate(c, seed); }
+  expected<Comparison, Error> compare(const Candidate& a, const Candidate& b, std::uint64_t seed) {
+    if (flaky(a)) return Comparison{.challenger_failure = FailureKind::wrong_answer, .challenger_message = "element 3 differs"};
+    return truth.compare(a, b, seed);
+  }
+};
+}  // namespace
+
+TEST_CASE("a new best that gives a wrong answer when re-checked is recorded as wrong, not kept", "[loop]") {
+  const Problem problem = kevo::testing::synthetic_problem();
+  OnceCorrectEvaluator evaluator;
+  auto store = store::SqliteStore::open(":memory:").value();
+  SearchLoop<synth::TemplateSynthesizer, search::Greedy, memory::Combined, OnceCorrectEvaluator, knowledge::NullRetriever,
+             store::SqliteStore>
+      loop(problem, synth::TemplateSynthesizer(problem), search::Greedy{}, memory::Combined{}, evaluator,
+           knowledge::NullRetriever{}, store, {.max_evaluations = 60, .seed = 4});
+  auto r = loop.run(synth::TemplateSynthesizer(problem).seed());
+  REQUIRE(r);
+  CHECK(!OnceCorrectEvaluator::flaky(*r->best_candidate));
+  std::size_t demoted = 0;
+  for (NodeId n = 1; n < loop.tree().size(); ++n) {
+    const Evaluation& e = loop.evaluation(n);
+    if (e.diagnostics.message.find("failed when re-checked") == std::string::npos) continue;
+    ++demoted;
+    CHECK(e.failure == FailureKind::wrong_answer);
+    CHECK(loop.tree()[n].state == NodeState::failed);
+    CHECK_THAT(e.diagnostics.message, Catch::Contains("element 3 differs"));
+  }
+  CHECK(demoted > 0);  // the search did meet flaky challengers
+  auto stored = store.load_nodes(r->run_id);
+  REQUIRE(stored);
+  for (const auto& node : *stored)
+    if (node.evaluation && OnceCorrectEvaluator::flaky(node.candidate) &&
+        node.evaluation->diagnostics.message.find("failed when re-checked") != std::string::npos)
+      CHECK(node.evaluation->failure == FailureKind::wrong_answer);  // and so in the store, which seeds later runs
+}
+
+TEST_CASE("zero as a policy's or memory's interval means never, not a division by zero", "[loop]") {
+  const Problem problem = kevo::testing::synthetic_problem();
+  SyntheticEvaluator evaluator;
+  auto store = store::SqliteStore::open(":memory:").value();
+  SearchLoop<synth::TemplateSynthesizer, search::Evolutionary, memory::Adaptive, SyntheticEvaluator, knowledge::NullRetriever,
+             store::SqliteStore>
+      loop(problem, synth::TemplateSynthesizer(problem), search::Evolutionary({.migration_interval = 0}),
+           memory::Adaptive{.patience = 0}, evaluator, knowledge::NullRetriever{}, store, {.max_evaluations = 40, .seed = 2});
+  auto r = loop.run(synth::TemplateSynthesizer(problem).seed());
+  REQUIRE(r);
+  CHECK(r->evaluations == 41);
+  auto stored = store.load_nodes(r->run_id);
+  REQUIRE(stored);
+  for (const auto& node : *stored)
+    if (node.parent != no_key) CHECK(node.memory_mode == MemoryMode::combined);  // patience 0: never fresh
+}
+
+namespace {
+/// A user's policy with a bug: it expands the node it was just told about, still being generated.
+struct ExpandsPendingNodes {
+  NodeId newest = 0;
+  Expansion select(const SearchTree&, Rng&) { return {newest}; }
+  void on_expand(const SearchTree&, NodeId n) { newest = n; }
+  void on_result(const SearchTree&, NodeId) {}
+};
+}  // namespace
+
+TEST_CASE("a policy that names an unfinished node stops the search with an error that says so", "[loop]") {
+  const Problem problem = kevo::testing::synthetic_problem();
+  SyntheticEvaluator evaluator;
+  auto store = store::SqliteStore::open(":memory:").value();
+  SearchLoop<synth::TemplateSynthesizer, ExpandsPendingNodes, memory::Combined, SyntheticEvaluator, knowledge::NullRetriever,
+             store::SqliteStore>
+      loop(problem, synth::TemplateSynthesizer(problem), ExpandsPendingNodes{}, memory::Combined{}, evaluator,
+           knowledge::NullRetriever{}, store, {.jobs = 2, .max_evaluations = 20});
+  auto r = loop.run(synth::TemplateSynthesizer(problem).seed());
+  REQUIRE(!r);
+  CHECK_THAT(r.error().message, Catch::Contains("select() must name finished nodes"));
+}
+
+namespace {
 /// A store whose disk fills up after a few evaluations.
 struct FillingStore {
   store::SqliteStore inner = store::SqliteStore::open(":memory:").value();

@@ -163,3 +163,34 @@ TEST_CASE("MCTS descends toward an improvement rather than widening around it", 
   // The root still has room, but its subtree found 3x: the next expansion goes under `better`.
   REQUIRE(policy.select(tree, rng).parent == better);
 }
+
+TEST_CASE("MCTS replayed as a resume replays it (expansions first, then results) chooses as it did live", "[policy][mcts]") {
+  // Live: the root's result, then each child expanded and finished. Resumed: every expansion is
+  // replayed first, then the results in the order they finished, the root's first.
+  SearchTree live_tree, resumed_tree;
+  search::Mcts live, resumed;
+  evaluate_root(live_tree, live);
+  // Two children slower than the root: whether the root widens is then the widening rule's call
+  // alone, and at 3 visits it allows a third child where at 2 it would not (a root visit lost on
+  // resume made it descend instead).
+  const double speedups[] = {0.5, 0.6};
+  const NodeId parents[] = {0, 0};
+  for (int i = 0; i < 2; ++i) add(live_tree, live, parents[i], speedups[i]);
+  std::vector<NodeId> children;
+  for (int i = 0; i < 2; ++i) {
+    children.push_back(resumed_tree.add_child(parents[i]));
+    resumed.on_expand(resumed_tree, children.back());
+  }
+  evaluate_root(resumed_tree, resumed);
+  for (int i = 0; i < 2; ++i) {
+    resumed_tree.record(children[static_cast<std::size_t>(i)], FailureKind::none, speedups[i], Bottleneck::memory);
+    resumed.on_result(resumed_tree, children[static_cast<std::size_t>(i)]);
+  }
+  for (int round = 0; round < 20; ++round) {
+    Rng a(static_cast<std::uint64_t>(round)), b(static_cast<std::uint64_t>(round));
+    INFO("round " << round);
+    CHECK(live.select(live_tree, a).parent == resumed.select(resumed_tree, b).parent);
+  }
+  Rng c(1);
+  CHECK(live.select(live_tree, c).parent == live_tree.root());  // the case above is the one that tells
+}

@@ -259,6 +259,11 @@ int main(int argc, char** argv) {
     fmt::print("stopped: {} after {} evaluations in {:.1f} s; failures:{}\nbest kernel: {} ({})\n",
                kevo::to_string(result->stopped_because), result->evaluations, result->elapsed_seconds,
                failures_text(result->failures), o.out.string(), kevo::to_string(result->best_candidate->knobs));
+  if (result->stopped_because == kevo::StopReason::interrupted) {
+    fmt::print("best so far: {:.1f}x over reference (not re-checked: interrupted); --resume continues the run\n",
+               result->best_speedup);
+    return 130;  // as a shell reports a process ended by SIGINT
+  }
   if (!result->verified) {
     fmt::print("best: {:.1f}x over reference (NOT verified: {})\n", result->best_speedup, result->verification_message);
     return 3;

@@ -146,6 +146,10 @@ struct Evaluation {
 struct Comparison {
   double challenger_seconds = 0;
   double incumbent_seconds = 0;
+  /// Set where the challenger gave a wrong answer (or crashed) on the race's fresh inputs: it is
+  /// then no candidate at all, whatever it measured before (the times are meaningless).
+  FailureKind challenger_failure = FailureKind::none;
+  std::string challenger_message = {};
 };
 
 }  // namespace kevo

@@ -257,8 +257,13 @@ class SearchLoop {
     std::optional<boost::asio::signal_set> signals;
     if (args_.handle_signals) {
       signals.emplace(io, SIGINT, SIGTERM);
-      signals->async_wait([this](const boost::system::error_code& ec, int) {
-        if (!ec) stop(StopReason::interrupted);
+      // The first signal stops the search cleanly; the set then lets go of the signals, so that a
+      // second one ends the process at once (whatever finished is in the store either way).
+      signals->async_wait([this, &signals](const boost::system::error_code& ec, int) {
+        if (ec) return;
+        stop(StopReason::interrupted);
+        boost::system::error_code ignored;
+        signals->clear(ignored);
       });
     }
     // The synthesizer learns what the tree already holds (a resumed run, warm starts) before any
@@ -273,7 +278,11 @@ class SearchLoop {
 
     boost::asio::post(io, [this] { launch(); });
     done_ = [&] {
-      if (signals) signals->cancel();
+      if (signals) {
+        boost::system::error_code ignored;
+        signals->cancel(ignored);  // the wait, which would keep io.run() going
+        signals->clear(ignored);   // the signals: the final re-check can be interrupted outright
+      }
       guard.reset();
     };
     io.run();
@@ -320,8 +329,12 @@ class SearchLoop {
     if (e.mate != no_node) r.mate = attempt(e.mate);
     const MemoryContext context = memory_.context(tree_, e.parent);
     r.memory_mode = context.mode;
-    for (NodeId n : context.trajectory) r.trajectory.push_back(attempt(n));
-    for (NodeId n : context.siblings) r.siblings.push_back(attempt(n));
+    // (A memory operator may name nodes still in flight: they have nothing to show yet.)
+    auto shown = [&](NodeId n) { return n < tree_.size() && tree_[n].state != NodeState::pending; };
+    for (NodeId n : context.trajectory)
+      if (shown(n)) r.trajectory.push_back(attempt(n));
+    for (NodeId n : context.siblings)
+      if (shown(n)) r.siblings.push_back(attempt(n));
     const Evaluation& pe = r.parent.evaluation;
     r.knowledge = retriever_.retrieve(KnowledgeQuery{.target = problem_->target,
                                                      .architecture = args_.architecture,
@@ -338,6 +351,15 @@ class SearchLoop {
 
   void start_generation() {
     const Expansion e = policy_.select(tree_, rng_);
+    // A user's policy may name any id: only a finished node has a candidate and a result to build on.
+    auto finished = [&](NodeId n) { return n < tree_.size() && tree_[n].state != NodeState::pending; };
+    if (!finished(e.parent) || (e.mate != no_node && !finished(e.mate))) {
+      fail(Error{fmt::format("the search policy chose node {}{} to expand; select() must name finished nodes (evaluated or failed)",
+                             e.parent, e.mate != no_node ? fmt::format(" with mate {}", e.mate) : std::string())});
+      --in_flight_;
+      --started_;
+      return;
+    }
     const NodeId child = tree_.add_child(e.parent);
     policy_.on_expand(tree_, child);
     generate(child, e, make_request(e, child), 0);
@@ -427,6 +449,12 @@ class SearchLoop {
   void settle_challenge(NodeId id, NodeId incumbent, Evaluation e, const expected<Comparison, Error>& race,
                         const std::optional<expected<Comparison, Error>>& against_reference) {
     auto note = [&](const std::string& text) { e.diagnostics.message += (e.diagnostics.message.empty() ? "" : "; ") + text; };
+    if (race && race->challenger_failure != FailureKind::none) {  // correct once, wrong on other inputs: not correct
+      e.failure = race->challenger_failure;
+      e.speedup = 0;
+      note(fmt::format("failed when re-checked beside node {}: {}", incumbent, race->challenger_message));
+      return finish_node(id, std::move(e));
+    }
     if (!race || race->challenger_seconds <= 0) {
       note(fmt::format("re-timing failed ({}); kept its first measurement", race ? "no time" : race.error().message));
       return finish_node(id, std::move(e));
@@ -522,6 +550,7 @@ class SearchLoop {
   }
 
   /// Re-checks the best on fresh inputs and re-times it against the reference, then closes the run.
+  /// An interrupted run is left open (no re-check, no finish recorded), so that resume continues it.
   expected<SearchResult, Error> finish() {
     SearchResult r;
     r.stopped_because = stop_reason_.value_or(StopReason::evaluation_budget);
@@ -532,6 +561,10 @@ class SearchLoop {
     r.best_speedup = tree_.best_speedup();
     r.failures = failures_;
     r.elapsed_seconds = elapsed();
+    if (r.stopped_because == StopReason::interrupted) {
+      r.verification_message = "interrupted: the finished evaluations are stored, and resume continues the run";
+      return r;
+    }
 
     const std::uint64_t fresh = detail::mix(args_.seed, 0xF1AA1ull + r.evaluations);
     const Evaluation check = evaluator_->evaluate(*r.best_candidate, fresh);
@@ -539,7 +572,9 @@ class SearchLoop {
       r.verification_message = fmt::format("the best failed its re-check on fresh inputs: {}", check.diagnostics.message);
     } else if constexpr (requires { evaluator_->compare_with_reference(*r.best_candidate, fresh); }) {
       auto race = evaluator_->compare_with_reference(*r.best_candidate, fresh);
-      if (race && race->challenger_seconds > 0) {
+      if (race && race->challenger_failure != FailureKind::none) {
+        r.verification_message = fmt::format("the best failed its re-check beside the reference: {}", race->challenger_message);
+      } else if (race && race->challenger_seconds > 0) {
         r.verified_speedup = race->incumbent_seconds / race->challenger_seconds;
         r.verified = true;
         r.verification_message = "correct on fresh inputs; re-timed side by side with the reference";

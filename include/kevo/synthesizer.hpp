@@ -55,7 +55,9 @@ concept synthesizer_generates = requires(S& s, const GenerationRequest& r) {
 /// state without locks. One that is safe to call from several threads at once (an LLM client
 /// waiting on the network) says so with `static constexpr bool concurrent_generation = true;`
 /// and then gets up to `jobs` calls in parallel. One that spends a budget (tokens, money) may
-/// offer `bool budget_exhausted() const`; the loop then stops cleanly once it returns true.
+/// offer `bool budget_exhausted() const`; the loop then stops cleanly once it returns true. The
+/// loop asks it from its own thread while a `generate` may be running, so what it reads must be
+/// safe to read then (an atomic counter, as LlmSynthesizer keeps).
 template <class S>
 concept Synthesizer = detail::synthesizer_generates<S>;
 

@@ -308,7 +308,10 @@ class CpuEvaluator {
     const std::string header = problem_header(problem_);
     const std::string harness = harness_source(problem_);
     const std::string flags = join(compile_flags());
-    const std::uint64_t key = content_hash(header + harness + problem_.reference_source + flags + compiler_identity_);
+    // The CPU too: flags such as -march=native make a build this CPU's, and a cache directory may be
+    // shared (an NFS home) by machines with other CPUs.
+    const std::uint64_t key =
+        content_hash(header + harness + problem_.reference_source + flags + compiler_identity_ + detail::cpu_identity());
     std::string safe_name = problem_.name;  // the name becomes a directory name
     for (char& c : safe_name)
       if (!std::isalnum(static_cast<unsigned char>(c)) && c != '_' && c != '-') c = '_';
@@ -543,6 +546,10 @@ class CpuEvaluator {
         const Runner& who = challenger_turn ? challenger : incumbent;
         const RunReport r = run_harness_locked(who.executable, seed + static_cast<std::uint64_t>(round), who.timed, check, options_.warmup,
                                                options_.repetitions);
+        const bool incorrect = r.failure == FailureKind::wrong_answer || r.failure == FailureKind::unwritten_output ||
+                               r.failure == FailureKind::crash;
+        if (challenger_turn && incorrect)
+          return Comparison{.challenger_failure = r.failure, .challenger_message = "on the race's fresh inputs: " + r.message};
         if (r.failure != FailureKind::none)
           return make_error(fmt::format("{} failed while re-timed: {}: {}", challenger_turn ? "challenger" : "incumbent", to_string(r.failure),
                                         r.message));

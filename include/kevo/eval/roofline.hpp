@@ -179,6 +179,16 @@ inline std::string cpu_model_name() {
   return "unknown-cpu";
 }
 
+/// What code built with -march=native depends on: the CPU's model and its feature flags (the
+/// first core's; "flags" on x86, "Features" on Arm).
+inline std::string cpu_identity() {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line, flags;
+  while (std::getline(in, line) && flags.empty())
+    if (line.rfind("flags", 0) == 0 || line.rfind("Features", 0) == 0) flags = line;
+  return cpu_model_name() + "\n" + flags;
+}
+
 inline expected<Roofline, Error> parse_roofline(const std::string& json_text) {
   simdjson::ondemand::parser parser;
   simdjson::padded_string input(json_text);

@@ -54,7 +54,7 @@ struct SandboxLimits {
   std::size_t memory_bytes = 0;              ///< RLIMIT_AS
   std::size_t file_size_bytes = 64u << 20;   ///< RLIMIT_FSIZE
   std::size_t output_bytes = 1u << 20;       ///< cap on stdout and on stderr, each
-  int max_processes = 0;                     ///< RLIMIT_NPROC (only enforced after the uid drop)
+  int max_processes = 0;                     ///< RLIMIT_NPROC (set only with the uid drop: it counts per uid)
   int max_open_files = 0;                    ///< RLIMIT_NOFILE
   bool drop_privileges = true;               ///< when root: run as `unprivileged_uid`
   bool isolate = true;                       ///< try new PID + network namespaces
@@ -204,7 +204,11 @@ struct ChildPlan {
   if (l.memory_bytes > 0) set_limit(RLIMIT_AS, l.memory_bytes, l.memory_bytes);
   if (l.file_size_bytes > 0) set_limit(RLIMIT_FSIZE, l.file_size_bytes, l.file_size_bytes);
   if (l.max_open_files > 0) set_limit(RLIMIT_NOFILE, static_cast<rlim_t>(l.max_open_files), static_cast<rlim_t>(l.max_open_files));
-  if (l.max_processes > 0) set_limit(RLIMIT_NPROC, static_cast<rlim_t>(l.max_processes), static_cast<rlim_t>(l.max_processes));
+  // RLIMIT_NPROC counts every process of the uid: only a uid of the run's own makes it a limit on the
+  // run (under the caller's uid it would count the caller's other processes, and a desktop's
+  // hundred would fail every threaded candidate).
+  if (l.max_processes > 0 && plan.drop_uid)
+    set_limit(RLIMIT_NPROC, static_cast<rlim_t>(l.max_processes), static_cast<rlim_t>(l.max_processes));
   if (plan.drop_uid) {
     const uid_t uid = plan.run_uid;
     const gid_t gid = static_cast<gid_t>(uid);

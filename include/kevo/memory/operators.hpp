@@ -62,6 +62,7 @@ struct FreshStart {
 
 /// Combined memory while the search improves; once `patience` results pass without a new best,
 /// `fresh_generations` fresh starts in every `patience` results, to escape the local optimum.
+/// patience = 0: never fresh (Combined alone).
 struct Adaptive {
   std::size_t patience = 12;
   std::size_t fresh_generations = 4;
@@ -69,7 +70,8 @@ struct Adaptive {
 
   MemoryContext context(const SearchTree& tree, NodeId parent) const {
     const std::size_t stale = tree.finished_since_improvement();
-    if (stale >= patience && (stale - patience) % patience < fresh_generations) return FreshStart{}.context(tree, parent);
+    if (patience > 0 && stale >= patience && (stale - patience) % patience < fresh_generations)
+      return FreshStart{}.context(tree, parent);
     return combined.context(tree, parent);
   }
 };

@@ -21,7 +21,7 @@ class Evolutionary {
     std::uint32_t population = 4;         ///< elite kept per island
     std::uint32_t tournament = 3;
     double crossover_rate = 0.3;          ///< chance that a selection also names a mate
-    std::uint32_t migration_interval = 16;  ///< results between migrations
+    std::uint32_t migration_interval = 16;  ///< results between migrations (0: islands never migrate)
   };
   Evolutionary() : Evolutionary(Arguments{}) {}
   explicit Evolutionary(Arguments args) : args_(args), islands_(std::max<std::uint32_t>(args.islands, 1)) {}
@@ -51,7 +51,8 @@ class Evolutionary {
       else
         admit(tree, islands_[island_of_[node]], node);
     }
-    if (++results_ % args_.migration_interval == 0) migrate(tree);
+    ++results_;
+    if (args_.migration_interval > 0 && results_ % args_.migration_interval == 0) migrate(tree);
   }
 
   std::size_t memory_bytes() const {

@@ -64,7 +64,11 @@ class Mcts {
   void on_result(const SearchTree& tree, NodeId child) {
     grow(tree.size());
     const Node& c = tree[child];
-    const bool expanded = stats_[child].virtual_loss > 0;  // the root is never expanded, only evaluated
+    // Every node but the root came from an expansion (live, or replayed on resume) whose virtual
+    // loss its result settles; the root is only evaluated. (Telling them apart by a virtual loss
+    // above 0 failed on resume, where the children's expansions are replayed before the root's
+    // result: the root then lost one it never had, and wrapped to 2^32 - 1.)
+    const bool expanded = child != tree.root();
     for (NodeId n = child; n != no_node; n = tree[n].parent) {
       Stats& s = stats_[n];
       if (expanded) --s.virtual_loss;
