@@ -13,6 +13,8 @@
 
 #include <csignal>
 #include <filesystem>
+#include <thread>
+#include <fstream>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -179,6 +181,64 @@ TEST_CASE("a search killed with SIGKILL resumes without losing or repeating an e
   CHECK(still_there == finished_before.size());
   CHECK(after.size() == budget + 1);
   CHECK(store.find_run(run->id)->stopped_because == "evaluation_budget");
+}
+
+namespace {
+/// Re-timing that takes far longer than the test waits: a kill lands in the middle of it. Before
+/// the race starts it writes the challenger's hash where the test can see it.
+struct SlowRaceEvaluator {
+  SyntheticEvaluator truth;
+  std::filesystem::path racing_file;
+  Evaluation evaluate(const Candidate& c, std::uint64_t seed) { return truth.evaluate(c, seed); }
+  expected<Comparison, Error> compare(const Candidate& a, const Candidate& b, std::uint64_t seed) {
+    {
+      std::ofstream(racing_file.string() + ".part") << a.hash() << "\n";
+    }
+    std::filesystem::rename(racing_file.string() + ".part", racing_file);  // the test never reads half of it
+    std::this_thread::sleep_for(std::chrono::seconds(60));
+    return truth.compare(a, b, seed);
+  }
+};
+}  // namespace
+
+TEST_CASE("a search killed while it re-times a new best keeps that best's first measurement", "[loop][store][resume]") {
+  const Problem problem = kevo::testing::synthetic_problem();
+  const auto path = temp_store("killed_in_race.db");
+  const auto racing_file = temp_store("racing.txt");
+  std::filesystem::remove(racing_file);
+  const pid_t child = ::fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {
+    SlowRaceEvaluator evaluator{.racing_file = racing_file};
+    auto store = store::SqliteStore::open(path).value();
+    SearchLoop<synth::TemplateSynthesizer, search::Greedy, memory::Combined, SlowRaceEvaluator, knowledge::NullRetriever,
+               store::SqliteStore>
+        loop(problem, synth::TemplateSynthesizer(problem), search::Greedy{}, memory::Combined{}, evaluator,
+             knowledge::NullRetriever{}, store, {.jobs = 1, .max_evaluations = 40, .seed = 3});
+    (void)loop.run(synth::TemplateSynthesizer(problem).seed());
+    ::_exit(0);
+  }
+  std::uint64_t racing = 0;
+  for (int i = 0; i < 400 && !racing; ++i) {  // up to 20 s for the first challenge
+    ::usleep(50 * 1000);
+    std::ifstream in(racing_file);
+    in >> racing;
+  }
+  ::kill(child, SIGKILL);
+  int status = 0;
+  ::waitpid(child, &status, 0);
+  REQUIRE(racing != 0);
+  auto store = store::SqliteStore::open(path).value();
+  auto run = store.latest_run();
+  REQUIRE(run);
+  bool stored = false;
+  const auto nodes = store.load_nodes(run->id).value();
+  for (const auto& n : nodes) {
+    UNSCOPED_INFO("node " << n.key << " hash " << n.candidate.hash() << (n.evaluation ? " evaluated" : " pending"));
+    if (n.candidate.hash() == racing) stored = n.evaluation.has_value() && n.evaluation->ok();
+  }
+  INFO("racing " << racing);
+  CHECK(stored);  // its evaluation had finished: the race must not be what loses it
 }
 
 namespace {

@@ -424,6 +424,9 @@ class SearchLoop {
     const bool challenges = args_.retime_new_best && e.ok() && id != tree_.root() && incumbent != id &&
                             tree_[incumbent].state == NodeState::evaluated && e.speedup > tree_.best_speedup();
     if (!challenges) return finish_node(id, std::move(e));
+    // The race takes a dozen runs: the first measurement is stored now, so that a kill during it
+    // loses nothing finished (resume then keeps the first figure); settling it replaces the row.
+    if (auto ok = store_->add_evaluation(run_id_, keys_[id], e); !ok) return abandon(ok.error());
     // A new best is only accepted once it beats the old best side by side: noise must not pick it.
     // Its recorded speedup is then re-timed side by side with the reference where the evaluator
     // can, rather than chained through the incumbent's (itself noisy) figure.

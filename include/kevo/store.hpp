@@ -62,7 +62,9 @@ concept store_resumes = requires(S& s, std::int64_t run, const std::string& text
 
 /// Records a run as it goes (`begin_run`, `add_node`, `add_evaluation`, `finish_run`) and gives it
 /// back to resume it (`find_run`, `latest_run`, `load_nodes`) or to warm-start a later run
-/// (`best_of_earlier_runs`). Every call is durable when it returns.
+/// (`best_of_earlier_runs`). Every call is durable when it returns. `add_evaluation` for a node
+/// that already has one replaces it, keeping its place in the finish order: a new best is stored
+/// as first measured, then again once re-timed side by side.
 template <class S>
 concept SearchStore = detail::store_records<S> && detail::store_resumes<S>;
 

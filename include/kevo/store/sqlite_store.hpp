@@ -61,7 +61,13 @@ class SqliteStore {
     auto st = prepare(
         "INSERT INTO evaluations(run_id, node_id, failure, speedup, seconds, reference_seconds, bottleneck,"
         " gbytes_per_s, gflops, roofline_fraction, message, detail, finished_at)"
-        " VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)");
+        " VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)"
+        // A node's second evaluation (a new best's re-timed figure) replaces its first, in place:
+        // the row keeps its place in the order evaluations finished.
+        " ON CONFLICT(node_id) DO UPDATE SET failure = excluded.failure, speedup = excluded.speedup,"
+        " seconds = excluded.seconds, reference_seconds = excluded.reference_seconds, bottleneck = excluded.bottleneck,"
+        " gbytes_per_s = excluded.gbytes_per_s, gflops = excluded.gflops, roofline_fraction = excluded.roofline_fraction,"
+        " message = excluded.message, detail = excluded.detail");
     if (!st) return unexpected(st.error());
     st->bind(1, static_cast<long long>(run));
     st->bind(2, static_cast<long long>(node));
