@@ -108,7 +108,7 @@ inline std::vector<Request> parse_search_batch(json::document& doc, std::size_t 
       try {
         requests.push_back(parse_search(entry.get_object()));
       } catch (const BadRequest& e) {
-        throw BadRequest{"request " + std::to_string(requests.size()) + " of the batch: " + e.message};
+        throw BadRequest{batch_error(requests.size(), Error{e.message}).error().message};
       }
     }
   }
@@ -256,7 +256,7 @@ class RetrievalHttpServer {
         const std::vector<Request> requests = sd::parse_search_batch(doc, options_.max_batch_requests);
         for (std::size_t r = 0; r < requests.size(); ++r)
           if (auto ok = validate_request(backend_.schema(), backend_.model(), requests[r]); !ok)
-            return error(status::bad_request, "request " + std::to_string(r) + " of the batch: " + ok.error().message);
+            return error(status::bad_request, batch_error(r, ok.error()).error().message);
         auto answers = backend_.search_batch(std::span<const Request>(requests.data(), requests.size()));
         if (!answers) return search_failed(answers.error());
         std::string out = "{\"answers\":[";
