@@ -7,3 +7,6 @@ find_package(simdjson CONFIG REQUIRED)
 find_package(fmt CONFIG REQUIRED)
 find_package(SQLite3 REQUIRED)
 find_package(OpenSSL REQUIRED)
+# libseccomp has no CMake package: pkg-config's imported target (the candidate jail's filter).
+find_package(PkgConfig REQUIRED)
+pkg_check_modules(libseccomp REQUIRED IMPORTED_TARGET GLOBAL libseccomp)

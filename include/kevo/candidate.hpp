@@ -33,6 +33,10 @@ enum class FailureKind : std::uint8_t {
   unwritten_output,   ///< left poisoned output elements unwritten
   bad_report,         ///< the child's JSON report was missing or malformed
   sandbox_error,      ///< kevo could not set up the child (not the candidate's fault)
+  screened_out,       ///< refused before compiling: a static initializer, a forbidden call or include
+  mutated_input,      ///< changed an input tensor
+  replayed_output,    ///< returned an earlier call's outputs for new inputs
+  implausible,        ///< measured faster than this machine's roofline allows
 };
 
 inline constexpr std::string_view to_string(Target t) {
@@ -69,12 +73,16 @@ inline constexpr std::string_view to_string(FailureKind f) {
     case FailureKind::unwritten_output: return "unwritten_output";
     case FailureKind::bad_report: return "bad_report";
     case FailureKind::sandbox_error: return "sandbox_error";
+    case FailureKind::screened_out: return "screened_out";
+    case FailureKind::mutated_input: return "mutated_input";
+    case FailureKind::replayed_output: return "replayed_output";
+    case FailureKind::implausible: return "implausible";
   }
   return "?";
 }
 
 inline constexpr FailureKind failure_kind_from_string(std::string_view s) {
-  for (int i = 0; i <= static_cast<int>(FailureKind::sandbox_error); ++i)
+  for (int i = 0; i <= static_cast<int>(FailureKind::implausible); ++i)
     if (to_string(static_cast<FailureKind>(i)) == s) return static_cast<FailureKind>(i);
   return FailureKind::bad_report;
 }

@@ -226,6 +226,7 @@ inline expected<Problem, Error> load_problem(const std::filesystem::path& direct
     p.params.emplace_back(s);
   }
   if (p.params.empty()) return wrong("params", "a non-empty array");
+  if (p.params.size() > 16) return wrong("params", "an array of at most 16 params");
   auto is_param = [&](std::string_view s) { return std::find(p.params.begin(), p.params.end(), s) != p.params.end(); };
 
   // tensors
@@ -259,6 +260,7 @@ inline expected<Problem, Error> load_problem(const std::filesystem::path& direct
     if (t.init == "uniform" && !(t.low < t.high)) return wrong(field + ".low/high", "a range with low < high");
     p.tensors.push_back(std::move(t));
   }
+  if (p.tensors.size() > 16) return wrong("tensors", "an array of at most 16 tensors");
   if (std::none_of(p.tensors.begin(), p.tensors.end(), [](auto& t) { return t.role == TensorRole::output; }))
     return wrong("tensors", "an array with at least one output");
 
@@ -293,6 +295,8 @@ inline expected<Problem, Error> load_problem(const std::filesystem::path& direct
   if (root["tolerance"].get(tolerance)) return missing("tolerance");
   if (tolerance["abs"].get_double().get(p.tolerance.absolute)) return wrong("tolerance.abs", "a number");
   if (tolerance["rel"].get_double().get(p.tolerance.relative)) return wrong("tolerance.rel", "a number");
+  if (!(p.tolerance.absolute >= 0)) return wrong("tolerance.abs", "a number >= 0");
+  if (!(p.tolerance.relative >= 0)) return wrong("tolerance.rel", "a number >= 0");
 
   // compile flags
   if (simdjson::dom::array flags; !root["compile_flags"].get(flags)) {

@@ -1,7 +1,8 @@
 // kevo/eval/cpu_evaluator.hpp: the Evaluator for CPU kernels. It compiles each candidate with the
-// host compiler (builds cached by content hash), runs it in a sandboxed child that checks it
-// against the reference on fresh random inputs (poisoned outputs, every check shape), times it as
-// a median after warm-up, and names its bottleneck against this machine's roofline.
+// host compiler inside a jail (builds cached by content hash), runs it jailed beside the problem's
+// trusted checker (checked_run.hpp), which checks it against the reference on fresh random inputs
+// (poisoned outputs, every check shape, every timed call) and times it, and names its bottleneck
+// against this machine's roofline; a figure beyond the roofline is refused as implausible.
 //
 //   kevo::eval::CpuEvaluator evaluator(*kevo::load_problem("problems/cpu_scoring"));
 //   if (auto ready = evaluator.prepare(); !ready) return fail(ready.error().message);
@@ -9,7 +10,9 @@
 #pragma once
 
 #include <kevo/candidate.hpp>
+#include <kevo/eval/checked_run.hpp>
 #include <kevo/eval/harness.hpp>
+#include <kevo/eval/jail.hpp>
 #include <kevo/eval/roofline.hpp>
 #include <kevo/eval/sandbox.hpp>
 #include <kevo/eval/timing_gate.hpp>
@@ -57,7 +60,7 @@ struct CpuEvaluatorOptions {
   std::filesystem::path cache_dir = default_cache_dir();
   std::string compiler = default_compiler();
   std::chrono::seconds compile_timeout{60};
-  std::chrono::seconds run_timeout{20};           ///< wall clock, per run of a candidate
+  std::chrono::seconds run_timeout{20};           ///< wall clock, per call of a candidate's kernel()
   std::chrono::seconds cpu_time_limit{0};         ///< per run; 0: twice run_timeout (threads use both cores)
   std::size_t memory_limit_bytes = std::size_t{2} << 30;
   std::size_t output_limit_bytes = 1u << 20;
@@ -66,9 +69,8 @@ struct CpuEvaluatorOptions {
   int repetitions = 7;
   int reference_repetitions = 15;                 ///< the reference is timed once, more carefully
   int compare_rounds = 3;                         ///< interleaved runs per side in compare()
-  double min_repetition_seconds = 0.002;          ///< a short kernel is called repeatedly per sample
-  double min_timing_seconds = 0.1;                ///< more samples (up to 8x repetitions) until they span this
-  bool isolate = true;                            ///< PID and network namespaces where allowed
+  bool flush_caches = true;                       ///< before each timed call, so the roofline bounds it
+  std::size_t tmpfs_bytes = std::size_t{64} << 20;  ///< each of the candidate's /tmp, /var/tmp, /dev/shm, scratch
   bool machine_wide_gate = true;                  ///< also keep other kevo processes' compiles off timed runs
 };
 
@@ -110,7 +112,7 @@ class CpuEvaluator {
       e.diagnostics.detail = built.detail;
       return e;
     }
-    const RunReport report = run_harness(built.executable, seed, "kernel", true, options_.warmup, options_.repetitions);
+    const RunReport report = run_harness(built.executable, seed, options_.warmup, options_.repetitions);
     if (report.failure != FailureKind::none) {
       e.failure = report.failure;
       e.diagnostics.message = report.message;
@@ -120,7 +122,8 @@ class CpuEvaluator {
     e.seconds = report.seconds;
     e.speedup = report.seconds > 0 ? reference_seconds_ / report.seconds : 0;
     e.diagnostics = classify(report.bytes, report.flops, report.seconds, roofline_);
-    e.diagnostics.detail = fmt::format("median {:.4g} ms, fastest {:.4g} ms of {} timed runs{}; reference {:.4g} ms", report.seconds * 1e3,
+    if (e.diagnostics.roofline_fraction > 1.0) return implausible(e, report);
+    e.diagnostics.detail = fmt::format("median {:.4g} ms, fastest {:.4g} ms of {} timed calls{}; reference {:.4g} ms", report.seconds * 1e3,
                                        report.min_seconds * 1e3, report.samples,
                                        report.samples == 1 && options_.repetitions > 1 ? " (over 10x slower than the reference: not timed further)" : "",
                                        reference_seconds_ * 1e3);
@@ -135,7 +138,7 @@ class CpuEvaluator {
     if (!a.ok()) return make_error("challenger: " + a.message);
     auto b = build(incumbent.source);
     if (!b.ok()) return make_error("incumbent: " + b.message);
-    return race({a.executable, "kernel"}, {b.executable, "kernel"}, seed);
+    return race(a.executable, b.executable, seed);
   }
 
   /// compare() against the reference itself: `incumbent_seconds` is the reference's time in the
@@ -144,7 +147,7 @@ class CpuEvaluator {
     if (auto ready = prepare(); !ready) return make_error(ready.error().message);
     auto a = build(challenger.source);
     if (!a.ok()) return make_error("challenger: " + a.message);
-    return race({a.executable, "kernel"}, {a.executable, "reference"}, seed);
+    return race(a.executable, reference_build_, seed);
   }
 
   /// Median time of the reference on the timing shape, measured by prepare().
@@ -173,24 +176,25 @@ class CpuEvaluator {
     bool ok() const { return failure == FailureKind::none; }
   };
 
-  struct RunReport {
-    FailureKind failure = FailureKind::none;
-    std::string message;
-    std::string detail;
-    double seconds = 0, min_seconds = 0, bytes = 0, flops = 0;
-    int samples = 0;
-  };
-
-  struct Runner {
-    std::filesystem::path executable;
-    std::string timed;  // "kernel" or "reference"
-  };
-
   static std::filesystem::path timing_lock_file(const CpuEvaluatorOptions& options) {
     if (!options.machine_wide_gate) return {};
     std::error_code ec;
     std::filesystem::create_directories(options.cache_dir, ec);
     return options.cache_dir / "timing.lock";
+  }
+
+  /// Faster than the machine can go: not a record but a trick or a broken bytes/FLOPs model.
+  Evaluation implausible(Evaluation e, const RunReport& report) const {
+    e.failure = FailureKind::implausible;
+    e.diagnostics.message = fmt::format(
+        "implausible: {:.0f}% of this machine's measured roofline ({:.1f} GB/s of {:.1f}, {:.1f} GFLOP/s of {:.1f}); not credited",
+        100 * e.diagnostics.roofline_fraction, e.diagnostics.achieved_gbytes_per_s, roofline_.read_gbytes_per_s, e.diagnostics.achieved_gflops,
+        roofline_.peak_gflops);
+    e.diagnostics.detail = fmt::format("median {:.4g} ms (wall {:.4g} ms, CPU {:.4g} ms) of {} timed calls", report.seconds * 1e3,
+                                       report.wall_seconds * 1e3, report.cpu_seconds * 1e3, report.samples);
+    e.seconds = 0;
+    e.speedup = 0;
+    return e;
   }
 
   static Evaluation failed(FailureKind kind, std::string message) {
@@ -222,9 +226,19 @@ class CpuEvaluator {
     l.output_bytes = options_.output_limit_bytes;
     l.max_processes = options_.max_processes;
     l.max_open_files = 64;
-    l.isolate = options_.isolate;
+    // Every call may take run_timeout; the whole run is bounded too.
+    l.wall_time = 3 * options_.run_timeout + std::chrono::seconds(30);
     return l;
   }
+
+  SandboxLimits checker_limits() const {
+    SandboxLimits l = trusted_limits();
+    l.wall_time = 3 * options_.run_timeout + std::chrono::seconds(30);
+    l.output_bytes = 64 << 10;
+    return l;
+  }
+
+  JailOptions candidate_jail() const { return JailOptions{.tmpfs_bytes = options_.tmpfs_bytes, .seccomp = true}; }
 
   std::vector<std::string> compile_flags() const {
     std::vector<std::string> flags{"-std=c++20"};
@@ -285,13 +299,24 @@ class CpuEvaluator {
   static std::string first_line(std::string_view text) { return std::string(text.substr(0, text.find('\n'))); }
 
   /// Runs the compiler with `args` in `directory`, as a compile: shared with other compiles, never
-  /// beside a timed run.
+  /// beside a timed run. The compiler runs jailed: it sees the system's headers, the problem's
+  /// generated files and `directory` (writable), nothing else (no `.incbin "/etc/shadow"`).
   SandboxResult run_compiler(std::vector<std::string> args, const std::filesystem::path& directory) {
+    JailOptions options{.read_only = {problem_dir_}, .writable = {directory}, .working_directory = directory, .seccomp = false};
+    if (auto compiler = find_program(options_.compiler); compiler && !compiler->string().starts_with("/usr/"))
+      options.read_only.push_back(std::filesystem::weakly_canonical(*compiler).parent_path());
+    if (!problem_.directory.empty()) options.read_only.push_back(std::filesystem::absolute(problem_.directory));
+    auto jail = make_jail(options);
+    if (!jail) {
+      SandboxResult r;
+      r.setup_error = jail.error().message;
+      return r;
+    }
     args.insert(args.begin(), options_.compiler);
     SandboxLimits limits = trusted_limits();
-    limits.working_directory = directory;
+    limits.isolate = false;  // the jail's namespaces
     std::shared_lock compiling(gate_);
-    return run_sandboxed(args, limits);
+    return run_sandboxed(jail->command(args), limits);
   }
 
   expected<void, Error> prepare_locked() {
@@ -306,12 +331,13 @@ class CpuEvaluator {
     compiler_identity_ = options_.compiler + " " + first_line(version.stdout_text);
 
     const std::string header = problem_header(problem_);
-    const std::string harness = harness_source(problem_);
+    const std::string checker = checker_source(problem_);
+    const std::string runner = runner_source(problem_);
     const std::string flags = join(compile_flags());
     // The CPU too: flags such as -march=native make a build this CPU's, and a cache directory may be
     // shared (an NFS home) by machines with other CPUs.
     const std::uint64_t key =
-        content_hash(header + harness + problem_.reference_source + flags + compiler_identity_ + detail::cpu_identity());
+        content_hash(header + checker + runner + problem_.reference_source + flags + compiler_identity_ + detail::cpu_identity());
     std::string safe_name = problem_.name;  // the name becomes a directory name
     for (char& c : safe_name)
       if (!std::isalnum(static_cast<unsigned char>(c)) && c != '_' && c != '-') c = '_';
@@ -319,7 +345,8 @@ class CpuEvaluator {
     std::error_code ec;
     fs::create_directories(problem_dir_ / "builds", ec);
     if (ec) return make_error(fmt::format("{}: cannot be created: {}", problem_dir_.string(), ec.message()));
-    if (!write_file_atomically(problem_dir_ / "kevo_problem.hpp", header) || !write_file_atomically(problem_dir_ / "harness.cpp", harness))
+    if (!write_file_atomically(problem_dir_ / "kevo_problem.hpp", header) || !write_file_atomically(problem_dir_ / "checker.cpp", checker) ||
+        !write_file_atomically(problem_dir_ / "runner.cpp", runner))
       return make_error(fmt::format("{}: cannot write the generated sources", problem_dir_.string()));
 
     const std::string manifest = (problem_.directory / "problem.json").string();
@@ -342,14 +369,25 @@ class CpuEvaluator {
     };
     if (auto error = compile_object(fs::absolute(reference_path).string(), "reference.o"))
       return make_error(fmt::format("{} does not compile: {}", reference_path, *error));
-    if (auto error = compile_object("harness.cpp", "harness.o"))
+    if (auto error = compile_object("runner.cpp", "runner.o"))
+      return make_error(fmt::format("{}: kevo's runner does not compile for this problem: {}", manifest, *error));
+    if (auto error = compile_object("checker.cpp", "checker.o"))
       return make_error(fmt::format("{}: the tensor sizes or the bytes/FLOPs model do not compile as C++: {}", manifest, *error));
+    if (!fs::exists(problem_dir_ / "checker")) {
+      std::vector<std::string> args = compile_flags();
+      args.insert(args.end(), {"checker.o", "reference.o", "-o", "checker.tmp"});
+      const SandboxResult r = run_compiler(args, problem_dir_);
+      if (!r.ok()) return make_error(fmt::format("{}: the checker does not link with the reference: {}", manifest, trim_compiler_output(r.stderr_text + r.setup_error)));
+      fs::rename(problem_dir_ / "checker.tmp", problem_dir_ / "checker", ec);
+    }
+    if (auto loose = validate_tolerance(); !loose) return make_error(fmt::format("{}: {}", manifest, loose.error().message));
 
     // The reference run as the kernel: checks the whole pipeline and times the reference.
     auto reference_build = build(reference_kernel_source(problem_));
     if (!reference_build.ok())
-      return make_error(fmt::format("{}: the reference does not link with kevo's harness: {}", reference_path, reference_build.detail));
-    const RunReport timing = run_harness(reference_build.executable, 1, "reference", true, options_.warmup, options_.reference_repetitions);
+      return make_error(fmt::format("{}: the reference does not link with kevo's runner: {}", reference_path, reference_build.detail));
+    reference_build_ = reference_build.executable;
+    const RunReport timing = run_harness(reference_build_, 1, options_.warmup, options_.reference_repetitions);
     if (timing.failure != FailureKind::none)
       return make_error(fmt::format("{}: the reference failed its own run ({}): {} {}", reference_path, to_string(timing.failure),
                                     timing.message, timing.detail));
@@ -362,7 +400,21 @@ class CpuEvaluator {
     return {};
   }
 
-  /// Compiles `source` into an executable linked with the cached reference and harness objects.
+  /// The checker refuses a tolerance under which a constant output would pass every check.
+  expected<void, Error> validate_tolerance() {
+    const SandboxResult r = run_sandboxed({(problem_dir_ / "checker").string(), "--validate-tolerance", "1"}, checker_limits());
+    const std::string line = detail::last_json_line(r.stdout_text);
+    if (line.find("\"status\":\"ok\"") != std::string::npos) return {};
+    if (line.find("loose_tolerance") != std::string::npos) {
+      const auto at = line.find("\"detail\":\"");
+      std::string detail = at == std::string::npos ? line : line.substr(at + 10);
+      if (detail.ends_with("\"}")) detail.resize(detail.size() - 2);
+      return make_error("the tolerance is too loose: " + detail);
+    }
+    return make_error("the reference failed while the tolerance was checked: " + detail::tail(r.stderr_text + r.stdout_text + r.setup_error, 400));
+  }
+
+  /// Compiles `source` into an executable linked with the cached reference and runner objects.
   /// Builds (and compile errors) are cached by content hash of source, flags and compiler.
   Build build(const std::string& source) {
     namespace fs = std::filesystem;
@@ -404,7 +456,7 @@ class CpuEvaluator {
     SandboxResult r = run_compiler(args, work);
     if (r.ok()) {
       args = compile_flags();
-      args.insert(args.end(), {"candidate.o", (problem_dir_ / "reference.o").string(), (problem_dir_ / "harness.o").string(), "-o", "candidate"});
+      args.insert(args.end(), {"candidate.o", (problem_dir_ / "runner.o").string(), (problem_dir_ / "reference.o").string(), "-o", "candidate"});
       r = run_compiler(args, work);
     }
     if (!r.ok()) {
@@ -439,95 +491,23 @@ class CpuEvaluator {
     return b;
   }
 
-  RunReport run_harness(const std::filesystem::path& executable, std::uint64_t seed, const std::string& timed, bool check, int warmup,
-                        int repetitions) {
+  RunReport run_harness(const std::filesystem::path& executable, std::uint64_t seed, int warmup, int repetitions) {
     std::unique_lock timing(gate_);
-    return run_harness_locked(executable, seed, timed, check, warmup, repetitions);
+    return run_harness_locked(executable, seed, warmup, repetitions);
   }
 
-  RunReport run_harness_locked(const std::filesystem::path& executable, std::uint64_t seed, const std::string& timed, bool check,
-                               int warmup, int repetitions) {
+  RunReport run_harness_locked(const std::filesystem::path& executable, std::uint64_t seed, int warmup, int repetitions) {
     ++runs_;
-    const SandboxLimits limits = candidate_limits();
-    const SandboxResult r = run_sandboxed({executable.string(), "--seed", std::to_string(seed), "--time", timed, "--check", check ? "1" : "0",
-                                           "--warmup", std::to_string(warmup), "--repetitions", std::to_string(repetitions),
-                                           "--min-repetition-seconds", fmt::format("{}", options_.min_repetition_seconds),
-                                           "--min-timing-seconds", fmt::format("{}", options_.min_timing_seconds)},
-                                          limits);
-    return interpret(r, limits);
-  }
-
-  static std::string tail(std::string_view text, std::size_t bytes = 800) {
-    if (text.size() > bytes) text = text.substr(text.size() - bytes);
-    std::string out(text);
-    while (!out.empty() && (out.back() == '\n' || out.back() == ' ')) out.pop_back();
-    return out;
-  }
-
-  /// Turns what the sandbox saw into one FailureKind with a one-line message.
-  RunReport interpret(const SandboxResult& r, const SandboxLimits& limits) const {
-    RunReport report;
-    auto fail = [&](FailureKind kind, std::string message, std::string detail = {}) {
-      report.failure = kind;
-      report.message = std::move(message);
-      report.detail = std::move(detail);
-      return report;
-    };
-    const std::string err_tail = tail(r.stderr_text);
-    if (!r.started) return fail(FailureKind::sandbox_error, "the sandbox could not start the candidate: " + r.setup_error);
-    if (r.output_limit)
-      return fail(FailureKind::output_limit, fmt::format("printed more than {} bytes; its process group was killed", limits.output_bytes),
-                  tail(r.stderr_text, 300));
-    if (r.timed_out)
-      return fail(FailureKind::timeout,
-                  fmt::format("ran past the {:.3g} s wall-clock limit; its process group was killed",
-                              std::chrono::duration<double>(limits.wall_time).count()),
-                  err_tail);
-    if (r.signal == SIGXCPU || (r.signal == SIGKILL && r.stderr_text.empty() && limits.cpu_time.count() > 0 &&
-                                r.wall.count() >= static_cast<double>(limits.cpu_time.count()) / 2))
-      return fail(FailureKind::cpu_time_limit, fmt::format("used more than {} s of CPU time", limits.cpu_time.count()), err_tail);
-    if (r.signal != 0) {
-      if (r.stderr_text.find("bad_alloc") != std::string::npos)
-        return fail(FailureKind::memory_limit,
-                    fmt::format("ran out of memory (limit {} MiB): std::bad_alloc", limits.memory_bytes >> 20), err_tail);
-      return fail(FailureKind::crash, "crashed with " + signal_name(r.signal), err_tail);
-    }
-    if (r.exit_code != 0) return fail(FailureKind::crash, fmt::format("exited with code {} before reporting", r.exit_code), err_tail);
-
-    // The harness's report is the last line of stdout that starts with '{'.
-    std::string line;
-    {
-      std::istringstream lines(r.stdout_text);
-      for (std::string l; std::getline(lines, l);)
-        if (!l.empty() && l.front() == '{') line = std::move(l);
-    }
-    if (line.empty())
-      return fail(FailureKind::bad_report, "exited without a report (did the kernel call exit()?)", err_tail);
-
-    thread_local simdjson::ondemand::parser parser;
-    const simdjson::padded_string input(line);
-    simdjson::ondemand::document doc;
-    std::string_view status;
-    if (parser.iterate(input).get(doc) || doc["status"].get_string().get(status))
-      return fail(FailureKind::bad_report, "printed a malformed report", tail(line, 300));
-    const std::string status_text(status);  // the view dies with the next lookup
-    std::string detail;
-    if (std::string_view d; !doc["detail"].get_string().get(d)) detail = std::string(d);
-    if (status_text == "ok") {
-      double v = 0;
-      if (!doc["seconds"].get_double().get(v)) report.seconds = v;
-      if (!doc["min_seconds"].get_double().get(v)) report.min_seconds = v;
-      if (!doc["bytes"].get_double().get(v)) report.bytes = v;
-      if (!doc["flops"].get_double().get(v)) report.flops = v;
-      if (std::int64_t n = 0; !doc["samples"].get_int64().get(n)) report.samples = static_cast<int>(n);
-      return report;
-    }
-    if (status_text == "wrong_answer") return fail(FailureKind::wrong_answer, "wrong answer: " + detail, detail);
-    if (status_text == "unwritten_output") return fail(FailureKind::unwritten_output, "left output unwritten: " + detail, detail);
-    if (status_text == "memory_limit")
-      return fail(FailureKind::memory_limit, fmt::format("ran out of memory (limit {} MiB): {}", limits.memory_bytes >> 20, detail), err_tail);
-    if (status_text == "crash") return fail(FailureKind::crash, "crashed: " + detail, err_tail);
-    return fail(FailureKind::bad_report, "reported an unknown status '" + status_text + "'", detail);
+    return run_checked(CheckedRunRequest{.checker = problem_dir_ / "checker",
+                                         .runner = executable,
+                                         .seed = seed,
+                                         .warmup = warmup,
+                                         .repetitions = repetitions,
+                                         .flush_caches = options_.flush_caches,
+                                         .call_timeout = options_.run_timeout,
+                                         .runner_limits = candidate_limits(),
+                                         .checker_limits = checker_limits(),
+                                         .jail = candidate_jail()});
   }
 
   static double median(std::vector<double> v) {
@@ -535,20 +515,18 @@ class CpuEvaluator {
     return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
   }
 
-  expected<Comparison, Error> race(const Runner& challenger, const Runner& incumbent, std::uint64_t seed) {
+  /// Both re-timed in interleaved runs (ABBA...), each run checked on its own fresh inputs.
+  expected<Comparison, Error> race(const std::filesystem::path& challenger, const std::filesystem::path& incumbent, std::uint64_t seed) {
     std::unique_lock timing(gate_);  // the whole race, so no compile interleaves with it
     std::vector<double> a_times, b_times;
     const int rounds = std::max(1, options_.compare_rounds);
     for (int round = 0; round < rounds; ++round) {
-      const bool check = round == 0;
       for (int turn = 0; turn < 2; ++turn) {
         const bool challenger_turn = (turn == 0) == (round % 2 == 0);  // ABBA...
-        const Runner& who = challenger_turn ? challenger : incumbent;
-        const RunReport r = run_harness_locked(who.executable, seed + static_cast<std::uint64_t>(round), who.timed, check, options_.warmup,
-                                               options_.repetitions);
-        const bool incorrect = r.failure == FailureKind::wrong_answer || r.failure == FailureKind::unwritten_output ||
-                               r.failure == FailureKind::crash;
-        if (challenger_turn && incorrect)
+        const RunReport r = run_harness_locked(challenger_turn ? challenger : incumbent, seed + static_cast<std::uint64_t>(round),
+                                               options_.warmup, options_.repetitions);
+        const bool candidate_fault = r.failure != FailureKind::none && r.failure != FailureKind::sandbox_error;
+        if (challenger_turn && candidate_fault)
           return Comparison{.challenger_failure = r.failure, .challenger_message = "on the race's fresh inputs: " + r.message};
         if (r.failure != FailureKind::none)
           return make_error(fmt::format("{} failed while re-timed: {}: {}", challenger_turn ? "challenger" : "incumbent", to_string(r.failure),
@@ -566,6 +544,7 @@ class CpuEvaluator {
   std::string compiler_identity_;
   std::filesystem::path problem_dir_;
   double reference_seconds_ = 0;
+  std::filesystem::path reference_build_;   // the reference as a candidate: the yardstick of compare_with_reference
   Roofline roofline_;
   TimingGate gate_;
   std::atomic<std::size_t> compiles_{0}, cache_hits_{0}, runs_{0};

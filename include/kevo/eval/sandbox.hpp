@@ -65,6 +65,10 @@ struct SandboxLimits {
   unsigned per_run_uid_base = 1'000'000;
   std::filesystem::path working_directory = "/";
   std::vector<std::string> environment = {"PATH=/usr/local/bin:/usr/bin:/bin", "LANG=C", "LC_ALL=C"};
+  /// Descriptors the program inherits at the same numbers (a control socket, a seccomp filter,
+  /// bwrap's info pipe). The caller's copies are closed once the child is forked, so that the
+  /// program's end of a socket is held by the program alone and its death reads as end-of-file.
+  std::vector<int> handed_over_fds = {};
 };
 
 /// What a sandboxed run did.
@@ -153,9 +157,9 @@ inline void write_all(int fd, const void* data, std::size_t size) {
   }
 }
 
-// Closes every descriptor >= 3 except `keep_a` and `keep_b`; only system calls (fork-safe).
-inline void close_other_descriptors(int keep_a, int keep_b) {
-  if (keep_a > keep_b) std::swap(keep_a, keep_b);
+// Closes every descriptor >= 3 except those in `keep` (sorted here); only system calls (fork-safe).
+inline void close_other_descriptors(int* keep, std::size_t count) {
+  std::sort(keep, keep + count);
   auto close_range_or_loop = [](unsigned first, unsigned last) {
     if (first > last) return;
 #ifdef SYS_close_range
@@ -166,9 +170,13 @@ inline void close_other_descriptors(int keep_a, int keep_b) {
     const unsigned top = std::min<unsigned long>(last, rl.rlim_cur == RLIM_INFINITY ? 65536 : rl.rlim_cur);
     for (unsigned fd = first; fd <= top; ++fd) ::close(static_cast<int>(fd));
   };
-  close_range_or_loop(3, static_cast<unsigned>(keep_a) - 1);
-  close_range_or_loop(static_cast<unsigned>(keep_a) + 1, static_cast<unsigned>(keep_b) - 1);
-  close_range_or_loop(static_cast<unsigned>(keep_b) + 1, ~0u);
+  unsigned next = 3;
+  for (std::size_t i = 0; i < count; ++i) {
+    if (keep[i] < 3 || static_cast<unsigned>(keep[i]) < next) continue;
+    close_range_or_loop(next, static_cast<unsigned>(keep[i]) - 1);
+    next = static_cast<unsigned>(keep[i]) + 1;
+  }
+  close_range_or_loop(next, ~0u);
 }
 
 // Everything the child needs, prepared before fork so that the child only makes system calls.
@@ -254,7 +262,14 @@ struct ChildPlan {
   ::dup2(plan.stdin_fd, 0);
   ::dup2(plan.stdout_fd, 1);
   ::dup2(plan.stderr_fd, 2);
-  close_other_descriptors(plan.status_fd, plan.program_fd);
+  int keep[18] = {plan.status_fd, plan.program_fd};
+  std::size_t kept = 2;
+  for (int fd : plan.limits->handed_over_fds) {
+    if (kept == 18) break;
+    ::fcntl(fd, F_SETFD, 0);  // created close-on-exec for thread safety; the program inherits it
+    keep[kept++] = fd;
+  }
+  close_other_descriptors(keep, kept);
   // Root may unshare directly; anyone else may where unprivileged user namespaces are allowed.
   if (try_isolate && (::unshare(CLONE_NEWPID | CLONE_NEWNET) == 0 ||
                       (!plan.drop_uid && ::unshare(CLONE_NEWUSER | CLONE_NEWPID | CLONE_NEWNET) == 0))) {
@@ -284,6 +299,18 @@ inline SandboxResult run_sandboxed(const std::vector<std::string>& argv, const S
   using clock = std::chrono::steady_clock;
   SandboxResult result;
   const auto started_at = clock::now();
+  // The handed-over descriptors are the program's, on every path: closed here once it is forked,
+  // or at once where it never starts.
+  struct HandOver {
+    const std::vector<int>& fds;
+    bool done = false;
+    void close_all() {
+      if (!done)
+        for (int fd : fds) ::close(fd);
+      done = true;
+    }
+    ~HandOver() { close_all(); }
+  } hand_over{limits.handed_over_fds};
   if (argv.empty()) {
     result.setup_error = "empty argv";
     return result;
@@ -341,6 +368,7 @@ inline SandboxResult run_sandboxed(const std::vector<std::string>& argv, const S
   }
   if (child == 0) detail::run_first_child(plan, limits.isolate);
   ::setpgid(child, child);  // also here, so killpg below can never hit our own group
+  hand_over.close_all();
   for (int fd : {program_fd, devnull, out_pipe[1], err_pipe[1], status_pipe[1]}) ::close(fd);
 
   const auto deadline = started_at + limits.wall_time;
