@@ -340,7 +340,9 @@ Reply wait_reply(const std::string& during) {{
   }}
   Reply reply{{}};
   const ssize_t n = ::recv(options.control_fd, &reply, sizeof reply, 0);
-  if (n != static_cast<ssize_t>(sizeof reply)) runner_gone(during);
+  if (n <= 0) runner_gone(during);
+  if (n != static_cast<ssize_t>(sizeof reply))
+    report_status("bad_report", "sent the checker " + std::to_string(n) + " bytes that are not a message of kevo's runner " + during);
   reply.text[sizeof reply.text - 1] = 0;
   return reply;
 }}

@@ -36,7 +36,7 @@ namespace kevo::eval {
 
 /// What a jail lets its program see.
 struct JailOptions {
-  std::filesystem::path program;                        ///< bound read-only at /run/kevo/<its file name>
+  std::filesystem::path program;                        ///< copied read-only to /run/kevo/<its file name>
   std::vector<std::filesystem::path> read_only = {};    ///< more paths, bound read-only where they are
   std::vector<std::filesystem::path> writable = {};     ///< paths bound writable where they are (a compile's output)
   std::filesystem::path working_directory = "/scratch";
@@ -76,6 +76,7 @@ struct Jail {
   OwnedFd seccomp_filter;            ///< the compiled filter bwrap loads (--seccomp)
   OwnedFd info_read;                 ///< bwrap writes {"child-pid": N, ...} here (with info_pipe)
   OwnedFd info_write;
+  OwnedFd program;                   ///< the program, copied into the jail by bwrap
 
   /// The whole argv: the jail's prefix, then the program's own arguments.
   std::vector<std::string> command(const std::vector<std::string>& program_args) const {
@@ -88,6 +89,7 @@ struct Jail {
     std::vector<int> fds;
     if (seccomp_filter) fds.push_back(seccomp_filter.release());
     if (info_write) fds.push_back(info_write.release());
+    if (program) fds.push_back(program.release());
     return fds;
   }
 };
@@ -173,8 +175,15 @@ inline expected<Jail, Error> make_jail(const JailOptions& options) {
     jail.info_write.reset(info[1]);
     a.insert(a.end(), {"--info-fd", std::to_string(info[1])});
   }
-  std::string inside = options.program.empty() ? std::string() : "/run/kevo/" + options.program.filename().string();
-  if (!inside.empty()) a.insert(a.end(), {"--ro-bind", options.program.string(), inside});
+  // The program travels as a descriptor that kevo opened: bwrap may run under a uid that cannot
+  // reach the build's directory (a cache under /root), and the jail gets a copy no one can change.
+  std::string inside;
+  if (!options.program.empty()) {
+    jail.program.reset(::open(options.program.c_str(), O_RDONLY | O_CLOEXEC));
+    if (!jail.program) return make_error(fmt::format("{}: cannot be opened: {}", options.program.string(), std::strerror(errno)));
+    inside = "/run/kevo/" + options.program.filename().string();
+    a.insert(a.end(), {"--perms", "0555", "--ro-bind-data", std::to_string(jail.program.get()), inside});
+  }
   a.push_back("--");
   if (!inside.empty()) a.push_back(inside);
   return jail;
