@@ -1,0 +1,367 @@
+// The candidate screen, with real clang-15 runs: each refusal rule refuses a hostile candidate with a
+// reason that names the rule and the line; the shipped kernels and ordinary kernel code pass; where
+// clang cannot parse or is missing, the screen falls back with a note instead of refusing.
+#include <kevo/eval/harness.hpp>
+#include <kevo/eval/screening.hpp>
+#include <kevo/problem.hpp>
+
+#include <catch2/catch.hpp>
+
+#include <fmt/format.h>
+
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+namespace {
+
+namespace fs = std::filesystem;
+using kevo::Target;
+using kevo::eval::ScreeningRule;
+using kevo::eval::ScreeningRules;
+using kevo::eval::ScreeningVerdict;
+
+bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+
+fs::path problem_dir(const std::string& name) { return fs::path(KEVO_SOURCE_DIR) / "problems" / name; }
+
+// A directory with the problem's generated kevo_problem.hpp, as the evaluator has it.
+fs::path include_dir_for(const kevo::Problem& problem) {
+  const fs::path dir = fs::temp_directory_path() / fmt::format("kevo-screening-test-{}-{}", problem.name, ::getpid());
+  fs::create_directories(dir);
+  std::ofstream(dir / "kevo_problem.hpp") << kevo::eval::problem_header(problem);
+  return dir;
+}
+
+const kevo::Problem& softmax() {
+  static const kevo::Problem problem = [] {
+    auto p = kevo::load_problem(problem_dir("softmax"));
+    REQUIRE(p);
+    return *p;
+  }();
+  return problem;
+}
+
+const fs::path& softmax_includes() {
+  static const fs::path dir = include_dir_for(softmax());
+  return dir;
+}
+
+ScreeningVerdict screen(const std::string& source, const ScreeningRules& rules = ScreeningRules::for_target(Target::cpu)) {
+  ScreeningVerdict v = kevo::eval::screen_candidate(source, Target::cpu, softmax_includes(), rules);
+  INFO("reason: " << v.reason << "\nnote: " << v.note);
+  return v;
+}
+
+bool has_finding(const ScreeningVerdict& v, ScreeningRule rule, int line, const std::string& part) {
+  for (const auto& f : v.findings)
+    if (f.rule == rule && f.line == line && contains(f.message, part) && contains(f.message, fmt::format("line {}:", line)))
+      return true;
+  return false;
+}
+
+// Expects a refusal whose reason names `part` at `line`, under `rule`, after a clean parse.
+void expect_refused(const ScreeningVerdict& v, ScreeningRule rule, int line, const std::string& part) {
+  INFO("reason: " << v.reason << "\nnote: " << v.note);
+  CHECK(v.refused);
+  CHECK(has_finding(v, rule, line, part));
+  CHECK(contains(v.reason, fmt::format("line {}: ", line)));
+}
+
+void expect_clean(const ScreeningVerdict& v) {
+  INFO("reason: " << v.reason << "\nnote: " << v.note);
+  CHECK_FALSE(v.refused);
+  CHECK(v.parsed);
+  CHECK(v.note.empty());
+}
+
+const std::string header = "#include \"kevo_problem.hpp\"\n";  // line 1 of every candidate below
+
+}  // namespace
+
+TEST_CASE("the shipped problems' default kernels pass the screen") {
+  for (const char* name : {"softmax", "gemm", "cpu_scoring"}) {
+    auto problem = kevo::load_problem(problem_dir(name));
+    REQUIRE(problem);
+    const fs::path includes = include_dir_for(*problem);
+    const std::string source = problem->render(problem->default_knobs());
+    const ScreeningVerdict v = kevo::eval::screen_candidate(source, problem->target, includes);
+    INFO(name << ": " << v.reason << v.note);
+    expect_clean(v);
+    fs::remove_all(includes);
+  }
+}
+
+TEST_CASE("ordinary kernel code passes: threads, intrinsics, function-local statics, constant tables") {
+  expect_clean(screen(header + R"(#include <algorithm>
+#include <array>
+#include <cmath>
+#include <functional>
+#include <thread>
+#include <vector>
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+namespace {
+constexpr float weights[] = {0.25f, 0.5f, 0.25f};
+const int lanes = 4;
+static const float table[] = {1.f, 2.f};
+constexpr std::array<float, 3> more = {1, 2, 3};
+struct Params { int block, unroll; };
+constexpr Params params{64, 4};
+struct Reader { int read() const { return 1; } };  // a member named like a libc call
+int twice(int x) { return 2 * x; }
+
+void rows(const float* x, float* y, long begin, long end) {
+  static thread_local std::vector<float> scratch;  // function-local: runs under the checker's clock
+  static int calls = 0;
+  ++calls;
+  scratch.resize(4);
+  int write = lanes;  // a local named like a libc call
+  (void)write;
+  for (long i = begin; i < end; ++i) {
+#if defined(__x86_64__)
+    __m128 v = _mm_set1_ps(x[i]);
+    v = _mm_mul_ps(v, _mm_set1_ps(weights[1]));
+    y[i] = _mm_cvtss_f32(v) * 2 + table[0] - table[0] + more[0] - more[0] + 0 * params.block;
+#else
+    y[i] = x[i];
+#endif
+  }
+}
+}  // namespace
+
+void kernel(const Shape& shape, const float* x, float* y) {
+  const long n = shape.R * shape.C;
+  std::vector<int> v{3, 1, 2};
+  v.erase(std::remove(v.begin(), v.end(), 1), v.end());   // <algorithm>'s remove, not <cstdio>'s
+  auto bound = std::bind(twice, std::placeholders::_1);   // <functional>'s bind, not the socket call
+  (void)bound(Reader{}.read());
+  #pragma GCC unroll 4
+  for (int k = 0; k < 1; ++k) {}
+  std::thread t(rows, x, y, 0, n / 2);
+  rows(x, y, n / 2, n);
+  t.join();
+  const char* text = "#include <fstream> in a string is no include";
+  (void)text;
+  /* #include <fstream> in a comment is none either */
+}
+)"));
+}
+
+TEST_CASE("static initializers that run code at start-up or exit are refused") {
+  SECTION("a global object whose constructor prints a fake report and exits (the attack seen)") {
+    const auto v = screen(header + "extern \"C\" void _exit(int);\n"
+                          "struct X { X() { __builtin_printf(\"{\\\"status\\\":\\\"ok\\\"}\"); _exit(0); } } x;\n"
+                          "void kernel(const Shape&, const float*, float*) {}\n");
+    expect_refused(v, ScreeningRule::static_initializer, 3, "'x' needs code at start-up");
+    CHECK(has_finding(v, ScreeningRule::forbidden_call, 3, "calls _exit"));
+    CHECK(has_finding(v, ScreeningRule::forbidden_call, 3, "calls __builtin_printf"));
+  }
+  SECTION("the same attack as written, with <cstdio> and <unistd.h>, fails on its includes") {
+    const auto v = screen(header + "#include <cstdio>\n#include <unistd.h>\n"
+                          "struct X { X() { std::printf(\"{\\\"status\\\":\\\"ok\\\"}\"); _exit(0); } } x;\n");
+    expect_refused(v, ScreeningRule::include, 2, "#include <cstdio> is not on the allow-list");
+    CHECK(has_finding(v, ScreeningRule::include, 3, "<unistd.h>"));
+  }
+  SECTION("a lambda-initialized global") {
+    expect_refused(screen(header + "#include <cmath>\n"
+                          "static int x = [] { volatile int k = 0; k = 1; return k; }();\n"
+                          "void kernel(const Shape&, const float*, float*) { (void)x; }\n"),
+                   ScreeningRule::static_initializer, 3, "'x' needs code at start-up");
+  }
+  SECTION("a global with a destructor, and a static data member") {
+    const auto v = screen(header + "#include <vector>\n"
+                          "std::vector<float> cache;\n"
+                          "struct S { static inline std::vector<int> member; };\n");
+    expect_refused(v, ScreeningRule::static_initializer, 3, "'cache' has a destructor that runs at exit");
+    CHECK(has_finding(v, ScreeningRule::static_initializer, 4, "'member'"));
+  }
+  SECTION("__attribute__((constructor)) and destructor functions") {
+    const auto v = screen(header + "__attribute__((constructor)) static void early() {}\n"
+                          "[[gnu::destructor]] void late() {}\n");
+    expect_refused(v, ScreeningRule::static_initializer, 2, "__attribute__((constructor))");
+    CHECK(has_finding(v, ScreeningRule::static_initializer, 3, "__attribute__((destructor))"));
+  }
+  SECTION("a function pointer placed in .init_array") {
+    expect_refused(screen(header + "static void f() {}\n"
+                          "__attribute__((section(\".init_array\"), used)) static void (*p)() = f;\n"),
+                   ScreeningRule::static_initializer, 3, "section");
+  }
+}
+
+TEST_CASE("asm is refused unless the problem allows it; .incbin always") {
+  const std::string with_asm = header + "void kernel(const Shape&, const float*, float*) {\n"
+                               "  asm volatile(\"nop\");\n}\n";
+  expect_refused(screen(with_asm), ScreeningRule::inline_asm, 3, "asm statement");
+  ScreeningRules rules = ScreeningRules::for_target(Target::cpu);
+  rules.allow_asm = true;
+  expect_clean(screen(with_asm, rules));
+
+  expect_refused(screen(header + "asm(\".incbin \\\"/etc/passwd\\\"\");\n"), ScreeningRule::incbin, 2, ".incbin");
+  // Split by string concatenation, and inside an allowed asm statement.
+  expect_refused(screen(header + "void f() {\n  asm volatile(\".inc\" \"bin \\\"/etc/passwd\\\"\");\n}\n", rules),
+                 ScreeningRule::incbin, 3, ".incbin");
+  expect_refused(screen(header + "void f() { asm(\"nop\"); }\n__asm__(\"nop\");\n", rules), ScreeningRule::inline_asm, 3,
+                 "asm at file scope");
+  expect_refused(screen(header + "extern \"C\" int my_fork() __asm__(\"fork\");\n", rules), ScreeningRule::inline_asm, 2,
+                 "asm label");
+}
+
+TEST_CASE("process, network, file, environment and dynamic-loading calls are refused") {
+  const std::string body_start = "void kernel(const Shape&, const float*, float*) {\n";
+  SECTION("std::getenv and std::system from <cstdlib>") {
+    const auto v = screen(header + "#include <cstdlib>\n" + body_start +
+                          "  const char* home = std::getenv(\"HOME\");\n  (void)home;\n  std::system(\"id\");\n}\n");
+    expect_refused(v, ScreeningRule::forbidden_call, 4, "calls getenv (reading or changing the environment");
+    CHECK(has_finding(v, ScreeningRule::forbidden_call, 6, "calls system (starting or controlling processes"));
+  }
+  SECTION("fopen, declared by the candidate itself") {
+    const auto v = screen(header + "extern \"C\" void* fopen(const char*, const char*);\n" + body_start +
+                          "  fopen(\"/etc/passwd\", \"r\");\n}\n");
+    expect_refused(v, ScreeningRule::forbidden_call, 4, "calls fopen (file access is not allowed in a kernel)");
+    CHECK(has_finding(v, ScreeningRule::forbidden_call, 2, "declares fopen"));
+  }
+  SECTION("socket") {
+    expect_refused(screen(header + "extern \"C\" int socket(int, int, int);\n" + body_start + "  socket(2, 1, 0);\n}\n"),
+                   ScreeningRule::forbidden_call, 4, "calls socket (network access");
+  }
+  SECTION("dlopen and dlsym") {
+    const auto v = screen(header + "extern \"C\" void* dlopen(const char*, int);\n"
+                          "extern \"C\" void* dlsym(void*, const char*);\n" + body_start +
+                          "  void* h = dlopen(\"libc.so.6\", 1);\n  dlsym(h, \"system\");\n}\n");
+    expect_refused(v, ScreeningRule::forbidden_call, 5, "calls dlopen (loading code at run time");
+    CHECK(has_finding(v, ScreeningRule::forbidden_call, 6, "calls dlsym"));
+  }
+  SECTION("syscall") {
+    expect_refused(screen(header + "extern \"C\" long syscall(long, ...);\n" + body_start + "  syscall(57);\n}\n"),
+                   ScreeningRule::forbidden_call, 4, "calls syscall (raw system calls");
+  }
+  SECTION("write(3, ...) to the old report channel, through a declaration <thread> brings") {
+    expect_refused(screen(header + "#include <thread>\n" + body_start + "  ::write(3, \"{}\", 2);\n}\n"),
+                   ScreeningRule::forbidden_call, 4, "calls write (reading or writing file descriptors");
+  }
+  SECTION("a forbidden function by its address, and through a builtin") {
+    const auto v = screen(header + "#include <thread>\n" + body_start +
+                          "  auto f = &::fork;\n  (void)f;\n  __builtin_printf(\"{}\");\n}\n");
+    expect_refused(v, ScreeningRule::forbidden_call, 4, "calls fork");
+    CHECK(has_finding(v, ScreeningRule::forbidden_call, 6, "calls __builtin_printf (printing"));
+  }
+  SECTION("std::ifstream, where a problem allows <fstream>") {
+    ScreeningRules rules = ScreeningRules::for_target(Target::cpu);
+    rules.allowed_includes.push_back("fstream");
+    expect_refused(screen(header + "#include <fstream>\n" + body_start + "  std::ifstream in(\"/etc/passwd\");\n}\n", rules),
+                   ScreeningRule::forbidden_call, 4, "constructs std::ifstream (file access");
+  }
+  SECTION("a namespace-scope name that would hide the library's from the screen") {
+    expect_refused(screen(header + "#include <thread>\nstruct write { write(int, const char*, int) {} };\n" + body_start +
+                          "  write(3, \"{}\", 2);\n}\n"),
+                   ScreeningRule::forbidden_call, 3, "declares write at namespace scope");
+  }
+}
+
+TEST_CASE("includes outside the allow-list and directives that hide code are refused") {
+  expect_refused(screen(header + "#include <fstream>\n"), ScreeningRule::include, 2, "#include <fstream> is not on the allow-list");
+  expect_refused(screen(header + "\n  #  include <iostream>\n"), ScreeningRule::include, 3, "<iostream>");
+  expect_refused(screen(header + "%:include <filesystem>\n"), ScreeningRule::include, 2, "<filesystem>");
+  expect_refused(screen(header + "#include /* a comment */ \\\n<dlfcn.h>\n"), ScreeningRule::include, 2, "<dlfcn.h>");
+  expect_refused(screen(header + "#include <sys/mman.h>\n"), ScreeningRule::include, 2, "<sys/mman.h>");
+  expect_refused(screen(header + "#include <cub/../../../etc/passwd>\n"), ScreeningRule::include, 2, "not on the allow-list");
+  expect_refused(screen(header + "#define H <fstream>\n#include H\n"), ScreeningRule::include, 3, "computed name");
+  expect_refused(screen(header + "#pragma clang diagnostic ignored \"-Wglobal-constructors\"\n"), ScreeningRule::directive, 2,
+                 "#pragma clang diagnostic");
+  expect_refused(screen(header + "_Pragma(\"GCC diagnostic ignored \\\"-Wall\\\"\")\n"), ScreeningRule::directive, 2, "_Pragma");
+  expect_refused(screen(header + "#define P(x) _Pragma(#x)\n"), ScreeningRule::directive, 2, "computed argument");
+  expect_refused(screen(header + "# 1 \"foo.h\" 3\n"), ScreeningRule::directive, 2, "line marker");
+  expect_refused(screen(header + "#pragma redefine_extname helper system\n"), ScreeningRule::directive, 2, "redefine_extname");
+}
+
+TEST_CASE("a candidate that closes the screen's namespace to escape it is refused") {
+  const auto v = screen(header + "void kernel(const Shape&, const float*, float*) {}\n"
+                        "}  // closes the namespace the candidate sits in\n"
+                        "void hidden() {}\n"
+                        "namespace other {\n");
+  INFO(v.reason << v.note);
+  CHECK(v.refused);
+  CHECK(v.rule == ScreeningRule::unbalanced);
+  const auto w = screen(header + "}\nvoid hidden() {}\n");
+  CHECK(w.refused);
+  CHECK(w.rule == ScreeningRule::unbalanced);
+}
+
+TEST_CASE("where clang cannot parse, or is missing, the screen notes it and relies on the sandbox") {
+  const auto v = screen(header + "void kernel(const Shape& shape { this is not C++ }\n");
+  INFO(v.note);
+  CHECK_FALSE(v.refused);
+  CHECK_FALSE(v.parsed);
+  CHECK(contains(v.note, "clang-15 could not parse this candidate: candidate.cpp:2:"));
+  CHECK(contains(v.note, "relying on the sandbox"));
+
+  ScreeningRules missing = ScreeningRules::for_target(Target::cpu);
+  missing.clang = "/nonexistent/clang-15";
+  const auto m = screen(header + "void kernel(const Shape&, const float*, float*) {}\n", missing);
+  CHECK_FALSE(m.refused);
+  CHECK(contains(m.note, "is not installed"));
+  CHECK(contains(m.note, "relying on the sandbox"));
+  // The text rules still apply without clang.
+  const auto t = screen(header + "#include <fstream>\n", missing);
+  CHECK(t.refused);
+  CHECK(t.rule == ScreeningRule::include);
+}
+
+TEST_CASE("CUDA candidates are parsed against the installed toolkit") {
+  const ScreeningRules rules = ScreeningRules::for_target(Target::cuda);
+  if (!fs::exists(rules.cuda_path / "include" / "cuda_runtime.h")) {
+    WARN("no CUDA toolkit at " << rules.cuda_path << ": CUDA screening not tested");
+    return;
+  }
+  const std::string kernel = header + R"(#include <cuda_runtime.h>
+#include <cuda_fp16.h>
+__device__ unsigned lane() { unsigned r; asm volatile("mov.u32 %0, %%laneid;" : "=r"(r)); return r; }
+__global__ void scale(float* y, const float* x, long n) {
+  const long i = blockIdx.x * long(blockDim.x) + threadIdx.x;
+  if (i < n) y[i] = __half2float(__float2half(x[i])) + 0 * lane();
+}
+void kernel(const Shape& shape, const float* x, float* y) {
+  const long n = shape.R * shape.C;
+  scale<<<(n + 255) / 256, 256>>>(y, x, n);
+}
+)";
+  ScreeningRules ptx = rules;
+  ptx.allow_asm = true;
+  const auto v = kevo::eval::screen_candidate(kernel, Target::cuda, softmax_includes(), ptx);
+  INFO(v.reason << v.note);
+  fmt::print("screening: a CUDA candidate took {:.2f} s (parsed: {})\n", v.wall.count(), v.parsed);
+  CHECK_FALSE(v.refused);
+  if (v.parsed) {
+    expect_refused(kevo::eval::screen_candidate(kernel, Target::cuda, softmax_includes(), rules), ScreeningRule::inline_asm, 4,
+                   "asm statement");
+    const auto hostile = kevo::eval::screen_candidate(
+        header + "#include <cuda_runtime.h>\n#include <cstdlib>\nvoid kernel() { std::system(\"id\"); }\n", Target::cuda,
+        softmax_includes(), rules);
+    expect_refused(hostile, ScreeningRule::forbidden_call, 4, "calls system");
+  } else {
+    CHECK(contains(v.note, "relying on the sandbox"));
+  }
+}
+
+TEST_CASE("screening a kernel with <cmath> and <vector> is quick") {
+  const std::string source = header + "#include <cmath>\n#include <vector>\n"
+                             "void kernel(const Shape& shape, const float* x, float* y) {\n"
+                             "  std::vector<float> row(shape.C);\n"
+                             "  for (long i = 0; i < shape.R * shape.C; ++i) y[i] = std::exp(x[i]);\n}\n";
+  screen(source);  // warm the file cache
+  double total = 0;
+  constexpr int runs = 3;
+  for (int i = 0; i < runs; ++i) {
+    const auto v = screen(source);
+    expect_clean(v);
+    total += v.wall.count();
+  }
+  fmt::print("screening: <cmath> + <vector> candidate, {:.3f} s per screen (mean of {})\n", total / runs, runs);
+  CHECK(total / runs < 5.0);  // the target is 1.5 s on two cores; loose, for a loaded machine
+}
