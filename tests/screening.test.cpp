@@ -15,6 +15,7 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <system_error>
 
 namespace {
 
@@ -45,9 +46,18 @@ const kevo::Problem& softmax() {
   return problem;
 }
 
+// Removed when the test program ends.
+struct IncludeDir {
+  fs::path path;
+  ~IncludeDir() {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+  }
+};
+
 const fs::path& softmax_includes() {
-  static const fs::path dir = include_dir_for(softmax());
-  return dir;
+  static const IncludeDir dir{include_dir_for(softmax())};
+  return dir.path;
 }
 
 ScreeningVerdict screen(const std::string& source, const ScreeningRules& rules = ScreeningRules::for_target(Target::cpu)) {
