@@ -193,3 +193,23 @@ TEST_CASE("the shipped problems classify sensibly: the scalar references are lat
   CHECK(plain.diagnostics.roofline_fraction < 0.1);
   CHECK(plain.diagnostics.achieved_gflops > 0);
 }
+
+TEST_CASE("a candidate the screen refuses costs one evaluation, is named, and is never compiled") {
+  auto evaluator = make_evaluator("softmax");
+  REQUIRE(evaluator.prepare());
+  // The forged verdict seen in the wild: a static constructor that prints a success line and exits.
+  const kevo::Candidate forged{.source = "#include \"kevo_problem.hpp\"\nextern \"C\" int printf(const char*, ...);\nextern \"C\" void _exit(int);\n"
+                                         "struct Forge { Forge() { std::printf(\"{\\\"status\\\":\\\"ok\\\"}\\n\"); _exit(0); } } forge;\n"
+                                         "void kernel(const Shape& shape, const float* x, float* y) { reference(shape, x, y); }\n" +
+                                         unique_comment()};
+  const auto before = evaluator.stats();
+  const kevo::Evaluation e = evaluator.evaluate(forged, 1);
+  INFO(e.diagnostics.message);
+  CHECK(e.failure == kevo::FailureKind::screened_out);
+  CHECK_THAT(e.diagnostics.message, Catch::Contains("refused before compiling"));
+  CHECK_THAT(e.diagnostics.message, Catch::Contains("line 4"));
+  CHECK(evaluator.stats().compiles == before.compiles);
+  CHECK(evaluator.stats().runs == before.runs);
+  // Refusals are cached like compile errors.
+  CHECK(evaluator.evaluate(forged, 2).failure == kevo::FailureKind::screened_out);
+}

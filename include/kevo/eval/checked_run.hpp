@@ -86,11 +86,15 @@ inline RunReport runner_ended(const SandboxResult& r, const SandboxLimits& limit
   if (r.timed_out)
     return fail(FailureKind::timeout, fmt::format("ran past the {:.3g} s wall-clock limit; its process was killed",
                                                   std::chrono::duration<double>(limits.wall_time).count()));
-  if (r.signal == SIGXCPU) return fail(FailureKind::cpu_time_limit, fmt::format("used more than {} s of CPU time", limits.cpu_time.count()));
-  if (r.signal != 0) {
+  // bwrap exits with 128 + the signal that ended the program.
+  const int signal = r.signal != 0 ? r.signal : (r.exited && r.exit_code > 128 && r.exit_code < 128 + 65 ? r.exit_code - 128 : 0);
+  // Past the soft CPU limit comes SIGXCPU, past the hard one (a second later) SIGKILL.
+  if (signal == SIGXCPU || (signal == SIGKILL && limits.cpu_time.count() > 0 && r.wall.count() >= static_cast<double>(limits.cpu_time.count())))
+    return fail(FailureKind::cpu_time_limit, fmt::format("used more than {} s of CPU time", limits.cpu_time.count()));
+  if (signal != 0) {
     if (r.stderr_text.find("bad_alloc") != std::string::npos)
       return fail(FailureKind::memory_limit, fmt::format("ran out of memory (limit {} MiB): std::bad_alloc", limits.memory_bytes >> 20));
-    return fail(FailureKind::crash, fmt::format("crashed with {} {}", signal_name(r.signal), when));
+    return fail(FailureKind::crash, fmt::format("crashed with {} {}", signal_name(signal), when));
   }
   return fail(FailureKind::crash, fmt::format("exited with code {} {}", r.exit_code, when));
 }

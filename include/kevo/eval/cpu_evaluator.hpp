@@ -15,6 +15,7 @@
 #include <kevo/eval/jail.hpp>
 #include <kevo/eval/roofline.hpp>
 #include <kevo/eval/sandbox.hpp>
+#include <kevo/eval/screening.hpp>
 #include <kevo/eval/timing_gate.hpp>
 #include <kevo/evaluator.hpp>
 #include <kevo/expected.hpp>
@@ -70,6 +71,7 @@ struct CpuEvaluatorOptions {
   int reference_repetitions = 15;                 ///< the reference is timed once, more carefully
   int compare_rounds = 3;                         ///< interleaved runs per side in compare()
   bool flush_caches = true;                       ///< before each timed call, so the roofline bounds it
+  bool screen = true;                             ///< parse each candidate with clang-15 first (screening.hpp)
   std::size_t tmpfs_bytes = std::size_t{64} << 20;  ///< each of the candidate's /tmp, /var/tmp, /dev/shm, scratch
   bool machine_wide_gate = true;                  ///< also keep other kevo processes' compiles off timed runs
 };
@@ -435,14 +437,33 @@ class CpuEvaluator {
         b.message = "does not compile: " + first_line(b.detail);
         return true;
       }
+      if (options_.screen && fs::exists(dir / "screened_out.txt")) {
+        std::ifstream in(dir / "screened_out.txt");
+        std::getline(in, b.detail);
+        b.failure = FailureKind::screened_out;
+        b.message = "refused before compiling: " + b.detail;
+        return true;
+      }
       return false;
     };
     if (from_cache()) {
       ++cache_hits_;
       return b;
     }
-    ++compiles_;
     std::error_code ec;
+    // Defence in depth before the compiler sees it; a refusal is kept like a compile error.
+    if (options_.screen) {
+      const ScreeningVerdict verdict = screen_candidate(source, problem_.target, problem_dir_, ScreeningRules::for_target(problem_.target));
+      if (verdict.refused) {
+        b.failure = FailureKind::screened_out;
+        b.message = "refused before compiling: " + verdict.reason;
+        b.detail = verdict.reason;
+        fs::create_directories(dir, ec);
+        write_file_atomically(dir / "screened_out.txt", verdict.reason);
+        return b;
+      }
+    }
+    ++compiles_;
     const fs::path work = dir.string() + fmt::format(".tmp-{}-{}", ::getpid(), std::hash<std::thread::id>{}(std::this_thread::get_id()));
     fs::remove_all(work, ec);
     fs::create_directories(work, ec);
