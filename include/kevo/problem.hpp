@@ -56,7 +56,7 @@ struct KnobSpec {
 };
 
 enum class TensorRole : std::uint8_t { input, output };
-enum class ElementType : std::uint8_t { f32, i32 };
+enum class ElementType : std::uint8_t { f32, i32, f16 };  ///< "float", "int", "half" (CUDA problems)
 
 /// A kernel argument: its element count is a C++ expression over the problem's params.
 struct TensorSpec {
@@ -241,8 +241,9 @@ inline expected<Problem, Error> load_problem(const std::filesystem::path& direct
     t.name = std::string(s);
     if (e["role"].get_string().get(s) || (s != "input" && s != "output")) return wrong(field + ".role", "\"input\" or \"output\"");
     t.role = s == "input" ? TensorRole::input : TensorRole::output;
-    if (e["type"].get_string().get(s) || (s != "float" && s != "int")) return wrong(field + ".type", "\"float\" or \"int\"");
-    t.type = s == "float" ? ElementType::f32 : ElementType::i32;
+    if (e["type"].get_string().get(s) || (s != "float" && s != "int" && s != "half"))
+      return wrong(field + ".type", "\"float\", \"int\" or \"half\"");
+    t.type = s == "float" ? ElementType::f32 : s == "int" ? ElementType::i32 : ElementType::f16;
     if (e["size"].get_string().get(s) || s.empty()) return wrong(field + ".size", "a C++ expression over params, such as \"N * D\"");
     t.size = std::string(s);
     if (!e["init"].get_string().get(s)) {

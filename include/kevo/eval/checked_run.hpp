@@ -50,6 +50,7 @@ struct RunReport {
   std::string detail;
   double seconds = 0, min_seconds = 0, bytes = 0, flops = 0;
   double wall_seconds = 0, cpu_seconds = 0;      ///< the medians behind `seconds` (the larger of wall and CPU / cpus)
+  double roofline_gbytes_per_s = 0, roofline_gflops = 0;  ///< where the checker measured the roofline in this run (the GPU)
   int samples = 0;
 };
 
@@ -137,6 +138,8 @@ inline RunReport interpret(const SandboxResult& checker, const SandboxResult& ru
     if (!doc["flops"].get_double().get(v)) report.flops = v;
     if (!doc["wall_seconds"].get_double().get(v)) report.wall_seconds = v;
     if (!doc["cpu_seconds"].get_double().get(v)) report.cpu_seconds = v;
+    if (!doc["roofline_gbytes_per_s"].get_double().get(v)) report.roofline_gbytes_per_s = v;
+    if (!doc["roofline_gflops"].get_double().get(v)) report.roofline_gflops = v;
     if (std::int64_t n = 0; !doc["samples"].get_int64().get(n)) report.samples = static_cast<int>(n);
     return report;
   }

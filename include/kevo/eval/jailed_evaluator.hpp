@@ -1,0 +1,602 @@
+// kevo/eval/jailed_evaluator.hpp: what every evaluator of kevo's shares, whatever it runs on.
+// It compiles each candidate inside a jail (builds cached by content hash; refused by the screen
+// first), runs it jailed beside the problem's trusted checker (checked_run.hpp), which checks it
+// against the reference on fresh random inputs (poisoned outputs, every check shape, every timed
+// call) and times it, names its bottleneck against the machine's roofline, refuses a figure
+// beyond that roofline as implausible, and re-times two candidates side by side. A `Toolchain`
+// says what differs between targets: the compiler and its flags, the generated checker and
+// runner, the jail's devices, the roofline. Models: CpuEvaluator (cpu_evaluator.hpp),
+// CudaEvaluator (cuda_evaluator.hpp).
+//
+//   kevo::eval::JailedEvaluator<kevo::eval::CpuToolchain> evaluator(problem);   // = CpuEvaluator
+//   if (auto ready = evaluator.prepare(); !ready) return fail(ready.error().message);
+//   kevo::Evaluation e = evaluator.evaluate(candidate, /*seed=*/7);   // e.speedup over the reference
+#pragma once
+
+#include <kevo/candidate.hpp>
+#include <kevo/eval/checked_run.hpp>
+#include <kevo/eval/harness.hpp>
+#include <kevo/eval/jail.hpp>
+#include <kevo/eval/roofline.hpp>
+#include <kevo/eval/sandbox.hpp>
+#include <kevo/eval/screening.hpp>
+#include <kevo/eval/timing_gate.hpp>
+#include <kevo/evaluator.hpp>
+#include <kevo/expected.hpp>
+#include <kevo/problem.hpp>
+
+#include <fmt/format.h>
+#include <simdjson.h>
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cctype>
+#include <chrono>
+#include <cstdint>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <mutex>
+#include <shared_mutex>
+#include <sstream>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <vector>
+
+namespace kevo::eval {
+
+/// $XDG_CACHE_HOME/kevo, else ~/.cache/kevo, else /tmp/kevo-cache.
+inline std::filesystem::path default_cache_dir() {
+  if (const char* xdg = std::getenv("XDG_CACHE_HOME"); xdg && *xdg) return std::filesystem::path(xdg) / "kevo";
+  if (const char* home = std::getenv("HOME"); home && *home) return std::filesystem::path(home) / ".cache" / "kevo";
+  return "/tmp/kevo-cache";
+}
+
+struct EvaluatorOptions {
+  std::filesystem::path cache_dir = default_cache_dir();
+  std::string compiler = {};                      ///< empty: the toolchain's own ($CXX or g++; nvcc)
+  std::chrono::seconds compile_timeout{60};
+  std::chrono::seconds run_timeout{20};           ///< wall clock, per call of a candidate's kernel()
+  std::chrono::seconds cpu_time_limit{0};         ///< per run; 0: twice run_timeout (threads use both cores)
+  std::size_t memory_limit_bytes = std::size_t{2} << 30;
+  std::size_t output_limit_bytes = 1u << 20;
+  int max_processes = 64;                         ///< threads count too
+  int warmup = 2;
+  int repetitions = 7;
+  int reference_repetitions = 15;                 ///< the reference is timed once, more carefully
+  int compare_rounds = 3;                         ///< interleaved runs per side in compare()
+  bool flush_caches = true;                       ///< before each timed call, so the roofline bounds it
+  bool screen = true;                             ///< parse each candidate with clang-15 first (screening.hpp)
+  std::size_t tmpfs_bytes = std::size_t{64} << 20;  ///< each of the candidate's /tmp, /var/tmp, /dev/shm, scratch
+  bool machine_wide_gate = true;                  ///< also keep other kevo processes' compiles off timed runs
+};
+
+/// What an evaluator has done so far; the cache's effect is visible here.
+struct EvaluatorStats {
+  std::size_t compiles = 0;     ///< candidate builds actually compiled
+  std::size_t cache_hits = 0;   ///< candidate builds found in the cache
+  std::size_t runs = 0;         ///< sandboxed runs of a harness
+};
+
+/// A Toolchain provides, as static members: `target`; `source_extension` (".cpp", ".cu");
+/// `default_compiler()`; `compile_flags(problem)`; `link_flags()`; `identity()` (what makes a build
+/// this machine's: the CPU, the GPU); `uses_gpu`; `checker_source(problem)`, `runner_source(problem)`;
+/// `check_problem(problem)`; `roofline(cache_dir, compiler)` (empty where the checker measures it in
+/// each run); `compile_notes(compiler_stderr)` (registers and spills, for diagnostics).
+template <class Toolchain>
+class JailedEvaluator {
+ public:
+  explicit JailedEvaluator(Problem problem, EvaluatorOptions options = {})
+      : problem_(std::move(problem)), options_(with_compiler(std::move(options))), gate_(timing_lock_file(options_)) {}
+
+  JailedEvaluator(const JailedEvaluator&) = delete;
+  JailedEvaluator& operator=(const JailedEvaluator&) = delete;
+
+  /// Generates and compiles the harness and the reference (cached), times the reference on the
+  /// timing shape and loads (or measures once) the roofline. evaluate() calls it when needed;
+  /// call it first to see its errors, which name the file at fault.
+  expected<void, Error> prepare() {
+    std::lock_guard lock(prepare_mutex_);
+    if (prepared_) return {};
+    auto result = prepare_locked();  // a failure is not kept: a compile that timed out may succeed later
+    prepared_ = result.has_value();
+    return result;
+  }
+
+  /// Compiles, checks and times one candidate. Thread-safe; timed runs are serialized inside.
+  Evaluation evaluate(const Candidate& candidate, std::uint64_t seed) {
+    Evaluation e;
+    if (auto ready = prepare(); !ready) return failed(FailureKind::sandbox_error, "the problem is not ready: " + ready.error().message);
+    e.reference_seconds = reference_seconds_;
+    auto built = build(candidate.source);
+    if (!built.ok()) {
+      e.failure = built.failure;
+      e.diagnostics.message = built.message;
+      e.diagnostics.detail = built.detail;
+      return e;
+    }
+    const RunReport report = run_harness(built.executable, seed, options_.warmup, options_.repetitions);
+    if (report.failure != FailureKind::none) {
+      e.failure = report.failure;
+      e.diagnostics.message = report.message;
+      e.diagnostics.detail = report.detail;
+      return e;
+    }
+    e.seconds = report.seconds;
+    e.speedup = report.seconds > 0 ? reference_seconds_ / report.seconds : 0;
+    const Roofline roof = roofline_of(report);
+    e.diagnostics = classify(report.bytes, report.flops, report.seconds, roof);
+    if (e.diagnostics.roofline_fraction > 1.0) return implausible(e, report, roof);
+    e.diagnostics.detail = fmt::format("median {:.4g} ms, fastest {:.4g} ms of {} timed calls{}; reference {:.4g} ms{}{}", report.seconds * 1e3,
+                                       report.min_seconds * 1e3, report.samples,
+                                       report.samples == 1 && options_.repetitions > 1 ? " (over 10x slower than the reference: not timed further)" : "",
+                                       reference_seconds_ * 1e3, built.notes.empty() ? "" : "; ", built.notes);
+    return e;
+  }
+
+  /// Re-times both candidates in interleaved runs (ABBA order), so that drift and noise cannot
+  /// pick the winner. Both are checked for correctness in the first round.
+  expected<Comparison, Error> compare(const Candidate& challenger, const Candidate& incumbent, std::uint64_t seed) {
+    if (auto ready = prepare(); !ready) return make_error(ready.error().message);
+    auto a = build(challenger.source);
+    if (!a.ok()) return make_error("challenger: " + a.message);
+    auto b = build(incumbent.source);
+    if (!b.ok()) return make_error("incumbent: " + b.message);
+    return race(a.executable, b.executable, seed);
+  }
+
+  /// compare() against the reference itself: `incumbent_seconds` is the reference's time in the
+  /// same runs, so challenger vs incumbent is the verified speedup.
+  expected<Comparison, Error> compare_with_reference(const Candidate& challenger, std::uint64_t seed) {
+    if (auto ready = prepare(); !ready) return make_error(ready.error().message);
+    auto a = build(challenger.source);
+    if (!a.ok()) return make_error("challenger: " + a.message);
+    return race(a.executable, reference_build_, seed);
+  }
+
+  /// Median time of the reference on the timing shape, measured by prepare().
+  double reference_seconds() const { return reference_seconds_; }
+  const Roofline& roofline() const { return roofline_; }
+  const Problem& problem() const { return problem_; }
+  const EvaluatorOptions& options() const { return options_; }
+
+  /// The template rendered with its default knobs: the search's natural root.
+  Candidate default_candidate() const {
+    return Candidate{.source = problem_.render(problem_.default_knobs()), .knobs = problem_.default_knobs(), .origin = "template defaults"};
+  }
+  /// A kernel that calls the reference: its speedup is 1 up to noise.
+  Candidate reference_candidate() const { return Candidate{.source = reference_kernel_source(problem_), .knobs = {}, .origin = "reference"}; }
+
+  EvaluatorStats stats() const { return EvaluatorStats{compiles_.load(), cache_hits_.load(), runs_.load()}; }
+  /// Where this problem's generated sources and builds live.
+  const std::filesystem::path& build_directory() const { return problem_dir_; }
+
+ private:
+  struct Build {
+    FailureKind failure = FailureKind::none;
+    std::filesystem::path executable;
+    std::string message;
+    std::string detail;
+    std::string notes;  // the compiler's word on resources: registers, spills, shared memory
+    bool ok() const { return failure == FailureKind::none; }
+  };
+
+  static EvaluatorOptions with_compiler(EvaluatorOptions options) {
+    if (options.compiler.empty()) options.compiler = Toolchain::default_compiler();
+    return options;
+  }
+
+  /// The roofline the checker measured in this very run where it does (the GPU), else the machine's.
+  Roofline roofline_of(const RunReport& report) const {
+    if (report.roofline_gbytes_per_s <= 0) return roofline_;
+    Roofline r = roofline_;
+    r.read_gbytes_per_s = report.roofline_gbytes_per_s;
+    r.peak_gflops = report.roofline_gflops;
+    return r;
+  }
+
+  static std::filesystem::path timing_lock_file(const EvaluatorOptions& options) {
+    if (!options.machine_wide_gate) return {};
+    std::error_code ec;
+    std::filesystem::create_directories(options.cache_dir, ec);
+    return options.cache_dir / "timing.lock";
+  }
+
+  /// Faster than the machine can go: not a record but a trick or a broken bytes/FLOPs model.
+  static Evaluation implausible(Evaluation e, const RunReport& report, const Roofline& roof) {
+    e.failure = FailureKind::implausible;
+    e.diagnostics.message = fmt::format(
+        "implausible: {:.0f}% of this machine's measured roofline ({:.1f} GB/s of {:.1f}, {:.1f} GFLOP/s of {:.1f}); not credited",
+        100 * e.diagnostics.roofline_fraction, e.diagnostics.achieved_gbytes_per_s, roof.read_gbytes_per_s, e.diagnostics.achieved_gflops,
+        roof.peak_gflops);
+    e.diagnostics.detail = fmt::format("median {:.4g} ms (wall {:.4g} ms, CPU {:.4g} ms) of {} timed calls", report.seconds * 1e3,
+                                       report.wall_seconds * 1e3, report.cpu_seconds * 1e3, report.samples);
+    e.seconds = 0;
+    e.speedup = 0;
+    return e;
+  }
+
+  static Evaluation failed(FailureKind kind, std::string message) {
+    Evaluation e;
+    e.failure = kind;
+    e.diagnostics.message = std::move(message);
+    return e;
+  }
+
+  SandboxLimits trusted_limits() const {
+    SandboxLimits l;
+    l.wall_time = options_.compile_timeout;
+    l.drop_privileges = false;
+    l.isolate = false;
+    l.file_size_bytes = std::size_t{1} << 30;
+    l.memory_bytes = std::size_t{8} << 30;  // a template that explodes the compiler stops here
+    l.output_bytes = 256 << 10;
+    const char* path = std::getenv("PATH");
+    l.environment = {std::string("PATH=") + (path ? path : "/usr/local/bin:/usr/bin:/bin"), "LANG=C", "LC_ALL=C", "TMPDIR=/tmp"};
+    return l;
+  }
+
+  SandboxLimits candidate_limits() const {
+    SandboxLimits l;
+    l.wall_time = options_.run_timeout;
+    l.cpu_time = options_.cpu_time_limit.count() > 0 ? options_.cpu_time_limit : 2 * options_.run_timeout;
+    l.memory_bytes = Toolchain::uses_gpu ? 0 : options_.memory_limit_bytes;  // RLIMIT_AS breaks CUDA (ops-notes)
+    l.file_size_bytes = 16u << 20;
+    l.output_bytes = options_.output_limit_bytes;
+    l.max_processes = options_.max_processes;
+    l.max_open_files = 64;
+    // Every call may take run_timeout; the whole run is bounded too.
+    l.wall_time = 3 * options_.run_timeout + std::chrono::seconds(30);
+    return l;
+  }
+
+  SandboxLimits checker_limits() const {
+    SandboxLimits l = trusted_limits();
+    l.wall_time = 3 * options_.run_timeout + std::chrono::seconds(30);
+    l.output_bytes = 64 << 10;
+    return l;
+  }
+
+  JailOptions candidate_jail() const { return JailOptions{.tmpfs_bytes = options_.tmpfs_bytes, .seccomp = true, .gpu = Toolchain::uses_gpu}; }
+
+  std::vector<std::string> compile_flags() const { return Toolchain::compile_flags(problem_); }
+
+  std::vector<std::string> link_command(std::vector<std::string> inputs, const std::string& output) const {
+    std::vector<std::string> args = compile_flags();
+    args.insert(args.end(), inputs.begin(), inputs.end());
+    for (const auto& flag : Toolchain::link_flags()) args.push_back(flag);
+    args.insert(args.end(), {"-o", output});
+    return args;
+  }
+
+  static std::string join(const std::vector<std::string>& parts) {
+    std::string out;
+    for (const auto& p : parts) out += (out.empty() ? "" : " ") + p;
+    return out;
+  }
+
+  static bool write_file_atomically(const std::filesystem::path& path, std::string_view text) {
+    const auto temporary = path.string() + fmt::format(".tmp-{}-{}", ::getpid(), std::hash<std::thread::id>{}(std::this_thread::get_id()));
+    {
+      std::ofstream out(temporary, std::ios::binary);
+      out << text;
+      if (!out) return false;
+    }
+    std::error_code ec;
+    std::filesystem::rename(temporary, path, ec);
+    return !ec;
+  }
+
+  /// The errors that matter from a compiler's output: the first few errors with their source
+  /// lines, our build paths stripped, capped in size.
+  std::string trim_compiler_output(std::string_view text, std::string_view strip_prefix = {}) const {
+    std::vector<std::string> lines;
+    std::istringstream in{std::string(text)};
+    for (std::string line; std::getline(in, line);) {
+      if (!strip_prefix.empty())
+        for (std::size_t at; (at = line.find(strip_prefix)) != std::string::npos;) line.erase(at, strip_prefix.size());
+      if (!problem_dir_.empty())
+        for (std::string dir = problem_dir_.string() + "/"; line.find(dir) != std::string::npos;) line.erase(line.find(dir), dir.size());
+      lines.push_back(std::move(line));
+    }
+    std::string out;
+    int errors = 0;
+    for (std::size_t i = 0; i < lines.size() && errors < 3; ++i) {
+      const std::string& line = lines[i];
+      const bool is_error = line.find("error:") != std::string::npos || line.find("undefined reference") != std::string::npos ||
+                            line.find("multiple definition") != std::string::npos;
+      if (!is_error) continue;
+      ++errors;
+      out += line + "\n";
+      // the source line and caret that gcc prints beneath
+      for (std::size_t k = i + 1; k < lines.size() && k <= i + 2 && lines[k].find(": ") == std::string::npos; ++k) out += lines[k] + "\n";
+    }
+    if (out.empty())
+      for (std::size_t i = 0; i < lines.size() && i < 10; ++i) out += lines[i] + "\n";
+    if (out.size() > 1500) out = out.substr(0, 1500) + "...\n";
+    while (!out.empty() && out.back() == '\n') out.pop_back();
+    return out;
+  }
+
+  static std::string first_line(std::string_view text) { return std::string(text.substr(0, text.find('\n'))); }
+
+  /// Runs the compiler with `args` in `directory`, as a compile: shared with other compiles, never
+  /// beside a timed run. The compiler runs jailed: it sees the system's headers, the problem's
+  /// generated files and `directory` (writable), nothing else (no `.incbin "/etc/shadow"`).
+  SandboxResult run_compiler(std::vector<std::string> args, const std::filesystem::path& directory) {
+    JailOptions options{.read_only = {problem_dir_}, .writable = {directory}, .working_directory = directory, .seccomp = false};
+    if (auto compiler = find_program(options_.compiler); compiler && !compiler->string().starts_with("/usr/"))
+      options.read_only.push_back(std::filesystem::weakly_canonical(*compiler).parent_path());
+    if (!problem_.directory.empty()) options.read_only.push_back(std::filesystem::absolute(problem_.directory));
+    auto jail = make_jail(options);
+    if (!jail) {
+      SandboxResult r;
+      r.setup_error = jail.error().message;
+      return r;
+    }
+    args.insert(args.begin(), options_.compiler);
+    SandboxLimits limits = trusted_limits();
+    limits.isolate = false;  // the jail's namespaces
+    std::shared_lock compiling(gate_);
+    return run_sandboxed(jail->command(args), limits);
+  }
+
+  expected<void, Error> prepare_locked() {
+    namespace fs = std::filesystem;
+    if (auto fit = Toolchain::check_problem(problem_); !fit) return unexpected(fit.error());
+    const SandboxResult version = run_sandboxed({options_.compiler, "--version"}, trusted_limits());
+    if (!version.ok())
+      return make_error(fmt::format("the compiler '{}' does not run: {}", options_.compiler,
+                                    version.setup_error.empty() ? first_line(version.stderr_text) : version.setup_error));
+    compiler_identity_ = options_.compiler + " " + first_line(version.stdout_text);
+
+    const std::string header = problem_header(problem_);
+    const std::string checker = Toolchain::checker_source(problem_);
+    const std::string runner = Toolchain::runner_source(problem_);
+    const std::string ext(Toolchain::source_extension);
+    const std::string flags = join(compile_flags());
+    // The machine too (the CPU, the GPU): flags such as -march=native make a build this machine's, and
+    // a cache directory may be shared (an NFS home) by machines of other kinds.
+    const std::uint64_t key =
+        content_hash(header + checker + runner + problem_.reference_source + flags + compiler_identity_ + Toolchain::identity());
+    std::string safe_name = problem_.name;  // the name becomes a directory name
+    for (char& c : safe_name)
+      if (!std::isalnum(static_cast<unsigned char>(c)) && c != '_' && c != '-') c = '_';
+    problem_dir_ = options_.cache_dir / "problems" / fmt::format("{}-{:016x}", safe_name, key);
+    std::error_code ec;
+    fs::create_directories(problem_dir_ / "builds", ec);
+    if (ec) return make_error(fmt::format("{}: cannot be created: {}", problem_dir_.string(), ec.message()));
+    if (!write_file_atomically(problem_dir_ / "kevo_problem.hpp", header) || !write_file_atomically(problem_dir_ / ("checker" + ext), checker) ||
+        !write_file_atomically(problem_dir_ / ("runner" + ext), runner))
+      return make_error(fmt::format("{}: cannot write the generated sources", problem_dir_.string()));
+
+    const std::string manifest = (problem_.directory / "problem.json").string();
+    const std::string reference_path = (problem_.directory / problem_.reference_file).string();
+    std::vector<std::string> base = compile_flags();
+    base.insert(base.end(), {"-I", problem_dir_.string()});
+    auto compile_object = [&](const std::string& source, const std::string& object) -> std::optional<std::string> {
+      if (fs::exists(problem_dir_ / object)) return std::nullopt;
+      const std::string temporary = object + fmt::format(".tmp-{}", ::getpid());
+      std::vector<std::string> args = base;
+      args.insert(args.end(), {"-c", source, "-o", temporary});
+      const SandboxResult r = run_compiler(args, problem_dir_);
+      if (!r.ok()) {
+        fs::remove(problem_dir_ / temporary, ec);
+        if (r.timed_out) return fmt::format("timed out after {} s", options_.compile_timeout.count());
+        return trim_compiler_output(r.stderr_text + r.setup_error);
+      }
+      fs::rename(problem_dir_ / temporary, problem_dir_ / object, ec);
+      return std::nullopt;
+    };
+    if (auto error = compile_object(fs::absolute(reference_path).string(), "reference.o"))
+      return make_error(fmt::format("{} does not compile: {}", reference_path, *error));
+    if (auto error = compile_object("runner" + ext, "runner.o"))
+      return make_error(fmt::format("{}: kevo's runner does not compile for this problem: {}", manifest, *error));
+    if (auto error = compile_object("checker" + ext, "checker.o"))
+      return make_error(fmt::format("{}: the tensor sizes or the bytes/FLOPs model do not compile as C++: {}", manifest, *error));
+    if (!fs::exists(problem_dir_ / "checker")) {
+      const SandboxResult r = run_compiler(link_command({"checker.o", "reference.o"}, "checker.tmp"), problem_dir_);
+      if (!r.ok()) return make_error(fmt::format("{}: the checker does not link with the reference: {}", manifest, trim_compiler_output(r.stderr_text + r.setup_error)));
+      fs::rename(problem_dir_ / "checker.tmp", problem_dir_ / "checker", ec);
+    }
+    if (auto loose = validate_tolerance(); !loose) return make_error(fmt::format("{}: {}", manifest, loose.error().message));
+
+    // The reference run as the kernel: checks the whole pipeline and times the reference.
+    auto reference_build = build(reference_kernel_source(problem_));
+    if (!reference_build.ok())
+      return make_error(fmt::format("{}: the reference does not link with kevo's runner: {}", reference_path, reference_build.detail));
+    reference_build_ = reference_build.executable;
+    const RunReport timing = run_harness(reference_build_, 1, options_.warmup, options_.reference_repetitions);
+    if (timing.failure != FailureKind::none)
+      return make_error(fmt::format("{}: the reference failed its own run ({}): {} {}", reference_path, to_string(timing.failure),
+                                    timing.message, timing.detail));
+    reference_seconds_ = timing.seconds;
+
+    std::unique_lock timing_lock(gate_);  // a probe is a timed run too
+    auto roofline = Toolchain::roofline(options_.cache_dir, options_.compiler);
+    if (!roofline) return make_error(roofline.error().message);
+    roofline_ = roofline_of(timing).read_gbytes_per_s > 0 ? roofline_of(timing) : *roofline;
+    return {};
+  }
+
+  /// The checker refuses a tolerance under which a constant output would pass every check.
+  expected<void, Error> validate_tolerance() {
+    const SandboxResult r = run_sandboxed({(problem_dir_ / "checker").string(), "--validate-tolerance", "1"}, checker_limits());
+    const std::string line = detail::last_json_line(r.stdout_text);
+    if (line.find("\"status\":\"ok\"") != std::string::npos) return {};
+    if (line.find("loose_tolerance") != std::string::npos) {
+      const auto at = line.find("\"detail\":\"");
+      std::string detail = at == std::string::npos ? line : line.substr(at + 10);
+      if (detail.ends_with("\"}")) detail.resize(detail.size() - 2);
+      return make_error("the tolerance is too loose: " + detail);
+    }
+    return make_error("the reference failed while the tolerance was checked: " + detail::tail(r.stderr_text + r.stdout_text + r.setup_error, 400));
+  }
+
+  /// Compiles `source` into an executable linked with the cached reference and runner objects.
+  /// Builds (and compile errors) are cached by content hash of source, flags and compiler.
+  Build build(const std::string& source) {
+    namespace fs = std::filesystem;
+    Build b;
+    const std::uint64_t key = content_hash(source + "\n" + join(compile_flags()) + "\n" + compiler_identity_ + "\n" + problem_dir_.string());
+    const fs::path dir = problem_dir_ / "builds" / fmt::format("{:016x}", key);
+    auto from_cache = [&]() -> bool {
+      if (fs::exists(dir / "candidate")) {
+        b.executable = dir / "candidate";
+        b.notes = read_notes(dir);
+        return true;
+      }
+      if (fs::exists(dir / "compile_error.txt")) {
+        std::ifstream in(dir / "compile_error.txt");
+        std::stringstream text;
+        text << in.rdbuf();
+        b.failure = FailureKind::compile_error;
+        b.detail = text.str();
+        b.message = "does not compile: " + first_line(b.detail);
+        return true;
+      }
+      if (options_.screen && fs::exists(dir / "screened_out.txt")) {
+        std::ifstream in(dir / "screened_out.txt");
+        std::getline(in, b.detail);
+        b.failure = FailureKind::screened_out;
+        b.message = "refused before compiling: " + b.detail;
+        return true;
+      }
+      return false;
+    };
+    if (from_cache()) {
+      ++cache_hits_;
+      return b;
+    }
+    std::error_code ec;
+    // Defence in depth before the compiler sees it; a refusal is kept like a compile error.
+    if (options_.screen) {
+      const ScreeningVerdict verdict = screen_candidate(source, problem_.target, problem_dir_, ScreeningRules::for_target(problem_.target));
+      if (verdict.refused) {
+        b.failure = FailureKind::screened_out;
+        b.message = "refused before compiling: " + verdict.reason;
+        b.detail = verdict.reason;
+        fs::create_directories(dir, ec);
+        write_file_atomically(dir / "screened_out.txt", verdict.reason);
+        return b;
+      }
+    }
+    ++compiles_;
+    const fs::path work = dir.string() + fmt::format(".tmp-{}-{}", ::getpid(), std::hash<std::thread::id>{}(std::this_thread::get_id()));
+    fs::remove_all(work, ec);
+    fs::create_directories(work, ec);
+    const std::string source_name = std::string("candidate") + std::string(Toolchain::source_extension);
+    if (ec || !write_file_atomically(work / source_name, source)) {
+      b.failure = FailureKind::sandbox_error;
+      b.message = fmt::format("{}: cannot write the candidate: {}", work.string(), ec.message());
+      return b;
+    }
+    std::vector<std::string> args = compile_flags();
+    args.insert(args.end(), {"-I", problem_dir_.string(), "-c", source_name, "-o", "candidate.o"});
+    SandboxResult r = run_compiler(args, work);
+    const std::string notes = r.ok() ? Toolchain::compile_notes(r.stderr_text) : std::string();
+    if (r.ok()) r = run_compiler(link_command({"candidate.o", (problem_dir_ / "runner.o").string(), (problem_dir_ / "reference.o").string()}, "candidate"), work);
+    if (!r.ok()) {
+      if (!r.setup_error.empty()) {
+        b.failure = FailureKind::sandbox_error;
+        b.message = "the compiler could not be started: " + r.setup_error;
+        fs::remove_all(work, ec);
+        return b;
+      }
+      b.failure = FailureKind::compile_error;
+      b.detail = r.timed_out ? fmt::format("the compile ran past {} s and was killed", options_.compile_timeout.count())
+                             : trim_compiler_output(r.stderr_text, (work.string() + "/"));
+      b.message = "does not compile: " + first_line(b.detail);
+      // Keep the failure so the same source is not compiled again (timeouts may be load: not kept).
+      if (!r.timed_out) {
+        write_file_atomically(work / "compile_error.txt", b.detail);
+        fs::remove(work / "candidate.o", ec);
+        fs::rename(work, dir, ec);
+      }
+      fs::remove_all(work, ec);
+      return b;
+    }
+    fs::remove(work / "candidate.o", ec);
+    if (!notes.empty()) write_file_atomically(work / "notes.txt", notes);
+    fs::rename(work, dir, ec);  // atomic publish; if another thread won the race, use its build
+    fs::remove_all(work, ec);
+    if (!fs::exists(dir / "candidate")) {
+      b.failure = FailureKind::sandbox_error;
+      b.message = fmt::format("{}: the build vanished", dir.string());
+      return b;
+    }
+    b.executable = dir / "candidate";
+    b.notes = read_notes(dir);
+    return b;
+  }
+
+  static std::string read_notes(const std::filesystem::path& dir) {
+    std::ifstream in(dir / "notes.txt");
+    std::string line;
+    std::getline(in, line);
+    return line;
+  }
+
+  RunReport run_harness(const std::filesystem::path& executable, std::uint64_t seed, int warmup, int repetitions) {
+    std::unique_lock timing(gate_);
+    return run_harness_locked(executable, seed, warmup, repetitions);
+  }
+
+  RunReport run_harness_locked(const std::filesystem::path& executable, std::uint64_t seed, int warmup, int repetitions) {
+    ++runs_;
+    return run_checked(CheckedRunRequest{.checker = problem_dir_ / "checker",
+                                         .runner = executable,
+                                         .seed = seed,
+                                         .warmup = warmup,
+                                         .repetitions = repetitions,
+                                         .flush_caches = options_.flush_caches,
+                                         .call_timeout = options_.run_timeout,
+                                         .runner_limits = candidate_limits(),
+                                         .checker_limits = checker_limits(),
+                                         .jail = candidate_jail()});
+  }
+
+  static double median(std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
+  }
+
+  /// Both re-timed in interleaved runs (ABBA...), each run checked on its own fresh inputs.
+  expected<Comparison, Error> race(const std::filesystem::path& challenger, const std::filesystem::path& incumbent, std::uint64_t seed) {
+    std::unique_lock timing(gate_);  // the whole race, so no compile interleaves with it
+    std::vector<double> a_times, b_times;
+    const int rounds = std::max(1, options_.compare_rounds);
+    for (int round = 0; round < rounds; ++round) {
+      for (int turn = 0; turn < 2; ++turn) {
+        const bool challenger_turn = (turn == 0) == (round % 2 == 0);  // ABBA...
+        const RunReport r = run_harness_locked(challenger_turn ? challenger : incumbent, seed + static_cast<std::uint64_t>(round),
+                                               options_.warmup, options_.repetitions);
+        const bool candidate_fault = r.failure != FailureKind::none && r.failure != FailureKind::sandbox_error;
+        if (challenger_turn && candidate_fault)
+          return Comparison{.challenger_failure = r.failure, .challenger_message = "on the race's fresh inputs: " + r.message};
+        if (r.failure != FailureKind::none)
+          return make_error(fmt::format("{} failed while re-timed: {}: {}", challenger_turn ? "challenger" : "incumbent", to_string(r.failure),
+                                        r.message));
+        (challenger_turn ? a_times : b_times).push_back(r.seconds);
+      }
+    }
+    return Comparison{.challenger_seconds = median(a_times), .incumbent_seconds = median(b_times)};
+  }
+
+  Problem problem_;
+  EvaluatorOptions options_;
+  std::mutex prepare_mutex_;
+  bool prepared_ = false;
+  std::string compiler_identity_;
+  std::filesystem::path problem_dir_;
+  double reference_seconds_ = 0;
+  std::filesystem::path reference_build_;   // the reference as a candidate: the yardstick of compare_with_reference
+  Roofline roofline_;
+  TimingGate gate_;
+  std::atomic<std::size_t> compiles_{0}, cache_hits_{0}, runs_{0};
+};
+
+}  // namespace kevo::eval
