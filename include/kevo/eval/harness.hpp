@@ -107,9 +107,9 @@ inline std::string checker_problem_part(const Problem& p) {
   for (std::size_t i = 0; i < p.tensors.size(); ++i) {
     const auto& t = p.tensors[i];
     size_functions += fmt::format("long size_of_{}(const Shape& shape) {{\n{}  return static_cast<long>({});\n}}\n", t.name, param_locals(p), t.size);
-    tensor_table += fmt::format("  {{\"{}\", {}, {}, {}, {}, {}, {}, {}, size_of_{}}},\n", t.name, t.role == TensorRole::output ? "true" : "false",
+    tensor_table += fmt::format("  {{\"{}\", {}, {}, {}, {}, {}, {}, {}, size_of_{}, {}}},\n", t.name, t.role == TensorRole::output ? "true" : "false",
                                 t.type == ElementType::f32 ? "true" : "false", t.init == "uniform" ? "true" : "false", t.scale, t.low, t.high,
-                                t.step, t.name);
+                                t.step, t.name, static_cast<int>(t.type));
     reference_args += fmt::format(", static_cast<{}{}*>(p[{}])", t.role == TensorRole::input ? "const " : "", element_type_name(t.type), i);
   }
   for (const auto& s : p.check_shapes) check_shapes += "  " + shape_initializer(p, s) + ",\n";
@@ -134,6 +134,7 @@ struct TensorInfo {{
   bool uniform;
   double scale, low, high, step;
   long (*size)(const Shape&);
+  int kind;  // 0 float, 1 int, 2 half
 }};
 
 {size_functions}
@@ -179,33 +180,28 @@ void call_reference(const Shape& shape, void* const* p) {{ reference(shape{refer
 /// SOCK_SEQPACKET socket. The arena (shared memory holding every tensor of a call) arrives once,
 /// as a descriptor; each call names the shape and where each tensor lies in the arena.
 inline constexpr std::string_view wire_protocol = R"(
-constexpr std::size_t max_params = 16, max_tensors = 16;
-enum : std::uint64_t {{ command_call = 1, command_quit = 2, reply_ready = 1, reply_done = 2, reply_failed = 3 }};
-struct Command {{
-  std::uint64_t kind, seq;
+constexpr std::size_t max_params = 16, max_tensors = 16, max_batch = 8;
+enum : std::uint64_t { command_call = 1, command_quit = 2, reply_ready = 1, reply_done = 2, reply_failed = 3 };
+// Calls kernel() `count` times, the i-th on the tensors at offset[i], then answers once.
+struct Command {
+  std::uint64_t kind, seq, count;
   std::int64_t shape[max_params];
-  std::uint64_t offset[max_tensors];
-}};
-struct Reply {{
+  std::uint64_t offset[max_batch][max_tensors];
+};
+struct Reply {
   std::uint64_t kind, seq;
   char text[240];
-}};
+};
 )";
 
 }  // namespace detail
 
-/// checker.cpp: the trusted process of an evaluation. For every check shape, then the timing
-/// shape, it draws fresh inputs, computes the reference in its own memory, places the inputs in
-/// the arena (at addresses that change from call to call), poisons the outputs and the guard
-/// elements past them, has the runner call the kernel, freezes the runner (SIGSTOP: no thread of
-/// it runs on) and checks every output element and every input element (unchanged). Then it
-/// times warm-up and timed calls, each on inputs of its own (a window of a pool drawn for this
-/// evaluation) after flushing the caches, each checked too; the time of a call is the larger of
-/// its wall time and the runner's CPU time over its CPUs, so work on other threads counts. Last,
-/// the timed inputs again with one element in 256 changed, at other addresses: a kernel that
-/// replays outputs it keyed on sampled inputs is caught. Prints one JSON line on stdout.
-inline std::string checker_source(const Problem& p) {
-  return detail::checker_problem_part(p) + fmt::format(R"CHECKER(
+namespace detail {
+
+/// The process side of a checker, the same for every target: its verdict, its flags, and the
+/// runner seen from outside (its pid from the jail, its CPU clock, SIGSTOP and SIGCONT, its answers).
+inline std::string checker_process_part() {
+  return std::string(R"PROCESS(
 #include <dirent.h>
 #include <sched.h>
 #include <signal.h>
@@ -227,101 +223,98 @@ inline std::string checker_source(const Problem& p) {
 #include <random>
 #include <vector>
 
-namespace {{
-{protocol}
-// An output element still holding this bit pattern was never written (a NaN no arithmetic makes).
-constexpr std::uint32_t poison = 0x7fc0deadu;
-// Elements past each tensor's end, poisoned, catch writes out of bounds.
+namespace {
+)PROCESS") + std::string(wire_protocol) + std::string(R"PROCESS(// Elements past each tensor's end, poisoned, catch writes out of bounds.
 constexpr long guard_elements = 64;
 
-std::string json_escape(const std::string& s) {{
+std::string json_escape(const std::string& s) {
   std::string out;
-  for (char c : s) {{
-    if (c == '"' || c == '\\') {{ out += '\\'; out += c; }}
+  for (char c : s) {
+    if (c == '"' || c == '\\') { out += '\\'; out += c; }
     else if (static_cast<unsigned char>(c) < 0x20) out += ' ';
     else out += c;
-  }}
+  }
   return out;
-}}
+}
 
 pid_t runner = -1;
 
-[[noreturn]] void report(const std::string& json) {{
+[[noreturn]] void report(const std::string& json) {
   if (runner > 0) ::kill(runner, SIGKILL);  // nothing of the candidate outlives the verdict
   std::string line = json + "\n";
   const char* p = line.data();
   std::size_t left = line.size();
-  while (left > 0) {{
+  while (left > 0) {
     const ssize_t n = ::write(1, p, left);
     if (n <= 0) break;
     p += n;
     left -= static_cast<std::size_t>(n);
-  }}
+  }
   std::_Exit(0);
-}}
+}
 
-[[noreturn]] void report_status(const char* status, const std::string& detail) {{
-  report(std::string("{{\"status\":\"") + status + "\",\"detail\":\"" + json_escape(detail) + "\"}}");
-}}
+[[noreturn]] void report_status(const char* status, const std::string& detail) {
+  report(std::string("{\"status\":\"") + status + "\",\"detail\":\"" + json_escape(detail) + "\"}");
+}
 
-struct Options {{
+struct Options {
   std::uint64_t seed = 1;
   int warmup = 2, repetitions = 7;
   double call_timeout = 20;
   int control_fd = -1, info_fd = -1;
   bool flush = true;
   bool validate_tolerance = false;
-}} options;
+} options;
 
-double now() {{ return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }}
+double now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
 
 // ---- the runner's process, seen from outside ----
 
-// bwrap's info pipe carries {{"child-pid": N, ...}}: the runner's pid in our namespace.
-pid_t read_runner_pid() {{
+// bwrap's info pipe carries {"child-pid": N, ...}: the runner's pid in our namespace.
+pid_t read_runner_pid() {
   std::string text;
   const double deadline = now() + options.call_timeout;
-  while (text.find('}}') == std::string::npos) {{
-    pollfd p{{options.info_fd, POLLIN, 0}};
+  while (text.find('}') == std::string::npos) {
+    pollfd p{options.info_fd, POLLIN, 0};
     const int left_ms = static_cast<int>(std::max(1.0, (deadline - now()) * 1e3));
     if (::poll(&p, 1, left_ms) <= 0) return -1;
     char buffer[512];
     const ssize_t n = ::read(options.info_fd, buffer, sizeof buffer);
     if (n <= 0) return -1;
     text.append(buffer, static_cast<std::size_t>(n));
-  }}
+  }
   const auto at = text.find("\"child-pid\"");
   if (at == std::string::npos) return -1;
   const auto colon = text.find(':', at);
   return colon == std::string::npos ? -1 : static_cast<pid_t>(std::strtol(text.c_str() + colon + 1, nullptr, 10));
-}}
+}
 
-[[noreturn]] void runner_gone(const std::string& when) {{ report_status("runner_exited", when); }}
+[[noreturn]] void runner_gone(const std::string& when) { report_status("runner_exited", when); }
 
-double runner_cpu_seconds() {{
+double runner_cpu_seconds() {
   clockid_t clock;
-  timespec ts{{}};
+  timespec ts{};
   if (::clock_getcpuclockid(runner, &clock) != 0 || ::clock_gettime(clock, &ts) != 0) return 0;
   return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
-}}
+}
 
-int runner_cpus() {{
+int runner_cpus() {
   cpu_set_t set;
   CPU_ZERO(&set);
   if (::sched_getaffinity(runner, sizeof set, &set) != 0) return 1;
   return std::max(1, CPU_COUNT(&set));
-}}
+}
 
 // Every thread of the runner stopped ('T' in /proc): from here on the arena holds still.
-void freeze() {{
+void freeze() {
   ::kill(runner, SIGSTOP);
   const std::string tasks = "/proc/" + std::to_string(runner) + "/task";
   const double deadline = now() + 5;
-  for (;;) {{
+  for (;;) {
     bool all_stopped = true;
     DIR* dir = ::opendir(tasks.c_str());
     if (!dir) runner_gone("while it was being stopped");
-    while (dirent* entry = ::readdir(dir)) {{
+    while (dirent* entry = ::readdir(dir)) {
       if (entry->d_name[0] == '.') continue;
       std::ifstream stat(tasks + "/" + entry->d_name + "/stat");
       std::string text((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
@@ -329,86 +322,44 @@ void freeze() {{
       if (paren != std::string::npos && paren + 2 < text.size() && text[paren + 2] != 'T' && text[paren + 2] != 't' &&
           text[paren + 2] != 'Z' && text[paren + 2] != 'X')
         all_stopped = false;
-    }}
+    }
     ::closedir(dir);
     if (all_stopped) return;
     if (now() > deadline) report_status("sandbox_error", "the candidate's process did not stop on SIGSTOP");
     ::sched_yield();
-  }}
-}}
+  }
+}
 
-void thaw() {{ ::kill(runner, SIGCONT); }}
+void thaw() { ::kill(runner, SIGCONT); }
 
-Reply wait_reply(const std::string& during) {{
-  pollfd p{{options.control_fd, POLLIN, 0}};
+Reply wait_reply(const std::string& during) {
+  pollfd p{options.control_fd, POLLIN, 0};
   const int ready = ::poll(&p, 1, static_cast<int>(options.call_timeout * 1e3));
-  if (ready == 0) {{
+  if (ready == 0) {
     ::kill(runner, SIGKILL);
     report_status("timeout", "no answer within " + std::to_string(static_cast<int>(options.call_timeout)) + " s " + during);
-  }}
-  Reply reply{{}};
+  }
+  Reply reply{};
   const ssize_t n = ::recv(options.control_fd, &reply, sizeof reply, 0);
   if (n <= 0) runner_gone(during);
   if (n != static_cast<ssize_t>(sizeof reply))
     report_status("bad_report", "sent the checker " + std::to_string(n) + " bytes that are not a message of kevo's runner " + during);
   reply.text[sizeof reply.text - 1] = 0;
   return reply;
-}}
+}
 
-// ---- memory ----
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
+}
 
-struct Arena {{
-  unsigned char* base = nullptr;
-  std::size_t bytes = 0;
-  std::size_t slot_bytes = 0;
-}} arena;
+std::uint64_t sequence = 0;
 
-using Tensors = std::vector<std::vector<std::uint32_t>>;
-
-long element_count(std::size_t i, const Shape& shape) {{
-  const long n = tensors[i].size(shape);
-  if (n < 0) report_status("bad_report", std::string("negative size for tensor ") + tensors[i].name + " on shape " + shape_text(shape));
-  return n;
-}}
-
-// Tensor i starts on a 4 KiB boundary of its slot, then `shift` cache lines further.
-constexpr int shifts = 7;
-std::size_t span_bytes(std::size_t i, const Shape& shape) {{
-  const std::size_t bytes = static_cast<std::size_t>(element_count(i, shape) + guard_elements) * 4 + 64 * shifts;
-  return (bytes + 4095) / 4096 * 4096;
-}}
-
-std::vector<std::size_t> layout(const Shape& shape, int slot, int shift) {{
-  std::vector<std::size_t> offsets(tensor_count);
-  std::size_t at = static_cast<std::size_t>(slot) * arena.slot_bytes;
-  for (std::size_t i = 0; i < tensor_count; ++i) {{
-    offsets[i] = at + 64 * static_cast<std::size_t>(shift % shifts);
-    at += span_bytes(i, shape);
-  }}
-  return offsets;
-}}
-
-void make_arena() {{
-  std::size_t slot = 4096;
-  auto fit = [&](const Shape& shape) {{
-    std::size_t bytes = 0;
-    for (std::size_t i = 0; i < tensor_count; ++i) bytes += span_bytes(i, shape);
-    slot = std::max(slot, bytes);
-  }};
-  for (const Shape& shape : check_shapes) fit(shape);
-  fit(timing_shape);
-  arena.slot_bytes = slot;
-  arena.bytes = 2 * slot;
-  const int fd = ::memfd_create("kevo-arena", MFD_CLOEXEC);
-  if (fd < 0 || ::ftruncate(fd, static_cast<off_t>(arena.bytes)) != 0) report_status("sandbox_error", "cannot make the shared arena");
-  void* base = ::mmap(nullptr, arena.bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  if (base == MAP_FAILED) report_status("sandbox_error", "cannot map the shared arena");
-  arena.base = static_cast<unsigned char*>(base);
-  // The descriptor travels to the runner with its size.
-  std::uint64_t size = arena.bytes;
-  iovec iov{{&size, sizeof size}};
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {{}};
-  msghdr message{{}};
+// Sends `fd` (the shared memory) and its size to the runner.
+void send_descriptor(int fd, std::uint64_t size) {
+  iovec iov{&size, sizeof size};
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+  msghdr message{};
   message.msg_iov = &iov;
   message.msg_iovlen = 1;
   message.msg_control = control;
@@ -419,71 +370,152 @@ void make_arena() {{
   header->cmsg_len = CMSG_LEN(sizeof(int));
   std::memcpy(CMSG_DATA(header), &fd, sizeof fd);
   if (::sendmsg(options.control_fd, &message, MSG_NOSIGNAL) < 0) runner_gone("before it received its memory");
-  ::close(fd);
-}}
+}
 
-std::uint32_t draw_word(const TensorInfo& t, std::mt19937_64& rng) {{
+// Reads the checker's flags.
+void parse_options(int argc, char** argv) {
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string flag = argv[i], value = argv[i + 1];
+    if (flag == "--seed") options.seed = std::strtoull(value.c_str(), nullptr, 10);
+    else if (flag == "--warmup") options.warmup = std::max(1, std::atoi(value.c_str()));
+    else if (flag == "--repetitions") options.repetitions = std::max(1, std::atoi(value.c_str()));
+    else if (flag == "--call-timeout") options.call_timeout = std::atof(value.c_str());
+    else if (flag == "--control") options.control_fd = std::atoi(value.c_str());
+    else if (flag == "--info") options.info_fd = std::atoi(value.c_str());
+    else if (flag == "--flush") options.flush = value != "0";
+    else if (flag == "--validate-tolerance") options.validate_tolerance = value != "0";
+  }
+  ::signal(SIGPIPE, SIG_IGN);
+}
+
+// The runner's pid from the jail, and its greeting.
+void meet_runner() {
+  runner = read_runner_pid();
+  if (runner <= 0) runner_gone("before it started (the jail did not report its pid)");
+}
+)PROCESS");
+}
+
+/// The CPU checker's own part: the arena in shared memory, inputs and reference outputs in the
+/// checker's memory, the checks and the order of calls.
+inline constexpr std::string_view cpu_checker_body = R"CPU(// An output element still holding this bit pattern was never written (a NaN no arithmetic makes).
+constexpr std::uint32_t poison = 0x7fc0deadu;
+
+// ---- memory ----
+
+struct Arena {
+  unsigned char* base = nullptr;
+  std::size_t bytes = 0;
+  std::size_t slot_bytes = 0;
+} arena;
+
+using Tensors = std::vector<std::vector<std::uint32_t>>;
+
+long element_count(std::size_t i, const Shape& shape) {
+  const long n = tensors[i].size(shape);
+  if (n < 0) report_status("bad_report", std::string("negative size for tensor ") + tensors[i].name + " on shape " + shape_text(shape));
+  return n;
+}
+
+// Tensor i starts on a 4 KiB boundary of its slot, then `shift` cache lines further.
+constexpr int shifts = 7;
+std::size_t span_bytes(std::size_t i, const Shape& shape) {
+  const std::size_t bytes = static_cast<std::size_t>(element_count(i, shape) + guard_elements) * 4 + 64 * shifts;
+  return (bytes + 4095) / 4096 * 4096;
+}
+
+std::vector<std::size_t> layout(const Shape& shape, int slot, int shift) {
+  std::vector<std::size_t> offsets(tensor_count);
+  std::size_t at = static_cast<std::size_t>(slot) * arena.slot_bytes;
+  for (std::size_t i = 0; i < tensor_count; ++i) {
+    offsets[i] = at + 64 * static_cast<std::size_t>(shift % shifts);
+    at += span_bytes(i, shape);
+  }
+  return offsets;
+}
+
+void make_arena() {
+  std::size_t slot = 4096;
+  auto fit = [&](const Shape& shape) {
+    std::size_t bytes = 0;
+    for (std::size_t i = 0; i < tensor_count; ++i) bytes += span_bytes(i, shape);
+    slot = std::max(slot, bytes);
+  };
+  for (const Shape& shape : check_shapes) fit(shape);
+  fit(timing_shape);
+  arena.slot_bytes = slot;
+  arena.bytes = 2 * slot;
+  const int fd = ::memfd_create("kevo-arena", MFD_CLOEXEC);
+  if (fd < 0 || ::ftruncate(fd, static_cast<off_t>(arena.bytes)) != 0) report_status("sandbox_error", "cannot make the shared arena");
+  void* base = ::mmap(nullptr, arena.bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (base == MAP_FAILED) report_status("sandbox_error", "cannot map the shared arena");
+  arena.base = static_cast<unsigned char*>(base);
+  send_descriptor(fd, arena.bytes);
+  ::close(fd);
+}
+
+std::uint32_t draw_word(const TensorInfo& t, std::mt19937_64& rng) {
   std::normal_distribution<double> normal(0.0, t.scale);
   std::uniform_real_distribution<double> uniform(t.low, t.high);
   double v = t.uniform ? uniform(rng) : normal(rng);
   if (t.step > 0) v = std::round(v / t.step) * t.step;
   std::uint32_t word;
-  if (t.is_float) {{
+  if (t.is_float) {
     const float f = static_cast<float>(v);
     std::memcpy(&word, &f, 4);
-  }} else {{
+  } else {
     const std::int32_t x = static_cast<std::int32_t>(std::floor(v));
     std::memcpy(&word, &x, 4);
-  }}
+  }
   return word;
-}}
+}
 
 // Fresh inputs (and `extra` more elements each, for windows), poisoned outputs.
-Tensors draw(const Shape& shape, std::uint64_t seed, long extra = 0) {{
+Tensors draw(const Shape& shape, std::uint64_t seed, long extra = 0) {
   Tensors out(tensor_count);
-  for (std::size_t i = 0; i < tensor_count; ++i) {{
+  for (std::size_t i = 0; i < tensor_count; ++i) {
     const TensorInfo& t = tensors[i];
     const long n = element_count(i, shape);
-    if (t.output) {{
+    if (t.output) {
       out[i].assign(static_cast<std::size_t>(n), poison);
       continue;
-    }}
+    }
     out[i].resize(static_cast<std::size_t>(n + extra));
     std::mt19937_64 rng(seed * 0x9e3779b97f4a7c15ull + i * 0xbf58476d1ce4e5b9ull + 1);
     for (auto& w : out[i]) w = draw_word(t, rng);
-  }}
+  }
   return out;
-}}
+}
 
 // The reference's outputs for `inputs`, in the checker's own memory.
-Tensors reference_outputs(const Shape& shape, const Tensors& inputs, double* seconds = nullptr) {{
+Tensors reference_outputs(const Shape& shape, const Tensors& inputs, double* seconds = nullptr) {
   Tensors t = inputs;
   std::vector<void*> pointers(tensor_count);
-  for (std::size_t i = 0; i < tensor_count; ++i) {{
+  for (std::size_t i = 0; i < tensor_count; ++i) {
     t[i].resize(t[i].size() + guard_elements, poison);
     pointers[i] = t[i].data();
-  }}
+  }
   const double t0 = now();
   call_reference(shape, pointers.data());
   if (seconds) *seconds = now() - t0;
   for (std::size_t i = 0; i < tensor_count; ++i) t[i].resize(t[i].size() - guard_elements);
   return t;
-}}
+}
 
 // Writing and reading a buffer twice the last-level cache, so that a timed call finds its data in
 // memory, as it would in a real pipeline, and the roofline bounds it.
-void flush_caches() {{
-  static std::vector<std::uint64_t> buffer = [] {{
+void flush_caches() {
+  static std::vector<std::uint64_t> buffer = [] {
     std::size_t bytes = 64u << 20;
     std::ifstream size_file("/sys/devices/system/cpu/cpu0/cache/index3/size");
     std::string text;
-    if (size_file >> text) {{
+    if (size_file >> text) {
       std::size_t kib = std::strtoull(text.c_str(), nullptr, 10);
       if (!text.empty() && (text.back() == 'M')) kib *= 1024;
       bytes = std::clamp<std::size_t>(2 * kib * 1024, 32u << 20, 512u << 20);
-    }}
+    }
     return std::vector<std::uint64_t>(bytes / 8);
-  }}();
+  }();
   static std::uint64_t round = 0;
   ++round;
   for (auto& w : buffer) w += round;
@@ -492,31 +524,31 @@ void flush_caches() {{
   for (auto w : buffer) sum += w;
   sink = sum;
   (void)sink;
-}}
+}
 
 // ---- calls ----
 
-std::uint64_t sequence = 0;
 
-struct CallTiming {{
+struct CallTiming {
   double wall = 0, cpu = 0;
-}};
+};
 
 // Places the inputs, poisons the outputs, has the runner call the kernel, and freezes it.
-CallTiming call(const Shape& shape, const Tensors& inputs, const std::vector<std::size_t>& offsets, bool flush, const std::string& what) {{
-  for (std::size_t i = 0; i < tensor_count; ++i) {{
+CallTiming call(const Shape& shape, const Tensors& inputs, const std::vector<std::size_t>& offsets, bool flush, const std::string& what) {
+  for (std::size_t i = 0; i < tensor_count; ++i) {
     std::uint32_t* words = reinterpret_cast<std::uint32_t*>(arena.base + offsets[i]);
     const long n = element_count(i, shape);
     if (tensors[i].output) std::fill(words, words + n, poison);
     else std::memcpy(words, inputs[i].data(), static_cast<std::size_t>(n) * 4);
     std::fill(words + n, words + n + guard_elements, poison);
-  }}
+  }
   if (flush) flush_caches();
-  Command command{{}};
+  Command command{};
   command.kind = command_call;
   command.seq = ++sequence;
+  command.count = 1;
   shape_to_values(shape, command.shape);
-  for (std::size_t i = 0; i < tensor_count; ++i) command.offset[i] = offsets[i];
+  for (std::size_t i = 0; i < tensor_count; ++i) command.offset[0][i] = offsets[i];
   CallTiming timing;
   const double cpu0 = runner_cpu_seconds();
   const double t0 = now();
@@ -526,41 +558,41 @@ CallTiming call(const Shape& shape, const Tensors& inputs, const std::vector<std
   timing.wall = now() - t0;
   freeze();
   timing.cpu = runner_cpu_seconds() - cpu0;
-  if (reply.kind == reply_failed) {{
+  if (reply.kind == reply_failed) {
     const std::string text = reply.text;
     if (text.find("bad_alloc") != std::string::npos) report_status("memory_limit", "std::bad_alloc " + what);
     report_status("crash", "kernel() threw " + text + " " + what);
-  }}
+  }
   if (reply.kind != reply_done || reply.seq != command.seq) report_status("bad_report", "the runner answered out of turn " + what);
   return timing;
-}}
+}
 
-std::string value_text(const TensorInfo& t, std::uint32_t word) {{
+std::string value_text(const TensorInfo& t, std::uint32_t word) {
   char text[64];
-  if (t.is_float) {{
+  if (t.is_float) {
     float f;
     std::memcpy(&f, &word, 4);
     std::snprintf(text, sizeof text, "%.9g", static_cast<double>(f));
-  }} else {{
+  } else {
     std::snprintf(text, sizeof text, "%d", static_cast<int>(static_cast<std::int32_t>(word)));
-  }}
+  }
   return text;
-}}
+}
 
-bool close_enough(const TensorInfo& t, std::uint32_t expected, std::uint32_t got) {{
+bool close_enough(const TensorInfo& t, std::uint32_t expected, std::uint32_t got) {
   if (!t.is_float) return expected == got;
   float e, g;
   std::memcpy(&e, &expected, 4);
   std::memcpy(&g, &got, 4);
   if ((std::isnan(e) && std::isnan(g)) || e == g) return true;
   return std::fabs(static_cast<double>(e) - static_cast<double>(g)) <= tolerance_abs + tolerance_rel * std::fabs(static_cast<double>(e));
-}}
+}
 
 // Checks the frozen arena: every output element written and right, nothing past the ends, every
 // input as it was. `previous` (the outputs of an earlier call) names a replay.
 void verify(const Shape& shape, const Tensors& expected, const Tensors& inputs, const std::vector<std::size_t>& offsets,
-            const std::string& what, const Tensors* previous = nullptr) {{
-  for (std::size_t i = 0; i < tensor_count; ++i) {{
+            const std::string& what, const Tensors* previous = nullptr) {
+  for (std::size_t i = 0; i < tensor_count; ++i) {
     const TensorInfo& t = tensors[i];
     const std::uint32_t* got = reinterpret_cast<const std::uint32_t*>(arena.base + offsets[i]);
     const long n = element_count(i, shape);
@@ -568,24 +600,24 @@ void verify(const Shape& shape, const Tensors& expected, const Tensors& inputs, 
       if (got[k] != poison)
         report_status(t.output ? "wrong_answer" : "mutated_input", std::string(t.name) + ": wrote past its end (element " + std::to_string(k) +
                                                      " of " + std::to_string(n) + ") " + what);
-    if (!t.output) {{
+    if (!t.output) {
       for (long k = 0; k < n; ++k)
         if (got[k] != inputs[i][static_cast<std::size_t>(k)])
           report_status("mutated_input", std::string("changed its input ") + t.name + " (element " + std::to_string(k) + " was " +
                                              value_text(t, inputs[i][static_cast<std::size_t>(k)]) + ", is " + value_text(t, got[k]) + ") " + what);
       continue;
-    }}
+    }
     long unwritten = 0, first_unwritten = -1, wrong = 0, first_wrong = -1, replayed = 0;
-    for (long k = 0; k < n; ++k) {{
+    for (long k = 0; k < n; ++k) {
       const std::uint32_t e = expected[i][static_cast<std::size_t>(k)];
-      if (got[k] == poison && e != poison) {{
+      if (got[k] == poison && e != poison) {
         if (unwritten++ == 0) first_unwritten = k;
         continue;
-      }}
+      }
       if (close_enough(t, e, got[k])) continue;
       if (wrong++ == 0) first_wrong = k;
       if (previous && close_enough(t, (*previous)[i][static_cast<std::size_t>(k)], got[k])) ++replayed;
-    }}
+    }
     if (unwritten > 0)
       report_status("unwritten_output", std::string(t.name) + ": " + std::to_string(unwritten) + " of " + std::to_string(n) +
                                             " elements left unwritten (first at index " + std::to_string(first_unwritten) + ") " + what);
@@ -597,108 +629,92 @@ void verify(const Shape& shape, const Tensors& expected, const Tensors& inputs, 
                                         " elements differ beyond tolerance (first at index " + std::to_string(first_wrong) + ": expected " +
                                         value_text(t, expected[i][static_cast<std::size_t>(first_wrong)]) + ", got " +
                                         value_text(t, got[first_wrong]) + ") " + what);
-  }}
-}}
+  }
+}
 
 // One checked call: place, run, freeze, verify, thaw.
 CallTiming checked_call(const Shape& shape, const Tensors& inputs, const Tensors& expected, int slot, int shift, bool flush,
-                        const std::string& what, const Tensors* previous = nullptr) {{
+                        const std::string& what, const Tensors* previous = nullptr) {
   const std::vector<std::size_t> offsets = layout(shape, slot, shift);
   const CallTiming timing = call(shape, inputs, offsets, flush, what);
   verify(shape, expected, inputs, offsets, what, previous);
   thaw();
   return timing;
-}}
+}
 
-double median(std::vector<double> v) {{
-  std::sort(v.begin(), v.end());
-  return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
-}}
 
 // A tolerance under which one constant matches every output element of every check shape makes
 // the check meaningless: a kernel could write that constant. Tried: 0, the median, the midpoint.
-void validate_tolerance() {{
-  for (std::size_t i = 0; i < tensor_count; ++i) {{
+void validate_tolerance() {
+  for (std::size_t i = 0; i < tensor_count; ++i) {
     if (!tensors[i].output) continue;
     std::vector<std::vector<std::uint32_t>> outputs;
     std::vector<double> values;
     std::uint64_t seed = options.seed;
-    for (const Shape& shape : check_shapes) {{
+    for (const Shape& shape : check_shapes) {
       outputs.push_back(reference_outputs(shape, draw(shape, seed++))[i]);
-      for (std::uint32_t w : outputs.back()) {{
+      for (std::uint32_t w : outputs.back()) {
         float f;
         std::memcpy(&f, &w, 4);
         values.push_back(tensors[i].is_float ? static_cast<double>(f) : static_cast<double>(static_cast<std::int32_t>(w)));
-      }}
-    }}
+      }
+    }
     if (values.empty()) continue;
     std::sort(values.begin(), values.end());
-    for (double c : {{0.0, values[values.size() / 2], 0.5 * (values.front() + values.back())}}) {{
+    for (double c : {0.0, values[values.size() / 2], 0.5 * (values.front() + values.back())}) {
       std::uint32_t word;
-      if (tensors[i].is_float) {{
+      if (tensors[i].is_float) {
         const float f = static_cast<float>(c);
         std::memcpy(&word, &f, 4);
-      }} else {{
+      } else {
         const std::int32_t x = static_cast<std::int32_t>(c);
         std::memcpy(&word, &x, 4);
-      }}
+      }
       bool all_pass = true;
       for (const auto& out : outputs)
         for (std::uint32_t e : out) all_pass = all_pass && close_enough(tensors[i], e, word);
       if (all_pass)
         report_status("loose_tolerance", std::string("a kernel that writes the constant ") + value_text(tensors[i], word) + " to " +
                                              tensors[i].name + " passes every check shape under this tolerance");
-    }}
-  }}
-  report("{{\"status\":\"ok\"}}");
-}}
+    }
+  }
+  report("{\"status\":\"ok\"}");
+}
 
-}}  // namespace
+}  // namespace
 
-int main(int argc, char** argv) {{
-  for (int i = 1; i + 1 < argc; i += 2) {{
-    const std::string flag = argv[i], value = argv[i + 1];
-    if (flag == "--seed") options.seed = std::strtoull(value.c_str(), nullptr, 10);
-    else if (flag == "--warmup") options.warmup = std::max(1, std::atoi(value.c_str()));
-    else if (flag == "--repetitions") options.repetitions = std::max(1, std::atoi(value.c_str()));
-    else if (flag == "--call-timeout") options.call_timeout = std::atof(value.c_str());
-    else if (flag == "--control") options.control_fd = std::atoi(value.c_str());
-    else if (flag == "--info") options.info_fd = std::atoi(value.c_str());
-    else if (flag == "--flush") options.flush = value != "0";
-    else if (flag == "--validate-tolerance") options.validate_tolerance = value != "0";
-  }}
-  ::signal(SIGPIPE, SIG_IGN);
-  try {{
+int main(int argc, char** argv) {
+  parse_options(argc, argv);
+  try {
     if (options.validate_tolerance) validate_tolerance();
-    runner = read_runner_pid();
-    if (runner <= 0) runner_gone("before it started (the jail did not report its pid)");
+    meet_runner();
     make_arena();
     if (wait_reply("while starting, before kevo's runner reached main() (a static initializer?)").kind != reply_ready)
       report_status("bad_report", "the runner's first message was not its greeting");
 
     std::uint64_t seed = options.seed;
     int calls = 0;
-    for (const Shape& shape : check_shapes) {{
+    for (const Shape& shape : check_shapes) {
       const Tensors inputs = draw(shape, seed++);
       const Tensors expected = reference_outputs(shape, inputs);
       checked_call(shape, inputs, expected, calls % 2, calls % shifts, false, "on shape " + shape_text(shape));
       ++calls;
-    }}
+    }
 
     // The timing shape: a pool of inputs, `window` elements longer than each tensor; call k reads
     // the window at its own offset, so no two calls see the same inputs.
     constexpr long window = 4099;
     const Tensors pool = draw(timing_shape, seed++, window);
     std::mt19937_64 offsets(options.seed ^ 0x5bd1e995u);
-    auto window_inputs = [&](long at) {{
+    auto window_inputs = [&](long at) {
       Tensors inputs(tensor_count);
-      for (std::size_t i = 0; i < tensor_count; ++i) {{
+      for (std::size_t i = 0; i < tensor_count; ++i) {
         const long n = element_count(i, timing_shape);
         if (tensors[i].output) inputs[i].assign(static_cast<std::size_t>(n), poison);
         else inputs[i].assign(pool[i].begin() + at, pool[i].begin() + at + n);
-      }}
+      }
       return inputs;
-    }};
+    };
     const std::string on_timing = "on the timing shape " + shape_text(timing_shape);
     double reference_seconds = 0;
     Tensors inputs = window_inputs(0);
@@ -709,7 +725,7 @@ int main(int argc, char** argv) {{
     const int cpus = runner_cpus();
     std::vector<double> samples, walls, cpu_times;
     const int total = options.warmup + options.repetitions;
-    for (int k = 0; k < total; ++k) {{
+    for (int k = 0; k < total; ++k) {
       inputs = window_inputs(static_cast<long>(offsets() % window));
       expected = reference_outputs(timing_shape, inputs);
       // Calls 2j and 2j + 1 share their addresses, with new inputs: a kernel keyed on pointers
@@ -721,46 +737,59 @@ int main(int argc, char** argv) {{
       // Far slower than the reference: one sample says enough, and saves the search the rest. (Not
       // below 10 ms, where a call's round trip, about 25 us, would count against a tiny kernel.)
       const bool hopeless = k == 0 && seconds > 0.01 && seconds > 10 * reference_seconds;
-      if (k >= options.warmup || hopeless) {{
+      if (k >= options.warmup || hopeless) {
         samples.push_back(seconds);
         walls.push_back(t.wall);
         cpu_times.push_back(t.cpu);
-      }}
+      }
       if (hopeless) break;
-    }}
+    }
 
     // The last timed inputs with one element in 256 of each input changed, at the other slot.
     Tensors changed = inputs;
     std::mt19937_64 pick(options.seed * 31 + 7);
-    for (std::size_t i = 0; i < tensor_count; ++i) {{
+    for (std::size_t i = 0; i < tensor_count; ++i) {
       if (tensors[i].output || changed[i].empty()) continue;
       const std::size_t n = changed[i].size();
       for (std::size_t c = 0; c < std::max<std::size_t>(1, n / 256); ++c) changed[i][pick() % n] = pool[i][pick() % pool[i].size()];
-    }}
+    }
     const Tensors changed_expected = reference_outputs(timing_shape, changed);
     checked_call(timing_shape, changed, changed_expected, (calls + 1) % 2, 3, false,
                  on_timing + " (inputs of the last timed call with 1 element in 256 changed)", &expected);
 
-    Command quit{{}};
+    Command quit{};
     quit.kind = command_quit;
     ::send(options.control_fd, &quit, sizeof quit, MSG_NOSIGNAL);
     char line[512];
     std::snprintf(line, sizeof line,
-                  "{{\"status\":\"ok\",\"seconds\":%.9g,\"min_seconds\":%.9g,\"samples\":%d,\"bytes\":%.17g,\"flops\":%.17g,"
-                  "\"wall_seconds\":%.9g,\"cpu_seconds\":%.9g,\"cpus\":%d}}",
+                  "{\"status\":\"ok\",\"seconds\":%.9g,\"min_seconds\":%.9g,\"samples\":%d,\"bytes\":%.17g,\"flops\":%.17g,"
+                  "\"wall_seconds\":%.9g,\"cpu_seconds\":%.9g,\"cpus\":%d}",
                   median(samples), *std::min_element(samples.begin(), samples.end()), static_cast<int>(samples.size()),
                   bytes_model(timing_shape), flops_model(timing_shape), median(walls), median(cpu_times), cpus);
     report(line);
-  }} catch (const std::bad_alloc&) {{
+  } catch (const std::bad_alloc&) {
     report_status("sandbox_error", "the checker ran out of memory");
-  }} catch (const std::exception& e) {{
+  } catch (const std::exception& e) {
     report_status("sandbox_error", std::string("the checker failed: ") + e.what());
-  }}
-}}
-)CHECKER",
-                                                       fmt::arg("protocol", fmt::format(fmt::runtime(detail::wire_protocol))));
+  }
 }
+)CPU";
 
+}  // namespace detail
+
+/// checker.cpp: the trusted process of an evaluation. For every check shape, then the timing
+/// shape, it draws fresh inputs, computes the reference in its own memory, places the inputs in
+/// the arena (at addresses that change from call to call), poisons the outputs and the guard
+/// elements past them, has the runner call the kernel, freezes the runner (SIGSTOP: no thread of
+/// it runs on) and checks every output element and every input element (unchanged). Then it
+/// times warm-up and timed calls, each on inputs of its own (a window of a pool drawn for this
+/// evaluation) after flushing the caches, each checked too; the time of a call is the larger of
+/// its wall time and the runner's CPU time over its CPUs, so work on other threads counts. Last,
+/// the timed inputs again with one element in 256 changed, at other addresses: a kernel that
+/// replays outputs it keyed on sampled inputs is caught. Prints one JSON line on stdout.
+inline std::string checker_source(const Problem& p) {
+  return detail::checker_problem_part(p) + detail::checker_process_part() + std::string(detail::cpu_checker_body);
+}
 /// runner.cpp: the untrusted half, linked with the candidate. It maps the arena, greets the
 /// checker, and calls kernel() on each command. Nothing it says is believed: the checker reads
 /// the outputs itself.
@@ -769,7 +798,7 @@ inline std::string runner_source(const Problem& p) {
   for (std::size_t i = 0; i < p.params.size(); ++i) shape_init += fmt::format("{}static_cast<long>(c.shape[{}])", i ? ", " : "", i);
   for (std::size_t i = 0; i < p.tensors.size(); ++i) {
     const auto& t = p.tensors[i];
-    kernel_args += fmt::format(", reinterpret_cast<{}{}*>(base + c.offset[{}])", t.role == TensorRole::input ? "const " : "",
+    kernel_args += fmt::format(", reinterpret_cast<{}{}*>(base + c.offset[call][{}])", t.role == TensorRole::input ? "const " : "",
                                detail::element_type_name(t.type), i);
   }
   return fmt::format(R"RUNNER(// runner.cpp: generated by kevo for problem "{name}"; do not edit. Linked with a candidate and
@@ -829,7 +858,7 @@ int main(int argc, char** argv) {{
     if (::recv(control, &c, sizeof c, 0) != static_cast<ssize_t>(sizeof c) || c.kind != command_call) return 0;
     try {{
       const Shape shape{{{shape_init}}};
-      kernel(shape{kernel_args});
+      for (std::uint64_t call = 0; call < c.count && call < max_batch; ++call) kernel(shape{kernel_args});
       send_reply(control, reply_done, c.seq, "");
     }} catch (const std::bad_alloc&) {{
       send_reply(control, reply_failed, c.seq, "std::bad_alloc");
@@ -841,8 +870,8 @@ int main(int argc, char** argv) {{
   }}
 }}
 )RUNNER",
-                     fmt::arg("name", p.name), fmt::arg("protocol", fmt::format(fmt::runtime(detail::wire_protocol))),
-                     fmt::arg("shape_init", shape_init), fmt::arg("kernel_args", kernel_args));
+                     fmt::arg("name", p.name), fmt::arg("protocol", std::string(detail::wire_protocol)), fmt::arg("shape_init", shape_init),
+                     fmt::arg("kernel_args", kernel_args));
 }
 
 }  // namespace kevo::eval
