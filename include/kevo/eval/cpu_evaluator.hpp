@@ -54,6 +54,10 @@ struct CpuToolchain {
     return load_or_measure_roofline(cache_dir, compiler);
   }
   static std::string compile_notes(std::string_view) { return {}; }
+  static std::vector<std::filesystem::path> compiler_roots(const std::string& compiler) {
+    if (auto path = find_program(compiler); path && !path->string().starts_with("/usr/")) return {std::filesystem::weakly_canonical(*path).parent_path()};
+    return {};
+  }
 };
 
 using CpuEvaluator = JailedEvaluator<CpuToolchain>;

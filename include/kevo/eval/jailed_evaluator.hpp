@@ -85,7 +85,8 @@ struct EvaluatorStats {
 /// `default_compiler()`; `compile_flags(problem)`; `link_flags()`; `identity()` (what makes a build
 /// this machine's: the CPU, the GPU); `uses_gpu`; `checker_source(problem)`, `runner_source(problem)`;
 /// `check_problem(problem)`; `roofline(cache_dir, compiler)` (empty where the checker measures it in
-/// each run); `compile_notes(compiler_stderr)` (registers and spills, for diagnostics).
+/// each run); `compile_notes(compiler_stderr)` (registers and spills, for diagnostics);
+/// `compiler_roots(compiler)` (what the jailed compiler must see beyond /usr).
 template <class Toolchain>
 class JailedEvaluator {
  public:
@@ -104,6 +105,22 @@ class JailedEvaluator {
     auto result = prepare_locked();  // a failure is not kept: a compile that timed out may succeed later
     prepared_ = result.has_value();
     return result;
+  }
+
+  /// Compiles one candidate without running it (a machine without the target's device can still
+  /// check that candidates build): the Evaluation says compile_error, screened_out, or none, with
+  /// the compiler's notes (registers, spills) in its detail.
+  Evaluation compile(const Candidate& candidate) {
+    {
+      std::lock_guard lock(prepare_mutex_);
+      if (auto built = prepare_builds_locked(); !built) return failed(FailureKind::sandbox_error, built.error().message);
+    }
+    const Build b = build(candidate.source);
+    Evaluation e;
+    e.failure = b.failure;
+    e.diagnostics.message = b.ok() ? "compiled" : b.message;
+    e.diagnostics.detail = b.ok() ? b.notes : b.detail;
+    return e;
   }
 
   /// Compiles, checks and times one candidate. Thread-safe; timed runs are serialized inside.
@@ -247,7 +264,7 @@ class JailedEvaluator {
     l.file_size_bytes = 16u << 20;
     l.output_bytes = options_.output_limit_bytes;
     l.max_processes = options_.max_processes;
-    l.max_open_files = 64;
+    l.max_open_files = Toolchain::uses_gpu ? 512 : 64;  // the CUDA driver opens its device files and more
     // Every call may take run_timeout; the whole run is bounded too.
     l.wall_time = 3 * options_.run_timeout + std::chrono::seconds(30);
     return l;
@@ -255,6 +272,7 @@ class JailedEvaluator {
 
   SandboxLimits checker_limits() const {
     SandboxLimits l = trusted_limits();
+    if (Toolchain::uses_gpu) l.memory_bytes = 0;  // device allocations count against RLIMIT_AS
     l.wall_time = 3 * options_.run_timeout + std::chrono::seconds(30);
     l.output_bytes = 64 << 10;
     return l;
@@ -328,8 +346,7 @@ class JailedEvaluator {
   /// generated files and `directory` (writable), nothing else (no `.incbin "/etc/shadow"`).
   SandboxResult run_compiler(std::vector<std::string> args, const std::filesystem::path& directory) {
     JailOptions options{.read_only = {problem_dir_}, .writable = {directory}, .working_directory = directory, .seccomp = false};
-    if (auto compiler = find_program(options_.compiler); compiler && !compiler->string().starts_with("/usr/"))
-      options.read_only.push_back(std::filesystem::weakly_canonical(*compiler).parent_path());
+    for (const auto& root : Toolchain::compiler_roots(options_.compiler)) options.read_only.push_back(root);
     if (!problem_.directory.empty()) options.read_only.push_back(std::filesystem::absolute(problem_.directory));
     auto jail = make_jail(options);
     if (!jail) {
@@ -344,8 +361,10 @@ class JailedEvaluator {
     return run_sandboxed(jail->command(args), limits);
   }
 
-  expected<void, Error> prepare_locked() {
+  /// The generated sources, the reference, the runner and the checker, compiled (cached).
+  expected<void, Error> prepare_builds_locked() {
     namespace fs = std::filesystem;
+    if (builds_ready_) return {};
     if (auto fit = Toolchain::check_problem(problem_); !fit) return unexpected(fit.error());
     const SandboxResult version = run_sandboxed({options_.compiler, "--version"}, trusted_limits());
     if (!version.ok())
@@ -402,6 +421,15 @@ class JailedEvaluator {
       if (!r.ok()) return make_error(fmt::format("{}: the checker does not link with the reference: {}", manifest, trim_compiler_output(r.stderr_text + r.setup_error)));
       fs::rename(problem_dir_ / "checker.tmp", problem_dir_ / "checker", ec);
     }
+    builds_ready_ = true;
+    return {};
+  }
+
+  expected<void, Error> prepare_locked() {
+    namespace fs = std::filesystem;
+    if (auto built = prepare_builds_locked(); !built) return built;
+    const std::string manifest = (problem_.directory / "problem.json").string();
+    const std::string reference_path = (problem_.directory / problem_.reference_file).string();
     if (auto loose = validate_tolerance(); !loose) return make_error(fmt::format("{}: {}", manifest, loose.error().message));
 
     // The reference run as the kernel: checks the whole pipeline and times the reference.
@@ -590,6 +618,7 @@ class JailedEvaluator {
   EvaluatorOptions options_;
   std::mutex prepare_mutex_;
   bool prepared_ = false;
+  bool builds_ready_ = false;
   std::string compiler_identity_;
   std::filesystem::path problem_dir_;
   double reference_seconds_ = 0;

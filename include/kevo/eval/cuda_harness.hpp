@@ -1,0 +1,756 @@
+// kevo/eval/cuda_harness.hpp: the sources kevo generates for a CUDA problem's evaluation (see
+// harness.hpp for the CPU ones and the parts they share):
+//   checker.cu   the trusted process: it owns the device memory of every call (one arena, made
+//                with the driver's virtual memory API and shared with the runner as a file
+//                descriptor), the inputs, the reference, the checks and the clock;
+//   runner.cu    linked with the candidate, jailed: maps the arena and calls kernel() on command.
+//
+//   std::string checker = kevo::eval::cuda_checker_source(problem);
+//   std::string runner = kevo::eval::cuda_runner_source(problem);
+#pragma once
+
+#include <kevo/eval/harness.hpp>
+#include <kevo/problem.hpp>
+
+#include <fmt/format.h>
+
+#include <string>
+#include <string_view>
+
+namespace kevo::eval {
+
+namespace detail {
+
+/// The CUDA checker's own part. Everything stays on the device: inputs are drawn there (a
+/// counter-based generator), the reference runs there, and the checks run there too, so a call
+/// of a large kernel costs the checker copies at device speed. Timed calls go in batches of up
+/// to eight, each call on inputs and addresses of its own, after the L2 cache is flushed; the
+/// checker's clock spans the batch (the runner synchronizes the whole device before answering),
+/// so a batch's overhead is shared by its calls. Outputs are summed once when the runner answers
+/// and once more after the checks: work still running (on a stream or thread the runner did not
+/// wait for) changes them, and is named.
+inline constexpr std::string_view cuda_checker_body = R"CUDA(
+#include <cuda.h>
+#include <cuda_runtime.h>
+
+// The checker's own CUDA calls: a failure here is kevo's or the device's, not the candidate's.
+#define KEVO_CUDA_OK(call)                                                                                   \
+  do {                                                                                                       \
+    const cudaError_t status_ = (call);                                                                      \
+    if (status_ != cudaSuccess) report_status("sandbox_error", std::string("the checker's ") + #call + " failed: " + cudaGetErrorString(status_)); \
+  } while (0)
+// The driver API through the runtime's entry points: no link against libcuda, whose stub clashes
+// with the static runtime's own hidden references.
+template <class F>
+F driver_entry(const char* name) {
+  void* fn = nullptr;
+  cudaDriverEntryPointQueryResult found{};
+  if (cudaGetDriverEntryPointByVersion(name, &fn, 12000, cudaEnableDefault, &found) != cudaSuccess || !fn)
+    report_status("sandbox_error", std::string("the CUDA driver has no ") + name);
+  return reinterpret_cast<F>(fn);
+}
+#define KEVO_DRIVER(name) driver_entry<decltype(&name)>(#name)
+#define KEVO_CU_OK(call)                                                                                     \
+  do {                                                                                                       \
+    const CUresult status_ = (call);                                                                         \
+    if (status_ != CUDA_SUCCESS)                                                                             \
+      report_status("sandbox_error", std::string("the checker's ") + #call + " failed with CUresult " + std::to_string(static_cast<int>(status_))); \
+  } while (0)
+
+constexpr std::uint32_t poison_word = 0x7fc0deadu;   // float and int: a NaN no arithmetic makes
+constexpr std::uint32_t poison_half = 0x7eadu;       // half: likewise
+
+int element_bytes(const TensorInfo& t) { return t.kind == 2 ? 2 : 4; }
+std::uint32_t poison_of(const TensorInfo& t) { return t.kind == 2 ? poison_half : poison_word; }
+
+// ---- device code ----
+
+__device__ __forceinline__ unsigned long long mix64(unsigned long long x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+__device__ __forceinline__ double unit(unsigned long long x) { return static_cast<double>(mix64(x) >> 11) * (1.0 / 9007199254740992.0); }
+
+__device__ __forceinline__ void store_value(unsigned char* p, long i, int kind, double v) {
+  if (kind == 0) reinterpret_cast<float*>(p)[i] = static_cast<float>(v);
+  else if (kind == 1) reinterpret_cast<int*>(p)[i] = static_cast<int>(floor(v));
+  else reinterpret_cast<__half*>(p)[i] = __double2half(v);
+}
+
+__device__ __forceinline__ std::uint32_t load_word(const unsigned char* p, long i, int kind) {
+  return kind == 2 ? reinterpret_cast<const unsigned short*>(p)[i] : reinterpret_cast<const std::uint32_t*>(p)[i];
+}
+
+__device__ __forceinline__ double word_value(std::uint32_t w, int kind) {
+  if (kind == 0) return static_cast<double>(__uint_as_float(w));
+  if (kind == 1) return static_cast<double>(static_cast<int>(w));
+  return static_cast<double>(__half2float(__ushort_as_half(static_cast<unsigned short>(w))));
+}
+
+// Fresh inputs: element i of a tensor is a function of (seed, i) alone.
+__global__ void draw_kernel(unsigned char* out, long n, int kind, int uniform, double scale, double low, double high, double step,
+                            unsigned long long seed) {
+  for (long i = blockIdx.x * static_cast<long>(blockDim.x) + threadIdx.x; i < n; i += static_cast<long>(gridDim.x) * blockDim.x) {
+    const unsigned long long key = seed * 0x2545f4914f6cdd1dull + 2 * static_cast<unsigned long long>(i);
+    double v;
+    if (uniform) {
+      v = low + (high - low) * unit(key);
+    } else {
+      const double u1 = fmax(unit(key), 1e-300), u2 = unit(key + 1);
+      v = scale * sqrt(-2.0 * log(u1)) * cospi(2.0 * u2);
+    }
+    if (step > 0) v = rint(v / step) * step;
+    store_value(out, i, kind, v);
+  }
+}
+
+__global__ void fill_kernel(unsigned char* p, long n, int bytes, std::uint32_t word) {
+  for (long i = blockIdx.x * static_cast<long>(blockDim.x) + threadIdx.x; i < n; i += static_cast<long>(gridDim.x) * blockDim.x) {
+    if (bytes == 2) reinterpret_cast<unsigned short*>(p)[i] = static_cast<unsigned short>(word);
+    else reinterpret_cast<std::uint32_t*>(p)[i] = word;
+  }
+}
+
+// One element in 256 replaced by another element of the pool.
+__global__ void perturb_kernel(unsigned char* p, const unsigned char* pool, long n, long pool_n, int bytes, unsigned long long seed) {
+  for (long i = blockIdx.x * static_cast<long>(blockDim.x) + threadIdx.x; i < n; i += static_cast<long>(gridDim.x) * blockDim.x) {
+    const unsigned long long h = mix64(seed ^ static_cast<unsigned long long>(i));
+    if (h % 256 != 0) continue;
+    const long from = static_cast<long>((h >> 8) % static_cast<unsigned long long>(pool_n));
+    if (bytes == 2) reinterpret_cast<unsigned short*>(p)[i] = reinterpret_cast<const unsigned short*>(pool)[from];
+    else reinterpret_cast<std::uint32_t*>(p)[i] = reinterpret_cast<const std::uint32_t*>(pool)[from];
+  }
+}
+
+enum Counter { unwritten, first_unwritten, wrong, first_wrong, replayed, past_end, first_past_end, counter_count };
+
+__global__ void compare_kernel(const unsigned char* expected, const unsigned char* got, const unsigned char* previous, long n, int kind,
+                               std::uint32_t poison, double tolerance_abs, double tolerance_rel, bool exact, unsigned long long* counters) {
+  for (long i = blockIdx.x * static_cast<long>(blockDim.x) + threadIdx.x; i < n + guard_elements; i += static_cast<long>(gridDim.x) * blockDim.x) {
+    const std::uint32_t g = load_word(got, i, kind);
+    if (i >= n) {
+      if (g != poison) {
+        atomicAdd(&counters[past_end], 1ull);
+        atomicMin(&counters[first_past_end], static_cast<unsigned long long>(i));
+      }
+      continue;
+    }
+    const std::uint32_t e = load_word(expected, i, kind);
+    if (g == e) continue;
+    if (g == poison) {
+      atomicAdd(&counters[unwritten], 1ull);
+      atomicMin(&counters[first_unwritten], static_cast<unsigned long long>(i));
+      continue;
+    }
+    auto close = [&](std::uint32_t a) {
+      if (exact || kind == 1) return a == g;
+      const double ev = word_value(a, kind), gv = word_value(g, kind);
+      if (isnan(ev) && isnan(gv)) return true;
+      return fabs(ev - gv) <= tolerance_abs + tolerance_rel * fabs(ev);
+    };
+    if (close(e)) continue;
+    atomicAdd(&counters[wrong], 1ull);
+    atomicMin(&counters[first_wrong], static_cast<unsigned long long>(i));
+    if (previous && close(load_word(previous, i, kind))) atomicAdd(&counters[replayed], 1ull);
+  }
+}
+
+__global__ void checksum_kernel(const std::uint32_t* p, long words, unsigned long long* sum) {
+  unsigned long long local = 0;
+  for (long i = blockIdx.x * static_cast<long>(blockDim.x) + threadIdx.x; i < words; i += static_cast<long>(gridDim.x) * blockDim.x)
+    local += mix64(static_cast<unsigned long long>(p[i]) ^ (static_cast<unsigned long long>(i) << 32));
+  atomicAdd(sum, local);
+}
+
+__global__ void read_probe_kernel(const int4* p, long n, int* sink) {
+  int4 acc = make_int4(0, 0, 0, 0);
+  for (long i = blockIdx.x * static_cast<long>(blockDim.x) + threadIdx.x; i < n; i += static_cast<long>(gridDim.x) * blockDim.x) {
+    const int4 v = p[i];
+    acc.x ^= v.x; acc.y ^= v.y; acc.z ^= v.z; acc.w ^= v.w;
+  }
+  if ((acc.x ^ acc.y ^ acc.z ^ acc.w) == 0x7fffffff) *sink = 1;  // keeps the loads
+}
+
+int grid_for(long n) { return static_cast<int>(std::min<long>(4096, std::max<long>(1, (n + 255) / 256))); }
+
+// ---- the checker's device memory ----
+
+// Tensor i of a call starts on a 4 KiB boundary of its slot, then `shift` x 256 bytes further
+// (cudaMalloc's alignment, which kernels may assume).
+constexpr int shifts = 7;
+std::size_t span_bytes(std::size_t i, const Shape& shape) {
+  const long n = tensors[i].size(shape);
+  if (n < 0) report_status("bad_report", std::string("negative size for tensor ") + tensors[i].name + " on shape " + shape_text(shape));
+  const std::size_t bytes = static_cast<std::size_t>(n + guard_elements) * element_bytes(tensors[i]) + 256 * shifts;
+  return (bytes + 4095) / 4096 * 4096;
+}
+std::size_t call_bytes(const Shape& shape) {
+  std::size_t bytes = 0;
+  for (std::size_t i = 0; i < tensor_count; ++i) bytes += span_bytes(i, shape);
+  return bytes;
+}
+
+struct Arena {
+  CUdeviceptr base = 0;
+  std::size_t slot_bytes = 0;
+  int slots = 0;
+} arena;
+
+std::vector<std::size_t> layout(const Shape& shape, int slot, int shift) {
+  std::vector<std::size_t> offsets(tensor_count);
+  std::size_t at = static_cast<std::size_t>(slot) * arena.slot_bytes;
+  for (std::size_t i = 0; i < tensor_count; ++i) {
+    offsets[i] = at + 256 * static_cast<std::size_t>(shift % shifts);
+    at += span_bytes(i, shape);
+  }
+  return offsets;
+}
+unsigned char* in_arena(std::size_t offset) { return reinterpret_cast<unsigned char*>(arena.base + offset); }
+
+// The arena: device memory the runner maps too, exported as a file descriptor (the driver's
+// virtual memory API works across the jail's namespaces, where legacy CUDA IPC may not).
+void make_arena(std::size_t slot_bytes, int slots) {
+  CUmemAllocationProp prop{};
+  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  prop.location.id = 0;
+  prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+  std::size_t granularity = 0;
+  KEVO_CU_OK(KEVO_DRIVER(cuMemGetAllocationGranularity)(&granularity, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
+  arena.slot_bytes = (slot_bytes + granularity - 1) / granularity * granularity;
+  arena.slots = slots;
+  const std::size_t bytes = arena.slot_bytes * static_cast<std::size_t>(slots);
+  CUmemGenericAllocationHandle handle;
+  KEVO_CU_OK(KEVO_DRIVER(cuMemCreate)(&handle, bytes, &prop, 0));
+  KEVO_CU_OK(KEVO_DRIVER(cuMemAddressReserve)(&arena.base, bytes, 0, 0, 0));
+  KEVO_CU_OK(KEVO_DRIVER(cuMemMap)(arena.base, bytes, 0, handle, 0));
+  CUmemAccessDesc access{};
+  access.location = prop.location;
+  access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  KEVO_CU_OK(KEVO_DRIVER(cuMemSetAccess)(arena.base, bytes, &access, 1));
+  int fd = -1;
+  KEVO_CU_OK(KEVO_DRIVER(cuMemExportToShareableHandle)(&fd, handle, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0));
+  send_descriptor(fd, bytes);
+  ::close(fd);
+}
+
+// The checker's own copy of one call's tensors (inputs, or the reference's outputs), with room
+// for the guard elements.
+struct Tensors {
+  std::vector<unsigned char*> data = std::vector<unsigned char*>(tensor_count, nullptr);
+};
+
+Tensors allocate(const Shape& shape) {
+  Tensors t;
+  for (std::size_t i = 0; i < tensor_count; ++i)
+    KEVO_CUDA_OK(cudaMalloc(&t.data[i], static_cast<std::size_t>(tensors[i].size(shape) + guard_elements) * element_bytes(tensors[i])));
+  return t;
+}
+
+void poison(unsigned char* p, long n, const TensorInfo& t) { fill_kernel<<<grid_for(n), 256>>>(p, n, element_bytes(t), poison_of(t)); }
+
+// Inputs `from` the pool at element `at` (or drawn afresh), outputs and guards poisoned.
+void fill_inputs(Tensors& t, const Shape& shape, const Tensors* pool, long at, std::uint64_t seed) {
+  for (std::size_t i = 0; i < tensor_count; ++i) {
+    const TensorInfo& info = tensors[i];
+    const long n = info.size(shape);
+    const int bytes = element_bytes(info);
+    if (info.output) {
+      poison(t.data[i], n + guard_elements, info);
+      continue;
+    }
+    if (pool) KEVO_CUDA_OK(cudaMemcpy(t.data[i], pool->data[i] + at * bytes, static_cast<std::size_t>(n) * bytes, cudaMemcpyDeviceToDevice));
+    else draw_kernel<<<grid_for(n), 256>>>(t.data[i], n, info.kind, info.uniform, info.scale, info.low, info.high, info.step, seed * 131 + i);
+    poison(t.data[i] + static_cast<std::size_t>(n) * bytes, guard_elements, info);
+  }
+  KEVO_CUDA_OK(cudaGetLastError());
+}
+
+// The reference's outputs for `inputs`, into `out` (whose inputs become a copy of them).
+void run_reference(const Shape& shape, const Tensors& inputs, Tensors& out, double* seconds = nullptr) {
+  std::vector<void*> pointers(tensor_count);
+  for (std::size_t i = 0; i < tensor_count; ++i) {
+    const long n = tensors[i].size(shape);
+    const std::size_t bytes = static_cast<std::size_t>(n + guard_elements) * element_bytes(tensors[i]);
+    KEVO_CUDA_OK(cudaMemcpy(out.data[i], inputs.data[i], bytes, cudaMemcpyDeviceToDevice));
+    pointers[i] = out.data[i];
+  }
+  KEVO_CUDA_OK(cudaDeviceSynchronize());
+  const double t0 = now();
+  call_reference(shape, pointers.data());
+  const cudaError_t status = cudaDeviceSynchronize();
+  if (seconds) *seconds = now() - t0;
+  if (status != cudaSuccess) report_status("sandbox_error", std::string("the reference failed on the device: ") + cudaGetErrorString(status));
+}
+
+// Places `inputs` (and poisoned outputs) in the arena at `offsets`.
+void place(const Shape& shape, const Tensors& inputs, const std::vector<std::size_t>& offsets) {
+  for (std::size_t i = 0; i < tensor_count; ++i) {
+    const std::size_t bytes = static_cast<std::size_t>(tensors[i].size(shape) + guard_elements) * element_bytes(tensors[i]);
+    KEVO_CUDA_OK(cudaMemcpy(in_arena(offsets[i]), inputs.data[i], bytes, cudaMemcpyDeviceToDevice));
+  }
+}
+
+unsigned long long* counters = nullptr;  // device
+
+std::string value_text(const TensorInfo& t, const unsigned char* device_element) {
+  std::uint32_t word = 0;
+  KEVO_CUDA_OK(cudaMemcpy(&word, device_element, element_bytes(t), cudaMemcpyDeviceToHost));
+  char text[64];
+  if (t.kind == 1) std::snprintf(text, sizeof text, "%d", static_cast<int>(word));
+  else if (t.kind == 0) {
+    float f;
+    std::memcpy(&f, &word, 4);
+    std::snprintf(text, sizeof text, "%.9g", static_cast<double>(f));
+  } else {
+    std::snprintf(text, sizeof text, "%.6g", static_cast<double>(__half2float(__ushort_as_half(static_cast<unsigned short>(word)))));
+  }
+  return text;
+}
+
+// Checks the arena at `offsets` against the reference's `expected` and the `inputs` it was given.
+void verify(const Shape& shape, const Tensors& expected, const Tensors& inputs, const std::vector<std::size_t>& offsets, const std::string& what,
+            const Tensors* previous = nullptr) {
+  for (std::size_t i = 0; i < tensor_count; ++i) {
+    const TensorInfo& t = tensors[i];
+    const long n = t.size(shape);
+    unsigned long long host[counter_count] = {0, ~0ull, 0, ~0ull, 0, 0, ~0ull};
+    KEVO_CUDA_OK(cudaMemcpy(counters, host, sizeof host, cudaMemcpyHostToDevice));
+    const unsigned char* got = in_arena(offsets[i]);
+    const unsigned char* want = t.output ? expected.data[i] : inputs.data[i];
+    compare_kernel<<<grid_for(n + guard_elements), 256>>>(want, got, previous && t.output ? previous->data[i] : nullptr, n, t.kind, poison_of(t),
+                                                           tolerance_abs, tolerance_rel, !t.output, counters);
+    KEVO_CUDA_OK(cudaMemcpy(host, counters, sizeof host, cudaMemcpyDeviceToHost));
+    const int bytes = element_bytes(t);
+    if (host[past_end] > 0)
+      report_status(t.output ? "wrong_answer" : "mutated_input", std::string(t.name) + ": wrote past its end (element " +
+                                                                     std::to_string(host[first_past_end]) + " of " + std::to_string(n) + ") " + what);
+    if (!t.output) {
+      const long k = static_cast<long>(std::min(host[first_wrong], host[first_unwritten]));
+      if (host[wrong] + host[unwritten] > 0)
+        report_status("mutated_input", std::string("changed its input ") + t.name + " (element " + std::to_string(k) + " was " +
+                                           value_text(t, want + k * bytes) + ", is " + value_text(t, got + k * bytes) + ") " + what);
+      continue;
+    }
+    if (host[unwritten] > 0)
+      report_status("unwritten_output", std::string(t.name) + ": " + std::to_string(host[unwritten]) + " of " + std::to_string(n) +
+                                            " elements left unwritten (first at index " + std::to_string(host[first_unwritten]) + ") " + what);
+    if (host[wrong] > 0 && host[replayed] == host[wrong])
+      report_status("replayed_output", std::string(t.name) + ": " + std::to_string(host[wrong]) + " of " + std::to_string(n) +
+                                           " elements are an earlier call's outputs, for inputs that differ from that call's " + what);
+    if (host[wrong] > 0) {
+      const long k = static_cast<long>(host[first_wrong]);
+      report_status("wrong_answer", std::string(t.name) + ": " + std::to_string(host[wrong]) + " of " + std::to_string(n) +
+                                        " elements differ beyond tolerance (first at index " + std::to_string(k) + ": expected " +
+                                        value_text(t, want + k * bytes) + ", got " + value_text(t, got + k * bytes) + ") " + what);
+    }
+  }
+}
+
+// A sum over every output of the given calls, for spotting writes that land after the answer.
+unsigned long long output_checksum(const Shape& shape, const std::vector<std::vector<std::size_t>>& calls) {
+  unsigned long long host = 0;
+  KEVO_CUDA_OK(cudaMemcpy(counters, &host, sizeof host, cudaMemcpyHostToDevice));
+  for (const auto& offsets : calls)
+    for (std::size_t i = 0; i < tensor_count; ++i) {
+      if (!tensors[i].output) continue;
+      const long words = (tensors[i].size(shape) * element_bytes(tensors[i]) + 3) / 4;
+      checksum_kernel<<<grid_for(words), 256>>>(reinterpret_cast<const std::uint32_t*>(in_arena(offsets[i])), words, counters);
+    }
+  KEVO_CUDA_OK(cudaMemcpy(&host, counters, sizeof host, cudaMemcpyDeviceToHost));
+  return host;
+}
+
+// Writing a buffer of twice the L2, so that a timed call finds its inputs in memory.
+unsigned char* flush_buffer = nullptr;
+std::size_t flush_bytes = 0;
+void flush_l2() {
+  if (!flush_buffer) return;
+  static int round = 0;
+  KEVO_CUDA_OK(cudaMemset(flush_buffer, ++round & 0xff, flush_bytes));
+}
+
+// Runs `count` calls (each with its own offsets) in one command; returns the wall time of the batch.
+double run_batch(const Shape& shape, const std::vector<std::vector<std::size_t>>& calls, const std::string& what) {
+  Command command{};
+  command.kind = command_call;
+  command.seq = ++sequence;
+  command.count = calls.size();
+  shape_to_values(shape, command.shape);
+  for (std::size_t c = 0; c < calls.size(); ++c)
+    for (std::size_t i = 0; i < tensor_count; ++i) command.offset[c][i] = calls[c][i];
+  KEVO_CUDA_OK(cudaDeviceSynchronize());
+  const double t0 = now();
+  if (::send(options.control_fd, &command, sizeof command, MSG_NOSIGNAL) != static_cast<ssize_t>(sizeof command)) runner_gone("before " + what);
+  const Reply reply = wait_reply("in kernel() " + what);
+  const double wall = now() - t0;
+  freeze();
+  if (reply.kind == reply_failed) {
+    const std::string text = reply.text;
+    if (text.find("bad_alloc") != std::string::npos || text.find("out of memory") != std::string::npos)
+      report_status("memory_limit", text + " " + what);
+    report_status("crash", "kernel() failed: " + text + " " + what);
+  }
+  if (reply.kind != reply_done || reply.seq != command.seq) report_status("bad_report", "the runner answered out of turn " + what);
+  return wall;
+}
+
+// One call's data: its inputs and the reference's outputs, in the checker's memory.
+struct Case {
+  Tensors inputs, expected;
+  std::vector<std::size_t> offsets;
+};
+
+// Runs the cases as one batch and checks each; returns the wall time per call.
+double checked_batch(const Shape& shape, std::vector<Case*>& cases, const std::string& what, bool flush, const Tensors* previous = nullptr) {
+  std::vector<std::vector<std::size_t>> calls;
+  for (Case* c : cases) {
+    place(shape, c->inputs, c->offsets);
+    calls.push_back(c->offsets);
+  }
+  if (flush) flush_l2();
+  const double wall = run_batch(shape, calls, what);
+  const unsigned long long before = output_checksum(shape, calls);
+  for (Case* c : cases) verify(shape, c->expected, c->inputs, c->offsets, what, previous);
+  ::usleep(2000);
+  if (output_checksum(shape, calls) != before)
+    report_status("wrong_answer", "its outputs changed after it answered: work still running that the checker's clock did not see " + what);
+  thaw();
+  return wall / static_cast<double>(cases.size());
+}
+
+// The device's roofline, measured now: a streaming read of 2 GiB, and the arithmetic peak from
+// the device's clock and SM count (fp16 tensor cores where a tensor is half).
+void measure_roofline(double& gbytes_per_s, double& gflops) {
+  const std::size_t bytes = std::size_t{2} << 30;
+  int4* buffer = nullptr;
+  int* sink = nullptr;
+  KEVO_CUDA_OK(cudaMalloc(&buffer, bytes));
+  KEVO_CUDA_OK(cudaMalloc(&sink, sizeof(int)));
+  KEVO_CUDA_OK(cudaMemset(buffer, 1, bytes));
+  int sms = 0, clock_khz = 0, major = 0;
+  KEVO_CUDA_OK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  KEVO_CUDA_OK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0));
+  CUdevice device;
+  KEVO_CU_OK(KEVO_DRIVER(cuDeviceGet)(&device, 0));
+  KEVO_CU_OK(KEVO_DRIVER(cuDeviceGetAttribute)(&clock_khz, CU_DEVICE_ATTRIBUTE_CLOCK_RATE, device));
+  cudaEvent_t start, stop;
+  KEVO_CUDA_OK(cudaEventCreate(&start));
+  KEVO_CUDA_OK(cudaEventCreate(&stop));
+  float best_ms = 1e30f;
+  for (int r = 0; r < 5; ++r) {
+    KEVO_CUDA_OK(cudaEventRecord(start));
+    read_probe_kernel<<<sms * 8, 512>>>(buffer, static_cast<long>(bytes / sizeof(int4)), sink);
+    KEVO_CUDA_OK(cudaEventRecord(stop));
+    KEVO_CUDA_OK(cudaEventSynchronize(stop));
+    float ms = 0;
+    KEVO_CUDA_OK(cudaEventElapsedTime(&ms, start, stop));
+    if (r > 0) best_ms = std::min(best_ms, ms);
+  }
+  gbytes_per_s = static_cast<double>(bytes) / (best_ms * 1e-3) / 1e9;
+  bool any_half = false;
+  for (const TensorInfo& t : tensors) any_half = any_half || t.kind == 2;
+  // Per SM and clock: 128 fp32 FMAs; dense fp16 on tensor cores 4096 FLOPs (Hopper), 2048 before it.
+  const double per_sm_clock = any_half ? (major >= 9 ? 4096.0 : 2048.0) : 256.0;
+  gflops = per_sm_clock * sms * clock_khz * 1e3 / 1e9;
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  cudaFree(buffer);
+  cudaFree(sink);
+}
+
+// A tolerance under which one constant matches every output element of every check shape makes
+// the check meaningless. Tried: 0 and the reference's first output element.
+void validate_tolerance() {
+  KEVO_CUDA_OK(cudaMalloc(&counters, counter_count * sizeof(unsigned long long)));
+  std::uint64_t seed = options.seed;
+  for (std::size_t i = 0; i < tensor_count; ++i) {
+    if (!tensors[i].output) continue;
+    for (int candidate = 0; candidate < 2; ++candidate) {
+      bool all_pass = true;
+      std::string constant_text;
+      seed = options.seed;
+      for (const Shape& shape : check_shapes) {
+        Tensors inputs = allocate(shape), expected = allocate(shape), constant = allocate(shape);
+        fill_inputs(inputs, shape, nullptr, 0, seed++);
+        run_reference(shape, inputs, expected);
+        const long n = tensors[i].size(shape);
+        std::uint32_t word = 0;
+        if (candidate == 1) KEVO_CUDA_OK(cudaMemcpy(&word, expected.data[i], element_bytes(tensors[i]), cudaMemcpyDeviceToHost));
+        if (constant_text.empty()) constant_text = candidate == 0 ? "0" : value_text(tensors[i], expected.data[i]);
+        fill_kernel<<<grid_for(n), 256>>>(constant.data[i], n, element_bytes(tensors[i]), word);
+        poison(constant.data[i] + n * element_bytes(tensors[i]), guard_elements, tensors[i]);
+        unsigned long long host[counter_count] = {0, ~0ull, 0, ~0ull, 0, 0, ~0ull};
+        KEVO_CUDA_OK(cudaMemcpy(counters, host, sizeof host, cudaMemcpyHostToDevice));
+        compare_kernel<<<grid_for(n + guard_elements), 256>>>(expected.data[i], constant.data[i], nullptr, n, tensors[i].kind, poison_of(tensors[i]),
+                                                               tolerance_abs, tolerance_rel, false, counters);
+        KEVO_CUDA_OK(cudaMemcpy(host, counters, sizeof host, cudaMemcpyDeviceToHost));
+        all_pass = all_pass && host[wrong] == 0 && host[unwritten] == 0;
+        for (Tensors* t : {&inputs, &expected, &constant})
+          for (auto* p : t->data) cudaFree(p);
+      }
+      if (all_pass)
+        report_status("loose_tolerance", std::string("a kernel that writes the constant ") + constant_text + " to " + tensors[i].name +
+                                             " passes every check shape under this tolerance");
+    }
+  }
+  report("{\"status\":\"ok\"}");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  parse_options(argc, argv);
+  try {
+    KEVO_CUDA_OK(cudaSetDevice(0));
+    KEVO_CUDA_OK(cudaFree(nullptr));  // the context, before any driver entry point
+    if (options.validate_tolerance) validate_tolerance();
+    meet_runner();
+
+    // Everything the checker needs is taken before the candidate runs, so that a candidate that
+    // takes the whole device fails itself, not the checker.
+    std::size_t largest = call_bytes(timing_shape);
+    for (const Shape& shape : check_shapes) largest = std::max(largest, call_bytes(shape));
+    const std::size_t batch_budget = std::size_t{6} << 30;
+    const int batch = static_cast<int>(std::clamp<std::size_t>(batch_budget / largest, 1, max_batch));
+    make_arena(largest, std::max(2, batch));
+    KEVO_CUDA_OK(cudaMalloc(&counters, counter_count * sizeof(unsigned long long)));
+    int l2_bytes = 0;
+    KEVO_CUDA_OK(cudaDeviceGetAttribute(&l2_bytes, cudaDevAttrL2CacheSize, 0));
+    flush_bytes = std::max<std::size_t>(2 * static_cast<std::size_t>(l2_bytes), std::size_t{64} << 20);
+    if (options.flush) KEVO_CUDA_OK(cudaMalloc(&flush_buffer, flush_bytes));
+    double roofline_gbytes_per_s = 0, roofline_gflops = 0;
+    measure_roofline(roofline_gbytes_per_s, roofline_gflops);
+    constexpr long window = 4099;
+    Shape pool_shape = timing_shape;
+    Tensors pool;
+    for (std::size_t i = 0; i < tensor_count; ++i)
+      KEVO_CUDA_OK(cudaMalloc(&pool.data[i], static_cast<std::size_t>(tensors[i].size(timing_shape) + window + guard_elements) *
+                                                 element_bytes(tensors[i])));
+    std::vector<Case> cases(static_cast<std::size_t>(batch) + 1);
+    for (Case& c : cases) {
+      c.inputs = allocate(pool_shape);
+      c.expected = allocate(pool_shape);
+    }
+
+    if (wait_reply("while starting, before kevo's runner reached main() (a static initializer?)").kind != reply_ready)
+      report_status("bad_report", "the runner's first message was not its greeting");
+
+    std::uint64_t seed = options.seed;
+    int calls = 0;
+    for (const Shape& shape : check_shapes) {
+      Case& c = cases[0];
+      fill_inputs(c.inputs, shape, nullptr, 0, seed++);
+      run_reference(shape, c.inputs, c.expected);
+      c.offsets = layout(shape, calls % 2, calls % shifts);
+      std::vector<Case*> one{&c};
+      checked_batch(shape, one, "on shape " + shape_text(shape), false);
+      ++calls;
+    }
+
+    // The timing shape: a pool `window` elements longer than each tensor; each call reads the
+    // window at its own offset, so no two calls see the same inputs.
+    for (std::size_t i = 0; i < tensor_count; ++i) {
+      const TensorInfo& t = tensors[i];
+      if (t.output) continue;
+      const long n = t.size(timing_shape) + window;
+      draw_kernel<<<grid_for(n), 256>>>(pool.data[i], n, t.kind, t.uniform, t.scale, t.low, t.high, t.step, seed * 131 + i + 7);
+    }
+    seed++;
+    KEVO_CUDA_OK(cudaGetLastError());
+    std::mt19937_64 offsets(options.seed ^ 0x5bd1e995u);
+    const std::string on_timing = "on the timing shape " + shape_text(timing_shape);
+    double reference_seconds = 0;
+    {
+      Case& c = cases[0];
+      fill_inputs(c.inputs, timing_shape, &pool, 0, 0);
+      run_reference(timing_shape, c.inputs, c.expected, &reference_seconds);
+      c.offsets = layout(timing_shape, calls % 2, calls % shifts);
+      std::vector<Case*> one{&c};
+      checked_batch(timing_shape, one, on_timing, false);
+      ++calls;
+    }
+
+    // Timed batches: batch b's calls take slots 0..batch-1 at shift b / 2, so batches 2j and
+    // 2j + 1 share their addresses with new inputs (a kernel keyed on pointers replays there).
+    std::vector<double> samples;
+    const int total = options.warmup + options.repetitions;
+    for (int b = 0; b < total; ++b) {
+      std::vector<Case*> group;
+      for (int k = 0; k < batch; ++k) {
+        Case& c = cases[static_cast<std::size_t>(k)];
+        fill_inputs(c.inputs, timing_shape, &pool, static_cast<long>(offsets() % window), 0);
+        run_reference(timing_shape, c.inputs, c.expected);
+        c.offsets = layout(timing_shape, k, (b / 2) % shifts);
+        group.push_back(&c);
+      }
+      const double seconds = checked_batch(timing_shape, group, on_timing + " (timed batch " + std::to_string(b + 1) + ")", options.flush);
+      const bool hopeless = b == 0 && seconds > 0.01 && seconds > 10 * reference_seconds;
+      if (b >= options.warmup || hopeless) samples.push_back(seconds);
+      if (hopeless) break;
+    }
+
+    // The first call's inputs of the last batch with one element in 256 changed, at another address.
+    {
+      Case& last = cases[0];
+      Case& changed = cases[static_cast<std::size_t>(batch)];
+      for (std::size_t i = 0; i < tensor_count; ++i) {
+        const long n = tensors[i].size(timing_shape);
+        const std::size_t bytes = static_cast<std::size_t>(n + guard_elements) * element_bytes(tensors[i]);
+        KEVO_CUDA_OK(cudaMemcpy(changed.inputs.data[i], last.inputs.data[i], bytes, cudaMemcpyDeviceToDevice));
+        if (!tensors[i].output)
+          perturb_kernel<<<grid_for(n), 256>>>(changed.inputs.data[i], pool.data[i], n, n + window, element_bytes(tensors[i]), options.seed * 31 + i);
+      }
+      run_reference(timing_shape, changed.inputs, changed.expected);
+      changed.offsets = layout(timing_shape, 1, (total / 2 + 3) % shifts);
+      std::vector<Case*> one{&changed};
+      checked_batch(timing_shape, one, on_timing + " (inputs of a timed call with 1 element in 256 changed)", false, &last.expected);
+    }
+
+    Command quit{};
+    quit.kind = command_quit;
+    ::send(options.control_fd, &quit, sizeof quit, MSG_NOSIGNAL);
+    char line[640];
+    std::snprintf(line, sizeof line,
+                  "{\"status\":\"ok\",\"seconds\":%.9g,\"min_seconds\":%.9g,\"samples\":%d,\"bytes\":%.17g,\"flops\":%.17g,"
+                  "\"wall_seconds\":%.9g,\"cpu_seconds\":0,\"batch\":%d,\"roofline_gbytes_per_s\":%.9g,\"roofline_gflops\":%.9g}",
+                  median(samples), *std::min_element(samples.begin(), samples.end()), static_cast<int>(samples.size()),
+                  bytes_model(timing_shape), flops_model(timing_shape), median(samples), batch, roofline_gbytes_per_s, roofline_gflops);
+    report(line);
+  } catch (const std::bad_alloc&) {
+    report_status("sandbox_error", "the checker ran out of memory");
+  } catch (const std::exception& e) {
+    report_status("sandbox_error", std::string("the checker failed: ") + e.what());
+  }
+}
+)CUDA";
+
+}  // namespace detail
+
+/// checker.cu: the trusted process of a CUDA evaluation (see cuda_checker_body above).
+inline std::string cuda_checker_source(const Problem& p) {
+  return detail::checker_problem_part(p) + detail::checker_process_part() + std::string(detail::cuda_checker_body);
+}
+
+/// runner.cu: linked with the candidate and jailed. It maps the checker's arena (a file
+/// descriptor of device memory), greets, and on each command calls kernel() once per call of
+/// the batch, synchronizes the whole device, and answers with the first CUDA error, if any.
+inline std::string cuda_runner_source(const Problem& p) {
+  std::string shape_init, kernel_args;
+  for (std::size_t i = 0; i < p.params.size(); ++i) shape_init += fmt::format("{}static_cast<long>(c.shape[{}])", i ? ", " : "", i);
+  for (std::size_t i = 0; i < p.tensors.size(); ++i) {
+    const auto& t = p.tensors[i];
+    kernel_args += fmt::format(", reinterpret_cast<{}{}*>(base + c.offset[call][{}])", t.role == TensorRole::input ? "const " : "",
+                               detail::element_type_name(t.type), i);
+  }
+  return fmt::format(R"RUNNER(// runner.cu: generated by kevo for problem "{name}"; do not edit. Linked with a candidate and
+// run in its jail: calls kernel() when the checker says, on device memory the checker shares.
+#include "kevo_problem.hpp"
+
+#include <cuda.h>
+#include <cuda_runtime.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <new>
+#include <string>
+
+namespace {{
+{protocol}
+void send_reply(int control, std::uint64_t kind, std::uint64_t seq, const char* text) {{
+  Reply r{{}};
+  r.kind = kind;
+  r.seq = seq;
+  std::strncpy(r.text, text, sizeof r.text - 1);
+  ::send(control, &r, sizeof r, MSG_NOSIGNAL);
+}}
+
+std::string cuda_error_text(cudaError_t e) {{ return std::string("CUDA error ") + cudaGetErrorName(e) + ": " + cudaGetErrorString(e); }}
+
+// The driver API through the runtime's entry points (see the checker).
+template <class F>
+F driver_entry(const char* name) {{
+  void* fn = nullptr;
+  cudaDriverEntryPointQueryResult found{{}};
+  if (cudaGetDriverEntryPointByVersion(name, &fn, 12000, cudaEnableDefault, &found) != cudaSuccess) return nullptr;
+  return reinterpret_cast<F>(fn);
+}}
+#define KEVO_DRIVER(name) driver_entry<decltype(&name)>(#name)
+
+}}  // namespace
+
+int main(int argc, char** argv) {{
+  int control = -1;
+  for (int i = 1; i + 1 < argc; i += 2)
+    if (std::string(argv[i]) == "--control") control = std::atoi(argv[i + 1]);
+  std::uint64_t bytes = 0;
+  iovec iov{{&bytes, sizeof bytes}};
+  alignas(cmsghdr) char space[CMSG_SPACE(sizeof(int))] = {{}};
+  msghdr message{{}};
+  message.msg_iov = &iov;
+  message.msg_iovlen = 1;
+  message.msg_control = space;
+  message.msg_controllen = sizeof space;
+  if (::recvmsg(control, &message, MSG_CMSG_CLOEXEC) != static_cast<ssize_t>(sizeof bytes)) return 3;
+  cmsghdr* header = CMSG_FIRSTHDR(&message);
+  if (!header || header->cmsg_type != SCM_RIGHTS) return 3;
+  int arena_fd = -1;
+  std::memcpy(&arena_fd, CMSG_DATA(header), sizeof arena_fd);
+  for (int sig : {{SIGXCPU, SIGABRT, SIGTERM}}) ::signal(sig, [](int s) {{ ::_exit(128 + s); }});
+  // The arena: the checker's device memory, mapped here through its descriptor.
+  CUmemGenericAllocationHandle handle;
+  CUdeviceptr mapped = 0;
+  CUmemAccessDesc access{{}};
+  access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  access.location.id = 0;
+  access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  if (cudaSetDevice(0) != cudaSuccess || cudaFree(nullptr) != cudaSuccess) {{
+    send_reply(control, reply_failed, 0, "kevo's runner could not start CUDA");
+    return 4;
+  }}
+  const auto import_handle = KEVO_DRIVER(cuMemImportFromShareableHandle);
+  const auto reserve = KEVO_DRIVER(cuMemAddressReserve);
+  const auto map = KEVO_DRIVER(cuMemMap);
+  const auto set_access = KEVO_DRIVER(cuMemSetAccess);
+  if (!import_handle || !reserve || !map || !set_access ||
+      import_handle(&handle, reinterpret_cast<void*>(static_cast<std::uintptr_t>(arena_fd)), CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) != CUDA_SUCCESS ||
+      reserve(&mapped, bytes, 0, 0, 0) != CUDA_SUCCESS || map(mapped, bytes, 0, handle, 0) != CUDA_SUCCESS ||
+      set_access(mapped, bytes, &access, 1) != CUDA_SUCCESS) {{
+    send_reply(control, reply_failed, 0, "kevo's runner could not map the checker's device memory");
+    return 4;
+  }}
+  unsigned char* const base = reinterpret_cast<unsigned char*>(mapped);
+  send_reply(control, reply_ready, 0, "");
+  for (;;) {{
+    Command c{{}};
+    if (::recv(control, &c, sizeof c, 0) != static_cast<ssize_t>(sizeof c) || c.kind != command_call) return 0;
+    try {{
+      const Shape shape{{{shape_init}}};
+      for (std::uint64_t call = 0; call < c.count && call < max_batch; ++call) kernel(shape{kernel_args});
+      cudaError_t e = cudaDeviceSynchronize();
+      if (e == cudaSuccess) e = cudaGetLastError();
+      if (e == cudaSuccess) send_reply(control, reply_done, c.seq, "");
+      else send_reply(control, reply_failed, c.seq, cuda_error_text(e).c_str());
+    }} catch (const std::bad_alloc&) {{
+      send_reply(control, reply_failed, c.seq, "std::bad_alloc");
+    }} catch (const std::exception& e) {{
+      send_reply(control, reply_failed, c.seq, e.what());
+    }} catch (...) {{
+      send_reply(control, reply_failed, c.seq, "an exception of unknown type");
+    }}
+  }}
+}}
+)RUNNER",
+                     fmt::arg("name", p.name), fmt::arg("protocol", std::string(detail::wire_protocol)), fmt::arg("shape_init", shape_init),
+                     fmt::arg("kernel_args", kernel_args));
+}
+
+}  // namespace kevo::eval

@@ -1,0 +1,85 @@
+// CudaEvaluator where no GPU is needed: the generated CUDA checker and runner and the problem's
+// reference compile with nvcc inside the jail, a candidate compiles with ptxas's notes in its
+// diagnostics, compile errors and screen refusals are named, and without a GPU prepare() says so
+// instead of failing later. The device half is tests/device/eval_cuda_device.cpp.
+#include <kevo/eval/cuda_evaluator.hpp>
+
+#include <catch2/catch.hpp>
+
+#include <filesystem>
+#include <random>
+#include <string>
+
+namespace {
+
+const std::filesystem::path problems = std::filesystem::path(KEVO_TEST_DATA_DIR) / "problems";
+
+bool have_nvcc() { return kevo::eval::find_program(kevo::eval::CudaToolchain::default_compiler()).has_value(); }
+
+kevo::eval::CudaEvaluator make_evaluator() {
+  auto problem = kevo::load_problem(problems / "cuda_axpy");
+  if (!problem) FAIL(problem.error().message);
+  kevo::eval::EvaluatorOptions options;
+  options.cache_dir = std::filesystem::temp_directory_path() / "kevo-test-cache";
+  options.compile_timeout = std::chrono::seconds(120);
+  return kevo::eval::CudaEvaluator(*problem, options);
+}
+
+std::string nonce() {
+  std::random_device entropy;
+  return "\n// nonce " + std::to_string(entropy()) + std::to_string(entropy()) + "\n";
+}
+
+}  // namespace
+
+TEST_CASE("a CUDA problem's checker, runner and candidates compile with nvcc in the jail, with ptxas's notes") {
+  if (!have_nvcc()) {
+    WARN("no nvcc here: the CUDA compile path is not tested");
+    return;
+  }
+  auto evaluator = make_evaluator();
+  const kevo::Candidate candidate{.source = evaluator.default_candidate().source + nonce()};
+  const kevo::Evaluation e = evaluator.compile(candidate);
+  INFO(to_string(e.failure) << ": " << e.diagnostics.message << "\n" << e.diagnostics.detail);
+  REQUIRE(e.failure == kevo::FailureKind::none);
+  CHECK_THAT(e.diagnostics.detail, Catch::Contains("registers"));
+  CHECK(std::filesystem::exists(evaluator.build_directory() / "checker"));
+  CHECK(std::filesystem::exists(evaluator.build_directory() / "runner.o"));
+  CHECK(evaluator.stats().compiles == 1);
+  // The same source again is the cache's.
+  CHECK(evaluator.compile(candidate).failure == kevo::FailureKind::none);
+  CHECK(evaluator.stats().cache_hits >= 1);
+}
+
+TEST_CASE("a CUDA candidate that does not compile, or that the screen refuses, is named") {
+  if (!have_nvcc()) {
+    WARN("no nvcc here: the CUDA compile path is not tested");
+    return;
+  }
+  auto evaluator = make_evaluator();
+  const kevo::Evaluation broken = evaluator.compile({.source = "#include \"kevo_problem.hpp\"\nvoid kernel(const Shape& shape, const float* x, "
+                                                               "const __half* y, float* out) { undeclared_launch<<<1, 1>>>(); }\n" + nonce()});
+  CHECK(broken.failure == kevo::FailureKind::compile_error);
+  CHECK_THAT(broken.diagnostics.message, Catch::Contains("undeclared_launch"));
+  const kevo::Evaluation reader = evaluator.compile(
+      {.source = "#include \"kevo_problem.hpp\"\n#include <cstdio>\nvoid kernel(const Shape& shape, const float* x, const __half* y, float* out) {\n"
+                 "  std::FILE* f = std::fopen(\"/etc/passwd\", \"r\"); (void)f; }\n" + nonce()});
+  CHECK(reader.failure == kevo::FailureKind::screened_out);
+  CHECK_THAT(reader.diagnostics.message, Catch::Contains("refused before compiling"));
+}
+
+TEST_CASE("without a GPU, preparing a CUDA problem is a clear error, not a crash") {
+  if (!have_nvcc() || !kevo::eval::detail::gpu_name_and_capability().empty()) {
+    WARN("a GPU is here (or no nvcc): tests/device covers this machine");
+    return;
+  }
+  auto evaluator = make_evaluator();
+  auto ready = evaluator.prepare();
+  REQUIRE_FALSE(ready);
+  INFO(ready.error().message);
+  CHECK_THAT(ready.error().message, Catch::Contains("cuda_axpy"));
+  // An evaluation says the problem is not ready, and costs nothing.
+  const kevo::Evaluation e = evaluator.evaluate(evaluator.default_candidate(), 1);
+  CHECK(e.failure == kevo::FailureKind::sandbox_error);
+  CHECK_THAT(e.diagnostics.message, Catch::Contains("not ready"));
+}
