@@ -1,7 +1,8 @@
-// kevo-search: optimize one kernel of a problem directory on this machine's CPU.
+// kevo-search: optimize one kernel of a problem directory on this machine's CPU, or its GPU for a
+// problem whose target is cuda.
 //
-// It composes the offline template synthesizer, a search policy, a memory operator, the
-// sandboxed CPU evaluator and the SQLite store into a SearchLoop, prints progress as results
+// It composes the offline template synthesizer, a search policy, a memory operator, the jailed
+// CPU or CUDA evaluator and the SQLite store into a SearchLoop, prints progress as results
 // come in, writes the best kernel to disk, and ends with its verified speedup:
 //
 //   kevo-search problems/cpu_scoring --budget 60 --jobs 2
@@ -10,6 +11,7 @@
 //
 // A search stopped at any moment (Ctrl-C, or even SIGKILL) continues with --resume.
 #include <kevo/eval/cpu_evaluator.hpp>
+#include <kevo/eval/cuda_evaluator.hpp>
 #include <kevo/memory/any_memory.hpp>
 #include <kevo/report/html_report.hpp>
 #include <kevo/search/any_policy.hpp>
@@ -195,79 +197,89 @@ int main(int argc, char** argv) {
   auto memory = kevo::memory::make_memory(o.memory);
   if (!memory) return fail(memory.error().message);
 
+  // The search, whichever evaluator the problem's target takes.
+  auto search = [&](auto& evaluator) -> int {
+    using Evaluator = std::remove_reference_t<decltype(evaluator)>;
+    if (!o.quiet) fmt::print("kevo-search: {} ({}, {}), preparing the reference and the roofline...\n", problem->name, problem->directory.string(),
+                             kevo::to_string(problem->target));
+    if (auto ready = evaluator.prepare(); !ready) return fail(ready.error().message);
+    if (!o.quiet)
+      fmt::print("reference: {:.3f} ms on the timing shape; policy {}, memory {}, {} jobs, budget {}, store {}\n",
+                 evaluator.reference_seconds() * 1e3, o.policy, o.memory, o.jobs, o.budget, o.store.string());
+
+    kevo::SearchArguments args{.jobs = o.jobs,
+                               .max_evaluations = o.budget,
+                               .max_wall_seconds = o.wall_seconds,
+                               .target_speedup = o.target,
+                               .patience = o.patience,
+                               .seed = o.seed,
+                               .handle_signals = true,
+                               .settings_json = settings_json(o)};
+    if (!o.quiet)
+      args.on_progress = [&](const kevo::Progress& p) {
+        const kevo::Evaluation& e = *p.evaluation;
+        const std::string outcome = e.ok() ? fmt::format("{:6.2f}x {}-bound", e.speedup, kevo::to_string(e.diagnostics.bottleneck))
+                                           : fmt::format("{} ({})", kevo::to_string(e.failure), e.diagnostics.message.substr(0, 60));
+        fmt::print("[{:3}/{}] {:4.2f} eval/s  best {:6.2f}x{}  node {:3}: {}  <- {}{}\n", p.evaluations - 1, o.budget,
+                   p.evaluations_per_second, p.best_speedup, p.new_best ? " (new)" : "      ", p.node, outcome,
+                   p.candidate->origin.substr(0, 70), p.failures.empty() ? "" : "  | failures:" + failures_text(p.failures));
+        std::fflush(stdout);
+      };
+
+    kevo::synth::TemplateSynthesizer synth(*problem);
+    kevo::SearchLoop<kevo::synth::TemplateSynthesizer, kevo::search::AnyPolicy, kevo::memory::AnyMemory,
+                     Evaluator, kevo::knowledge::NullRetriever, kevo::store::SqliteStore>
+        loop(*problem, synth, *policy, *memory, evaluator, kevo::knowledge::NullRetriever{}, *store, args);
+    auto result = o.resume ? loop.resume(resume_run) : loop.run(synth.seed());
+    if (!result) return fail(result.error().message);
+
+    {
+      std::ofstream out(o.out);
+      out << "// kevo-search: best kernel for " << problem->name << ", knobs: " << kevo::to_string(result->best_candidate->knobs)
+          << "\n// " << fmt::format("{:.2f}x over the reference ({})", result->verified_speedup, result->verification_message)
+          << "\n" << result->best_candidate->source;
+    }
+    if (!o.json.empty()) {
+      std::ofstream json(o.json);
+      json << fmt::format(
+          R"({{"problem":{},"target":"{}","evaluations":{},"best_speedup":{:.4f},"search_speedup":{:.4f},"verified":{},)"
+          R"("best_candidate":{{"node":{},"file":{},"knobs":{}}},"stopped_because":"{}","store":{},"run_id":{},)"
+          R"("policy":"{}","memory":"{}","elapsed_seconds":{:.2f},"failures":{{{}}}}})"
+          "\n",
+          kevo::detail::json_quote(problem->name), kevo::to_string(problem->target), result->evaluations,
+          result->verified_speedup, result->best_speedup, result->verified, result->best_node,
+          kevo::detail::json_quote(o.out.string()), kevo::detail::knobs_to_json(result->best_candidate->knobs),
+          kevo::to_string(result->stopped_because), kevo::detail::json_quote(o.store.string()), result->run_id, o.policy,
+          o.memory, result->elapsed_seconds, [&] {
+            std::string f;
+            for (auto [kind, count] : result->failures)
+              f += fmt::format("{}\"{}\":{}", f.empty() ? "" : ",", kevo::to_string(kind), count);
+            return f;
+          }());
+    }
+    if (auto ok = kevo::report::write_html(*store, result->run_id, o.report); !ok) fmt::print(stderr, "kevo-search: {}\n", ok.error().message);
+    if (!o.quiet)
+      fmt::print("report: {}\n", o.report.string());
+    if (!o.quiet)
+      fmt::print("stopped: {} after {} evaluations in {:.1f} s; failures:{}\nbest kernel: {} ({})\n",
+                 kevo::to_string(result->stopped_because), result->evaluations, result->elapsed_seconds,
+                 failures_text(result->failures), o.out.string(), kevo::to_string(result->best_candidate->knobs));
+    if (result->stopped_because == kevo::StopReason::interrupted) {
+      fmt::print("best so far: {:.1f}x over reference (not re-checked: interrupted); --resume continues the run\n",
+                 result->best_speedup);
+      return 130;  // as a shell reports a process ended by SIGINT
+    }
+    if (!result->verified) {
+      fmt::print("best: {:.1f}x over reference (NOT verified: {})\n", result->best_speedup, result->verification_message);
+      return 3;
+    }
+    fmt::print("best: {:.1f}x over reference (verified)\n", result->verified_speedup);
+    return 0;
+  };
+  if (problem->target == kevo::Target::cuda) {
+    kevo::eval::CudaEvaluator evaluator(*problem);
+    return search(evaluator);
+  }
   kevo::eval::CpuEvaluator evaluator(*problem);
-  if (!o.quiet) fmt::print("kevo-search: {} ({}), preparing the reference and the roofline...\n", problem->name, problem->directory.string());
-  if (auto ready = evaluator.prepare(); !ready) return fail(ready.error().message);
-  if (!o.quiet)
-    fmt::print("reference: {:.3f} ms on the timing shape; policy {}, memory {}, {} jobs, budget {}, store {}\n",
-               evaluator.reference_seconds() * 1e3, o.policy, o.memory, o.jobs, o.budget, o.store.string());
-
-  kevo::SearchArguments args{.jobs = o.jobs,
-                             .max_evaluations = o.budget,
-                             .max_wall_seconds = o.wall_seconds,
-                             .target_speedup = o.target,
-                             .patience = o.patience,
-                             .seed = o.seed,
-                             .handle_signals = true,
-                             .settings_json = settings_json(o)};
-  if (!o.quiet)
-    args.on_progress = [&](const kevo::Progress& p) {
-      const kevo::Evaluation& e = *p.evaluation;
-      const std::string outcome = e.ok() ? fmt::format("{:6.2f}x {}-bound", e.speedup, kevo::to_string(e.diagnostics.bottleneck))
-                                         : fmt::format("{} ({})", kevo::to_string(e.failure), e.diagnostics.message.substr(0, 60));
-      fmt::print("[{:3}/{}] {:4.2f} eval/s  best {:6.2f}x{}  node {:3}: {}  <- {}{}\n", p.evaluations - 1, o.budget,
-                 p.evaluations_per_second, p.best_speedup, p.new_best ? " (new)" : "      ", p.node, outcome,
-                 p.candidate->origin.substr(0, 70), p.failures.empty() ? "" : "  | failures:" + failures_text(p.failures));
-      std::fflush(stdout);
-    };
-
-  kevo::synth::TemplateSynthesizer synth(*problem);
-  kevo::SearchLoop<kevo::synth::TemplateSynthesizer, kevo::search::AnyPolicy, kevo::memory::AnyMemory,
-                   kevo::eval::CpuEvaluator, kevo::knowledge::NullRetriever, kevo::store::SqliteStore>
-      loop(*problem, synth, *policy, *memory, evaluator, kevo::knowledge::NullRetriever{}, *store, args);
-  auto result = o.resume ? loop.resume(resume_run) : loop.run(synth.seed());
-  if (!result) return fail(result.error().message);
-
-  {
-    std::ofstream out(o.out);
-    out << "// kevo-search: best kernel for " << problem->name << ", knobs: " << kevo::to_string(result->best_candidate->knobs)
-        << "\n// " << fmt::format("{:.2f}x over the reference ({})", result->verified_speedup, result->verification_message)
-        << "\n" << result->best_candidate->source;
-  }
-  if (!o.json.empty()) {
-    std::ofstream json(o.json);
-    json << fmt::format(
-        R"({{"problem":{},"target":"{}","evaluations":{},"best_speedup":{:.4f},"search_speedup":{:.4f},"verified":{},)"
-        R"("best_candidate":{{"node":{},"file":{},"knobs":{}}},"stopped_because":"{}","store":{},"run_id":{},)"
-        R"("policy":"{}","memory":"{}","elapsed_seconds":{:.2f},"failures":{{{}}}}})"
-        "\n",
-        kevo::detail::json_quote(problem->name), kevo::to_string(problem->target), result->evaluations,
-        result->verified_speedup, result->best_speedup, result->verified, result->best_node,
-        kevo::detail::json_quote(o.out.string()), kevo::detail::knobs_to_json(result->best_candidate->knobs),
-        kevo::to_string(result->stopped_because), kevo::detail::json_quote(o.store.string()), result->run_id, o.policy,
-        o.memory, result->elapsed_seconds, [&] {
-          std::string f;
-          for (auto [kind, count] : result->failures)
-            f += fmt::format("{}\"{}\":{}", f.empty() ? "" : ",", kevo::to_string(kind), count);
-          return f;
-        }());
-  }
-  if (auto ok = kevo::report::write_html(*store, result->run_id, o.report); !ok) fmt::print(stderr, "kevo-search: {}\n", ok.error().message);
-  if (!o.quiet)
-    fmt::print("report: {}\n", o.report.string());
-  if (!o.quiet)
-    fmt::print("stopped: {} after {} evaluations in {:.1f} s; failures:{}\nbest kernel: {} ({})\n",
-               kevo::to_string(result->stopped_because), result->evaluations, result->elapsed_seconds,
-               failures_text(result->failures), o.out.string(), kevo::to_string(result->best_candidate->knobs));
-  if (result->stopped_because == kevo::StopReason::interrupted) {
-    fmt::print("best so far: {:.1f}x over reference (not re-checked: interrupted); --resume continues the run\n",
-               result->best_speedup);
-    return 130;  // as a shell reports a process ended by SIGINT
-  }
-  if (!result->verified) {
-    fmt::print("best: {:.1f}x over reference (NOT verified: {})\n", result->best_speedup, result->verification_message);
-    return 3;
-  }
-  fmt::print("best: {:.1f}x over reference (verified)\n", result->verified_speedup);
-  return 0;
+  return search(evaluator);
 }

@@ -384,6 +384,7 @@ double run_batch(const Shape& shape, const std::vector<std::vector<std::size_t>>
     for (std::size_t i = 0; i < tensor_count; ++i) command.offset[c][i] = calls[c][i];
   KEVO_CUDA_OK(cudaDeviceSynchronize());
   const double t0 = now();
+  thaw();  // stopped since the last batch's check: no work before the clock starts
   if (::send(options.control_fd, &command, sizeof command, MSG_NOSIGNAL) != static_cast<ssize_t>(sizeof command)) runner_gone("before " + what);
   const Reply reply = wait_reply("in kernel() " + what);
   const double wall = now() - t0;
@@ -418,7 +419,6 @@ double checked_batch(const Shape& shape, std::vector<Case*>& cases, const std::s
   ::usleep(2000);
   if (output_checksum(shape, calls) != before)
     report_status("wrong_answer", "its outputs changed after it answered: work still running that the checker's clock did not see " + what);
-  thaw();
   return wall / static_cast<double>(cases.size());
 }
 

@@ -203,6 +203,7 @@ namespace detail {
 inline std::string checker_process_part() {
   return std::string(R"PROCESS(
 #include <dirent.h>
+#include <fcntl.h>
 #include <sched.h>
 #include <signal.h>
 #include <poll.h>
@@ -445,8 +446,10 @@ void make_arena() {
   fit(timing_shape);
   arena.slot_bytes = slot;
   arena.bytes = 2 * slot;
-  const int fd = ::memfd_create("kevo-arena", MFD_CLOEXEC);
-  if (fd < 0 || ::ftruncate(fd, static_cast<off_t>(arena.bytes)) != 0) report_status("sandbox_error", "cannot make the shared arena");
+  // Sealed at its size: a runner that could shrink it would crash the checker (SIGBUS) on its next read.
+  const int fd = ::memfd_create("kevo-arena", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  if (fd < 0 || ::ftruncate(fd, static_cast<off_t>(arena.bytes)) != 0 || ::fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0)
+    report_status("sandbox_error", "cannot make the shared arena");
   void* base = ::mmap(nullptr, arena.bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   if (base == MAP_FAILED) report_status("sandbox_error", "cannot map the shared arena");
   arena.base = static_cast<unsigned char*>(base);
@@ -552,6 +555,7 @@ CallTiming call(const Shape& shape, const Tensors& inputs, const std::vector<std
   CallTiming timing;
   const double cpu0 = runner_cpu_seconds();
   const double t0 = now();
+  thaw();  // stopped since the last call's check: no work before the clock starts
   if (::send(options.control_fd, &command, sizeof command, MSG_NOSIGNAL) != static_cast<ssize_t>(sizeof command))
     runner_gone("before " + what);
   const Reply reply = wait_reply("in kernel() " + what);
@@ -632,13 +636,13 @@ void verify(const Shape& shape, const Tensors& expected, const Tensors& inputs, 
   }
 }
 
-// One checked call: place, run, freeze, verify, thaw.
+// One checked call: place, run, freeze, verify. The runner stays stopped until the next call's
+// clock starts, so nothing it does while the checker places inputs or flushes caches goes untimed.
 CallTiming checked_call(const Shape& shape, const Tensors& inputs, const Tensors& expected, int slot, int shift, bool flush,
                         const std::string& what, const Tensors* previous = nullptr) {
   const std::vector<std::size_t> offsets = layout(shape, slot, shift);
   const CallTiming timing = call(shape, inputs, offsets, flush, what);
   verify(shape, expected, inputs, offsets, what, previous);
-  thaw();
   return timing;
 }
 
