@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Builds what a device call needs to run the GPU search and its device tests, here, into
+# .carry/search: kevo-search and test_eval_cuda_device (the device image has no simdjson, fmt or
+# libseccomp to build them with), the shared libraries they link that the device may lack, and
+# bubblewrap (the jail). The candidates themselves are compiled there, by nvcc, in the jail.
+# Run from the repository root after `cmake --preset release`.
+set -euo pipefail
+cmake --build build/release --target kevo-search test_eval_cuda_device -j2
+mkdir -p .carry/search
+cp build/release/examples/search/kevo-search build/release/tests/device/test_eval_cuda_device "$(command -v bwrap)" .carry/search/
+ldd .carry/search/kevo-search .carry/search/test_eval_cuda_device .carry/search/bwrap | awk '/=> \// {print $3}' | sort -u |
+  grep -Ev '/(libc|libm|libstdc\+\+|libgcc_s|libdl|libpthread|librt)\.so' |
+  while read -r lib; do cp -L "$lib" .carry/search/; done
+ls -la .carry/search

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# On the device (carry .carry): the CUDA evaluator's device tests, then the template search on
+# the GPU problems, then PyTorch's softmax on the same shape, each log under $OUT.
+# Usage: bash benchmarks/search/run_on_device.sh [budget] [problems...]
+set -uo pipefail
+budget=${1:-40}
+shift || true
+problems=("$@")
+[ ${#problems[@]} -gt 0 ] || problems=(problems/cuda_softmax)
+out=${OUT:-/tmp/out}
+mkdir -p "$out"
+export PATH=$PWD/.carry/search:/usr/local/cuda/bin:$PATH
+export LD_LIBRARY_PATH=$PWD/.carry/search${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+nvidia-smi --query-gpu=name,compute_cap,driver_version,clocks.sm,clocks.mem --format=csv | tee "$out/gpu.txt"
+.carry/search/test_eval_cuda_device --durations yes 2>&1 | tee "$out/device_tests.log" | tail -60
+for problem in "${problems[@]}"; do
+  name=$(basename "$problem")
+  start=$(date +%s)
+  .carry/search/kevo-search "$problem" --budget "$budget" --jobs 2 --store "/tmp/$name.db" --json "$out/$name.json" \
+    --out "$out/$name.best.cu" 2>&1 | tee "$out/$name.log" | grep -E "new|best:|stopped|reference:|failures" | tail -25
+  echo "$name: $(( $(date +%s) - start )) s" | tee -a "$out/times.txt"
+done
+python3 benchmarks/search/torch_peer.py 2>&1 | tee "$out/torch.log"
