@@ -112,7 +112,10 @@ struct CudaToolchain {
   static std::vector<std::filesystem::path> compiler_roots(const std::string& compiler) {
     const auto root = toolkit_root(compiler);
     if (root.empty()) return {};
-    return {root};
+    std::vector<std::filesystem::path> roots{root};
+    // Ubuntu's packages link /usr/local/cuda through /etc/alternatives.
+    if (std::filesystem::exists("/etc/alternatives")) roots.push_back("/etc/alternatives");
+    return roots;
   }
 
  private:
