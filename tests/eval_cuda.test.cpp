@@ -83,3 +83,27 @@ TEST_CASE("without a GPU, preparing a CUDA problem is a clear error, not a crash
   CHECK(e.failure == kevo::FailureKind::sandbox_error);
   CHECK_THAT(e.diagnostics.message, Catch::Contains("not ready"));
 }
+
+TEST_CASE("the shipped CUDA problems load, and their default kernels pass the screen and compile") {
+  const std::filesystem::path shipped = std::filesystem::path(KEVO_SOURCE_DIR) / "problems";
+  for (const char* name : {"cuda_softmax", "cuda_layernorm", "cuda_gemm", "cuda_topk"}) {
+    auto problem = kevo::load_problem(shipped / name);
+    INFO(name << ": " << (problem ? "" : problem.error().message));
+    REQUIRE(problem);
+    CHECK(problem->target == kevo::Target::cuda);
+  }
+  if (!have_nvcc()) {
+    WARN("no nvcc here: the shipped CUDA kernels are not compiled");
+    return;
+  }
+  // The two quick ones (top-K's CUB takes ~25 s a candidate; the device run compiles it).
+  for (const char* name : {"cuda_softmax", "cuda_layernorm"}) {
+    kevo::eval::EvaluatorOptions options;
+    options.cache_dir = std::filesystem::temp_directory_path() / "kevo-test-cache";
+    options.compile_timeout = std::chrono::seconds(180);
+    kevo::eval::CudaEvaluator evaluator(*kevo::load_problem(shipped / name), options);
+    const kevo::Evaluation e = evaluator.compile(evaluator.default_candidate());
+    INFO(name << ": " << to_string(e.failure) << ": " << e.diagnostics.message << "\n" << e.diagnostics.detail);
+    CHECK(e.failure == kevo::FailureKind::none);
+  }
+}
