@@ -1,13 +1,14 @@
-// kevo/eval/harness.hpp: the C++ sources kevo generates for a problem:
+// kevo/eval/harness.hpp: the C++ sources kevo generates for a CPU problem's evaluation:
 //   kevo_problem.hpp   `struct Shape` and the declarations of `reference` and `kernel`;
-//   harness.cpp        a main that checks `kernel` against `reference` and times one of them;
+//   checker.cpp        the trusted process: inputs, reference, checks and clock (checked_run.hpp runs it);
+//   runner.cpp         linked with a candidate and jailed: calls `kernel` when the checker says;
 //   the reference as a kernel (`kernel` calling `reference`), the candidate a speedup of 1 means.
-// The harness prints exactly one JSON line on stdout, e.g. {"status":"ok","seconds":0.0123,...};
-// anything the kernel itself prints goes to stderr.
+// The checker prints exactly one JSON line on stdout, e.g. {"status":"ok","seconds":0.0123,...}.
+// The parts every target's checker shares live here too; cuda_harness.hpp builds the CUDA ones.
 //
 //   std::string header = kevo::eval::problem_header(problem);
-//   std::string main_source = kevo::eval::harness_source(problem);
-//   // harness --seed 7 --time kernel --warmup 2 --repetitions 7
+//   std::string checker = kevo::eval::checker_source(problem), runner = kevo::eval::runner_source(problem);
+//   // checker --control FD --info FD --seed 7 --warmup 2 --repetitions 7
 #pragma once
 
 #include <kevo/problem.hpp>

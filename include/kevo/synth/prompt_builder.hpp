@@ -247,6 +247,20 @@ inline std::string task_for(const GenerationRequest& r) {
       task = "The current implementation runs past the time limit. Look for loops that never end or accidentally quadratic "
              "work, and fix them.";
       break;
+    case FailureKind::screened_out:
+      task = "The current implementation was refused before compiling, for the reason below. A kernel only computes: no code "
+             "at start-up (namespace-scope objects with constructors), no I/O, files, processes, network or environment, only "
+             "the allowed headers. Remove what was refused and keep the computation.";
+      break;
+    case FailureKind::mutated_input:
+    case FailureKind::replayed_output:
+      task = "The current implementation changed its inputs or returned outputs from an earlier call. Inputs are read-only, and "
+             "every call gets new inputs (sometimes at the same addresses): compute the outputs from this call's inputs.";
+      break;
+    case FailureKind::implausible:
+      task = "The current implementation was timed faster than this machine's roofline allows, so its timing is not credited. "
+             "Compute every output on every call, within the call.";
+      break;
     default:
       task = fmt::format("The last evaluation failed ({}). Produce a correct implementation.", to_string(e.failure));
   }
