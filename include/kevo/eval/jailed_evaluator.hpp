@@ -78,7 +78,7 @@ struct EvaluatorOptions {
 struct EvaluatorStats {
   std::size_t compiles = 0;     ///< candidate builds actually compiled
   std::size_t cache_hits = 0;   ///< candidate builds found in the cache
-  std::size_t runs = 0;         ///< sandboxed runs of a harness
+  std::size_t runs = 0;         ///< checked runs (a checker beside a jailed runner)
 };
 
 /// A Toolchain provides, as static members: `target`; `source_extension` (".cpp", ".cu");
@@ -96,8 +96,8 @@ class JailedEvaluator {
   JailedEvaluator(const JailedEvaluator&) = delete;
   JailedEvaluator& operator=(const JailedEvaluator&) = delete;
 
-  /// Generates and compiles the harness and the reference (cached), times the reference on the
-  /// timing shape and loads (or measures once) the roofline. evaluate() calls it when needed;
+  /// Generates and compiles the checker, the runner and the reference (cached), refuses a loose
+  /// tolerance, times the reference on the timing shape and loads (or measures) the roofline. evaluate() calls it when needed;
   /// call it first to see its errors, which name the file at fault.
   expected<void, Error> prepare() {
     std::lock_guard lock(prepare_mutex_);
