@@ -243,10 +243,19 @@ struct Tensors {
   std::vector<unsigned char*> data = std::vector<unsigned char*>(tensor_count, nullptr);
 };
 
-Tensors allocate(const Shape& shape) {
+// Tensor i's largest element count over every shape (a check shape may outgrow the timing shape
+// in one tensor: top-K's K, say).
+long max_elements(std::size_t i) {
+  long n = tensors[i].size(timing_shape);
+  for (const Shape& shape : check_shapes) n = std::max(n, tensors[i].size(shape));
+  return n;
+}
+
+// Room for any shape's tensors, and `extra` elements more each.
+Tensors allocate(long extra = 0) {
   Tensors t;
   for (std::size_t i = 0; i < tensor_count; ++i)
-    KEVO_CUDA_OK(cudaMalloc(&t.data[i], static_cast<std::size_t>(tensors[i].size(shape) + guard_elements) * element_bytes(tensors[i])));
+    KEVO_CUDA_OK(cudaMalloc(&t.data[i], static_cast<std::size_t>(max_elements(i) + extra + guard_elements) * element_bytes(tensors[i])));
   return t;
 }
 
@@ -474,7 +483,7 @@ void validate_tolerance() {
       std::string constant_text;
       seed = options.seed;
       for (const Shape& shape : check_shapes) {
-        Tensors inputs = allocate(shape), expected = allocate(shape), constant = allocate(shape);
+        Tensors inputs = allocate(), expected = allocate(), constant = allocate();
         fill_inputs(inputs, shape, nullptr, 0, seed++);
         run_reference(shape, inputs, expected);
         const long n = tensors[i].size(shape);
@@ -525,15 +534,11 @@ int main(int argc, char** argv) {
     double roofline_gbytes_per_s = 0, roofline_gflops = 0;
     measure_roofline(roofline_gbytes_per_s, roofline_gflops);
     constexpr long window = 4099;
-    Shape pool_shape = timing_shape;
-    Tensors pool;
-    for (std::size_t i = 0; i < tensor_count; ++i)
-      KEVO_CUDA_OK(cudaMalloc(&pool.data[i], static_cast<std::size_t>(tensors[i].size(timing_shape) + window + guard_elements) *
-                                                 element_bytes(tensors[i])));
+    Tensors pool = allocate(window);
     std::vector<Case> cases(static_cast<std::size_t>(batch) + 1);
     for (Case& c : cases) {
-      c.inputs = allocate(pool_shape);
-      c.expected = allocate(pool_shape);
+      c.inputs = allocate();
+      c.expected = allocate();
     }
 
     if (wait_reply("while starting, before kevo's runner reached main() (a static initializer?)").kind != reply_ready)
