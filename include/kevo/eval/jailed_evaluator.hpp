@@ -345,7 +345,7 @@ class JailedEvaluator {
   /// beside a timed run. The compiler runs jailed: it sees the system's headers, the problem's
   /// generated files and `directory` (writable), nothing else (no `.incbin "/etc/shadow"`).
   SandboxResult run_compiler(std::vector<std::string> args, const std::filesystem::path& directory) {
-    // Its /tmp holds nvcc's intermediate files: hundreds of MB for a kernel that includes CUB.
+    // Its /tmp holds the compiler's intermediate files, which for nvcc and CUB can pass a candidate's 64 MiB.
     JailOptions options{.read_only = {problem_dir_}, .writable = {directory}, .working_directory = directory,
                         .tmpfs_bytes = std::size_t{1} << 30, .seccomp = false};
     for (const auto& root : Toolchain::compiler_roots(options_.compiler)) options.read_only.push_back(root);
