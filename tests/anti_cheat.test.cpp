@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <random>
 #include <string>
 #include <string_view>
@@ -31,7 +32,6 @@ namespace fs = std::filesystem;
 using kevo::FailureKind;
 
 const fs::path shipped = fs::path(KEVO_SOURCE_DIR) / "problems";
-const fs::path fixtures = fs::path(KEVO_TEST_DATA_DIR) / "problems";
 
 kevo::eval::CpuEvaluatorOptions hostile_options() {
   kevo::eval::CpuEvaluatorOptions o;
@@ -47,6 +47,22 @@ kevo::Problem load(const fs::path& directory) {
   auto problem = kevo::load_problem(directory);
   if (!problem) FAIL(problem.error().message);
   return *problem;
+}
+
+// problems/softmax copied to a directory named `name`, the text `from` of its manifest replaced by
+// `to`: one manifest rule under test, the rest exactly the shipped problem (no copy to drift).
+fs::path softmax_variant(const std::string& name, const std::string& from, const std::string& to) {
+  const fs::path directory = fs::temp_directory_path() / "kevo-anti-cheat-problems" / name;
+  fs::remove_all(directory);
+  fs::create_directories(directory);
+  for (const char* file : {"reference.cpp", "kernel.cpp.tmpl"}) fs::copy_file(shipped / "softmax" / file, directory / file);
+  std::ifstream in(shipped / "softmax" / "problem.json");
+  std::string manifest((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const auto at = manifest.find(from);
+  REQUIRE(at != std::string::npos);
+  manifest.replace(at, from.size(), to);
+  std::ofstream(directory / "problem.json") << manifest;
+  return directory;
 }
 
 // One evaluator for every softmax case: prepared once, and still working after all of them.
@@ -743,7 +759,8 @@ TEST_CASE("anti-cheat: no work is done between placing a call's inputs and start
 // ---- the problem's own numbers ----
 
 TEST_CASE("anti-cheat: a tolerance under which constants pass is refused by prepare()") {
-  kevo::eval::CpuEvaluator loose(load(fixtures / "loose_softmax"), hostile_options());
+  // Under abs 1.0, writing 0 everywhere passes.
+  kevo::eval::CpuEvaluator loose(load(softmax_variant("loose_softmax", "\"abs\": 1e-7", "\"abs\": 1.0")), hostile_options());
   auto ready = loose.prepare();
   REQUIRE_FALSE(ready);
   CHECK_THAT(ready.error().message, Catch::Contains("the tolerance is too loose"));
@@ -751,14 +768,16 @@ TEST_CASE("anti-cheat: a tolerance under which constants pass is refused by prep
 }
 
 TEST_CASE("anti-cheat: a negative tolerance is refused by load_problem()") {
-  auto problem = kevo::load_problem(fixtures / "negative_tolerance");
+  auto problem = kevo::load_problem(softmax_variant("negative_tolerance", "\"abs\": 1e-7", "\"abs\": -1e-7"));
   REQUIRE_FALSE(problem);
   CHECK_THAT(problem.error().message, Catch::Contains("negative_tolerance/problem.json"));
   CHECK_THAT(problem.error().message, Catch::Contains("tolerance.abs"));
 }
 
 TEST_CASE("anti-cheat: a figure past the roofline is refused as implausible") {
-  kevo::eval::CpuEvaluator overstated(load(fixtures / "overstated_bytes"), hostile_options());
+  // 10000 times the real traffic: an honest kernel measures past the roofline.
+  kevo::eval::CpuEvaluator overstated(load(softmax_variant("overstated_bytes", "\"bytes_model\": \"8.0 * R * C\"",
+                                                           "\"bytes_model\": \"80000.0 * R * C\"")), hostile_options());
   REQUIRE_PREPARED(overstated);
   const std::size_t runs = overstated.stats().runs;
   const kevo::Evaluation e = overstated.evaluate(overstated.default_candidate(), 11);
