@@ -382,30 +382,10 @@ void flush_l2() {
   KEVO_CUDA_OK(cudaMemset(flush_buffer, ++round & 0xff, flush_bytes));
 }
 
-// Runs `count` calls (each with its own offsets) in one command; returns the wall time of the batch.
+// Runs the calls (each its own offsets) in one command; returns the wall time of the batch.
 double run_batch(const Shape& shape, const std::vector<std::vector<std::size_t>>& calls, const std::string& what) {
-  Command command{};
-  command.kind = command_call;
-  command.seq = ++sequence;
-  command.count = calls.size();
-  shape_to_values(shape, command.shape);
-  for (std::size_t c = 0; c < calls.size(); ++c)
-    for (std::size_t i = 0; i < tensor_count; ++i) command.offset[c][i] = calls[c][i];
-  KEVO_CUDA_OK(cudaDeviceSynchronize());
-  const double t0 = now();
-  thaw();  // stopped since the last batch's check: no work before the clock starts
-  if (::send(options.control_fd, &command, sizeof command, MSG_NOSIGNAL) != static_cast<ssize_t>(sizeof command)) runner_gone("before " + what);
-  const Reply reply = wait_reply("in kernel() " + what);
-  const double wall = now() - t0;
-  freeze();
-  if (reply.kind == reply_failed) {
-    const std::string text = reply.text;
-    if (text.find("bad_alloc") != std::string::npos || text.find("out of memory") != std::string::npos)
-      report_status("memory_limit", text + " " + what);
-    report_status("crash", "kernel() failed: " + text + " " + what);
-  }
-  if (reply.kind != reply_done || reply.seq != command.seq) report_status("bad_report", "the runner answered out of turn " + what);
-  return wall;
+  KEVO_CUDA_OK(cudaDeviceSynchronize());  // the checker's own copies and flush are done before the clock starts
+  return exchange(shape, calls, what).wall;
 }
 
 // One call's data: its inputs and the reference's outputs, in the checker's memory.

@@ -223,6 +223,7 @@ inline std::string checker_process_part() {
 #include <iterator>
 #include <new>
 #include <random>
+#include <string>
 #include <vector>
 
 namespace {
@@ -372,6 +373,40 @@ void send_descriptor(int fd, std::uint64_t size) {
   header->cmsg_len = CMSG_LEN(sizeof(int));
   std::memcpy(CMSG_DATA(header), &fd, sizeof fd);
   if (::sendmsg(options.control_fd, &message, MSG_NOSIGNAL) < 0) runner_gone("before it received its memory");
+}
+
+struct CallTiming {
+  double wall = 0, cpu = 0;
+};
+
+// One command: the runner calls kernel() once per entry of `calls` (each the offsets of its
+// tensors), then answers; it is frozen the moment it does. The clock and the runner's CPU clock
+// span the command alone: the runner was stopped since the last check, and thaws as the clock starts.
+CallTiming exchange(const Shape& shape, const std::vector<std::vector<std::size_t>>& calls, const std::string& what) {
+  Command command{};
+  command.kind = command_call;
+  command.seq = ++sequence;
+  command.count = calls.size();
+  shape_to_values(shape, command.shape);
+  for (std::size_t c = 0; c < calls.size(); ++c)
+    for (std::size_t i = 0; i < tensor_count; ++i) command.offset[c][i] = calls[c][i];
+  CallTiming timing;
+  const double cpu0 = runner_cpu_seconds();
+  const double t0 = now();
+  thaw();
+  if (::send(options.control_fd, &command, sizeof command, MSG_NOSIGNAL) != static_cast<ssize_t>(sizeof command)) runner_gone("before " + what);
+  const Reply reply = wait_reply("in kernel() " + what);
+  timing.wall = now() - t0;
+  freeze();
+  timing.cpu = runner_cpu_seconds() - cpu0;
+  if (reply.kind == reply_failed) {
+    const std::string text = reply.text;  // "threw ..." or "failed: ..." (a CUDA error)
+    if (text.find("bad_alloc") != std::string::npos || text.find("out of memory") != std::string::npos)
+      report_status("memory_limit", text.substr(text.find(' ') + 1) + " " + what);
+    report_status("crash", "kernel() " + text + " " + what);
+  }
+  if (reply.kind != reply_done || reply.seq != command.seq) report_status("bad_report", "the runner answered out of turn " + what);
+  return timing;
 }
 
 // Reads the checker's flags.
@@ -533,10 +568,6 @@ void flush_caches() {
 // ---- calls ----
 
 
-struct CallTiming {
-  double wall = 0, cpu = 0;
-};
-
 // Places the inputs, poisons the outputs, has the runner call the kernel, and freezes it.
 CallTiming call(const Shape& shape, const Tensors& inputs, const std::vector<std::size_t>& offsets, bool flush, const std::string& what) {
   for (std::size_t i = 0; i < tensor_count; ++i) {
@@ -547,29 +578,7 @@ CallTiming call(const Shape& shape, const Tensors& inputs, const std::vector<std
     std::fill(words + n, words + n + guard_elements, poison);
   }
   if (flush) flush_caches();
-  Command command{};
-  command.kind = command_call;
-  command.seq = ++sequence;
-  command.count = 1;
-  shape_to_values(shape, command.shape);
-  for (std::size_t i = 0; i < tensor_count; ++i) command.offset[0][i] = offsets[i];
-  CallTiming timing;
-  const double cpu0 = runner_cpu_seconds();
-  const double t0 = now();
-  thaw();  // stopped since the last call's check: no work before the clock starts
-  if (::send(options.control_fd, &command, sizeof command, MSG_NOSIGNAL) != static_cast<ssize_t>(sizeof command))
-    runner_gone("before " + what);
-  const Reply reply = wait_reply("in kernel() " + what);
-  timing.wall = now() - t0;
-  freeze();
-  timing.cpu = runner_cpu_seconds() - cpu0;
-  if (reply.kind == reply_failed) {
-    const std::string text = reply.text;
-    if (text.find("bad_alloc") != std::string::npos) report_status("memory_limit", "std::bad_alloc " + what);
-    report_status("crash", "kernel() threw " + text + " " + what);
-  }
-  if (reply.kind != reply_done || reply.seq != command.seq) report_status("bad_report", "the runner answered out of turn " + what);
-  return timing;
+  return exchange(shape, {offsets}, what);
 }
 
 std::string value_text(const TensorInfo& t, std::uint32_t word) {
@@ -876,13 +885,13 @@ int main(int argc, char** argv) {{
       for (std::uint64_t call = 0; call < c.count && call < max_batch; ++call) kernel(shape{kernel_args});
       const std::string error = finish_calls();
       if (error.empty()) send_reply(control, reply_done, c.seq, "");
-      else send_reply(control, reply_failed, c.seq, error.c_str());
+      else send_reply(control, reply_failed, c.seq, ("failed: " + error).c_str());
     }} catch (const std::bad_alloc&) {{
-      send_reply(control, reply_failed, c.seq, "std::bad_alloc");
+      send_reply(control, reply_failed, c.seq, "threw std::bad_alloc");
     }} catch (const std::exception& e) {{
-      send_reply(control, reply_failed, c.seq, e.what());
+      send_reply(control, reply_failed, c.seq, (std::string("threw ") + e.what()).c_str());
     }} catch (...) {{
-      send_reply(control, reply_failed, c.seq, "an exception of unknown type");
+      send_reply(control, reply_failed, c.seq, "threw an exception of unknown type");
     }}
   }}
 }}
