@@ -455,13 +455,13 @@ class JailedEvaluator {
   /// The checker refuses a tolerance under which a constant output would pass every check.
   expected<void, Error> validate_tolerance() {
     const SandboxResult r = run_sandboxed({(problem_dir_ / "checker").string(), "--validate-tolerance", "1"}, checker_limits());
-    const std::string line = detail::last_json_line(r.stdout_text);
-    if (line.find("\"status\":\"ok\"") != std::string::npos) return {};
-    if (line.find("loose_tolerance") != std::string::npos) {
-      const auto at = line.find("\"detail\":\"");
-      std::string detail = at == std::string::npos ? line : line.substr(at + 10);
-      if (detail.ends_with("\"}")) detail.resize(detail.size() - 2);
-      return make_error("the tolerance is too loose: " + detail);
+    simdjson::dom::parser parser;
+    simdjson::dom::element verdict;
+    std::string_view status, detail;
+    if (!parser.parse(detail::last_json_line(r.stdout_text)).get(verdict) && !verdict["status"].get_string().get(status)) {
+      if (status == "ok") return {};
+      if (status == "loose_tolerance" && !verdict["detail"].get_string().get(detail))
+        return make_error("the tolerance is too loose: " + std::string(detail));
     }
     return make_error("the reference failed while the tolerance was checked: " + detail::tail(r.stderr_text + r.stdout_text + r.setup_error, 400));
   }
