@@ -12,12 +12,12 @@ mkdir -p "$out"
 export PATH=$PWD/.carry/search:/usr/local/cuda/bin:$PATH
 export LD_LIBRARY_PATH=$PWD/.carry/search${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 nvidia-smi --query-gpu=name,compute_cap,driver_version,clocks.sm,clocks.mem --format=csv | tee "$out/gpu.txt"
-.carry/search/test_eval_cuda_device --durations yes 2>&1 | tee "$out/device_tests.log" | tail -60
+[ -n "${SKIP_DEVICE_TESTS:-}" ] || timeout ${DEVICE_TEST_TIMEOUT:-200} .carry/search/test_eval_cuda_device --durations yes 2>&1 | tee "$out/device_tests.log" | tail -60
 for problem in "${problems[@]}"; do
   name=$(basename "$problem")
   start=$(date +%s)
-  .carry/search/kevo-search "$problem" --budget "$budget" --jobs 2 --store "/tmp/$name.db" --json "$out/$name.json" \
+  timeout ${SEARCH_TIMEOUT:-300} .carry/search/kevo-search "$problem" --budget "$budget" --jobs "${JOBS:-2}" --store "/tmp/$name.db" --json "$out/$name.json" \
     --out "$out/$name.best.cu" 2>&1 | tee "$out/$name.log" | grep -E "new|best:|stopped|reference:|failures" | tail -25
   echo "$name: $(( $(date +%s) - start )) s" | tee -a "$out/times.txt"
 done
-python3 benchmarks/search/torch_peer.py 2>&1 | tee "$out/torch.log"
+[ -n "${SKIP_TORCH:-}" ] || python3 benchmarks/search/torch_peer.py 2>&1 | tee "$out/torch.log"

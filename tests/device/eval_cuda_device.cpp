@@ -29,7 +29,7 @@ kevo::eval::CudaEvaluator& evaluator() {
   return e;
 }
 
-const std::string head = "#include \"kevo_problem.hpp\"\n#include <cstdio>\n#include <cstdlib>\n#include <cerrno>\n#include <thread>\n#include <chrono>\n"
+const std::string head = "#include \"kevo_problem.hpp\"\n#include <cstdio>\n#include <cstdlib>\n#include <cstring>\n#include <cerrno>\n#include <thread>\n#include <chrono>\n"
                          "#include <unistd.h>\n#include <fcntl.h>\n#include <sys/socket.h>\n"
                          "template <class = void> __global__ void right(long n, const float* x, const __half* y, float* out) {\n"
                          "  long i = blockIdx.x * (long)blockDim.x + threadIdx.x; if (i < n) out[i] = 2.0f * x[i] + __half2float(y[i]); }\n"
@@ -61,7 +61,99 @@ void device_still_healthy() {
 
 bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
 
+// A CUDA program that goes through each step the runner takes, printing each: the jail's GPU
+// access is tested apart from the checker, so a failure names the step and the jail setting.
+const char* const probe_source = R"PROBE(#include <cuda.h>
+#include <cuda_runtime.h>
+#include <cstdio>
+template <class F> F entry(const char* name) {
+  void* fn = nullptr; cudaDriverEntryPointQueryResult found{};
+  cudaGetDriverEntryPointByVersion(name, &fn, 12000, cudaEnableDefault, &found);
+  return reinterpret_cast<F>(fn);
+}
+__global__ void add_one(float* p) { p[threadIdx.x] += 1.0f; }
+#define STEP(what, call) do { auto r_ = (call); std::printf("%s: %d\n", what, (int)r_); std::fflush(stdout); if (r_ != 0) return 10; } while (0)
+int main() {
+  STEP("cudaSetDevice", cudaSetDevice(0));
+  STEP("cudaFree(nullptr)", cudaFree(nullptr));
+  float* p = nullptr;
+  STEP("cudaMalloc", cudaMalloc(&p, 1024));
+  STEP("cudaMemset", cudaMemset(p, 0, 1024));
+  add_one<<<1, 256>>>(p);
+  STEP("kernel", cudaDeviceSynchronize());
+  CUmemAllocationProp prop{};
+  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  prop.location.id = 0;
+  prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+  size_t granularity = 0;
+  STEP("cuMemGetAllocationGranularity", entry<decltype(&cuMemGetAllocationGranularity)>("cuMemGetAllocationGranularity")(&granularity, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
+  CUmemGenericAllocationHandle handle;
+  STEP("cuMemCreate", entry<decltype(&cuMemCreate)>("cuMemCreate")(&handle, granularity, &prop, 0));
+  int fd = -1;
+  STEP("cuMemExportToShareableHandle", entry<decltype(&cuMemExportToShareableHandle)>("cuMemExportToShareableHandle")(&fd, handle, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0));
+  CUmemGenericAllocationHandle imported;
+  STEP("cuMemImportFromShareableHandle", entry<decltype(&cuMemImportFromShareableHandle)>("cuMemImportFromShareableHandle")(&imported, (void*)(long)fd, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR));
+  std::printf("all steps passed\n");
+  return 0;
+}
+)PROBE";
+
+// Compiles the probe with the host's nvcc, outside any jail (the jail is what is under test).
+std::filesystem::path build_probe() {
+  const auto dir = std::filesystem::temp_directory_path() / "kevo-jail-probe";
+  std::filesystem::create_directories(dir);
+  {
+    std::FILE* f = std::fopen((dir / "probe.cu").c_str(), "w");
+    std::fputs(probe_source, f);
+    std::fclose(f);
+  }
+  const std::string command = "nvcc -std=c++17 -o " + (dir / "probe").string() + " " + (dir / "probe.cu").string() + " 2>&1";
+  if (std::system(command.c_str()) != 0) return {};
+  return dir / "probe";
+}
+
+// `exempt`: kevo's filter with these calls let through, to find a call the driver needs.
+kevo::eval::SandboxResult run_probe(const std::filesystem::path& probe, bool seccomp, bool drop_privileges,
+                                    const std::vector<std::string>& exempt = {}) {
+  auto jail = kevo::eval::make_jail({.program = probe, .seccomp = seccomp && exempt.empty(), .gpu = true});
+  REQUIRE(jail);
+  if (!exempt.empty()) {
+    auto filter = kevo::eval::detail::compile_seccomp_filter(true, exempt);
+    REQUIRE(filter);
+    jail->prefix.insert(jail->prefix.begin() + 1, {"--seccomp", std::to_string(filter->get())});
+    jail->seccomp_filter = std::move(*filter);
+  }
+  kevo::eval::SandboxLimits limits;
+  limits.wall_time = std::chrono::seconds(60);
+  limits.isolate = false;
+  limits.drop_privileges = drop_privileges;
+  limits.max_processes = 64;
+  limits.max_open_files = 512;
+  limits.handed_over_fds = jail->release_handed_over_fds();
+  const auto result = kevo::eval::run_sandboxed(jail->command({}), limits);
+  std::printf("probe (seccomp %s, privileges %s): exit %d signal %d\n%s%s%s\n", seccomp ? "on" : "off", drop_privileges ? "dropped" : "kept",
+              result.exit_code, result.signal, result.stdout_text.c_str(), result.stderr_text.c_str(), result.setup_error.c_str());
+  return result;
+}
+
 }  // namespace
+
+TEST_CASE("a CUDA program runs in the GPU jail, through every step the runner takes") {
+  const auto probe = build_probe();
+  REQUIRE(!probe.empty());
+  const auto bare = run_probe(probe, false, false);
+  const auto dropped = run_probe(probe, false, true);
+  const auto filtered = run_probe(probe, true, true);
+  if (!filtered.ok()) {
+    for (const std::string& call : kevo::eval::detail::seccomp_refused_calls(true))
+      if (run_probe(probe, true, true, {call}).ok()) std::printf("the probe passes when %s is let through\n", call.c_str());
+    run_probe(probe, true, true, {"socket", "socketpair", "connect", "bind", "listen", "accept", "accept4"});
+  }
+  CHECK(bare.ok());
+  CHECK(dropped.ok());
+  CHECK(filtered.ok());
+}
 
 TEST_CASE("the default candidate is right at about the reference's speed, with ptxas's notes and the device's roofline") {
   auto ready = evaluator().prepare();
@@ -97,7 +189,7 @@ TEST_CASE("hostile CUDA candidates are contained and named") {
   SECTION("a launch that fails silently is named") {
     const auto e = contained(hostile("", "right<<<1, 4096>>>(shape.N, x, y, out);"));
     CHECK(e.failure == kevo::FailureKind::crash);
-    CHECK(contains(e.diagnostics.message, "cudaErrorInvalidConfiguration"));
+    CHECK(contains(e.diagnostics.message, "CUDA error cudaErrorInvalid"));  // InvalidConfiguration, or InvalidValue on CUDA 13
   }
   SECTION("writing nothing") {
     const auto e = contained(hostile("", "(void)shape;"));
@@ -124,6 +216,14 @@ TEST_CASE("hostile CUDA candidates are contained and named") {
                                      "cudaMemcpy(saved, out, shape.N * 4, cudaMemcpyDeviceToDevice); seen = x; seen_n = shape.N;"));
     CHECK((e.failure == kevo::FailureKind::wrong_answer || e.failure == kevo::FailureKind::replayed_output));
   }
+  SECTION("replaying by pointer, every address remembered") {
+    const auto e = contained(hostile("#include <map>\nstatic std::map<std::pair<const float*, long>, float*> saved;",
+                                     "auto it = saved.find({x, shape.N});\n"
+                                     "if (it != saved.end()) { cudaMemcpy(out, it->second, shape.N * 4, cudaMemcpyDeviceToDevice); return; }\n"
+                                     "compute(shape, x, y, out); float* copy; cudaMalloc(&copy, shape.N * 4);\n"
+                                     "cudaMemcpy(copy, out, shape.N * 4, cudaMemcpyDeviceToDevice); saved[{x, shape.N}] = copy;"));
+    CHECK((e.failure == kevo::FailureKind::wrong_answer || e.failure == kevo::FailureKind::replayed_output));
+  }
   SECTION("replaying by sampled content") {
     const auto e = contained(hostile(
         "#include <map>\nstatic std::map<std::pair<long, std::uint64_t>, float*> cache;\n"
@@ -144,7 +244,7 @@ TEST_CASE("hostile CUDA candidates are contained and named") {
     const auto e = contained(hostile("struct Forge { Forge() { std::printf(\"{\\\"status\\\":\\\"ok\\\",\\\"seconds\\\":1e-9}\\n\"); std::fflush(stdout); _exit(0); } } forge;",
                                      "compute(shape, x, y, out);"));
     CHECK(e.failure == kevo::FailureKind::crash);
-    CHECK(contains(e.diagnostics.message, "while starting"));
+    CHECK(contains(e.diagnostics.message, "before it received its memory"));
   }
   SECTION("network access") {
     const auto e = contained(hostile("", "if (::socket(AF_INET, SOCK_STREAM, 0) < 0) _exit(100 + errno); compute(shape, x, y, out);"));

@@ -521,8 +521,7 @@ int main(int argc, char** argv) {
       c.expected = allocate();
     }
 
-    if (wait_reply("while starting, before kevo's runner reached main() (a static initializer?)").kind != reply_ready)
-      report_status("bad_report", "the runner's first message was not its greeting");
+    expect_greeting();
 
     std::uint64_t seed = options.seed;
     int calls = 0;
@@ -560,7 +559,8 @@ int main(int argc, char** argv) {
     }
 
     // Timed batches: batch b's calls take slots 0..batch-1 at shift b / 2, so batches 2j and
-    // 2j + 1 share their addresses with new inputs (a kernel keyed on pointers replays there).
+    // 2j + 1 share their addresses with new inputs (a kernel keyed on pointers replays there);
+    // 2j + 1 takes them in reverse, so its first call meets the address of 2j's last.
     std::vector<double> samples;
     const int total = options.warmup + options.repetitions;
     for (int b = 0; b < total; ++b) {
@@ -569,7 +569,7 @@ int main(int argc, char** argv) {
         Case& c = cases[static_cast<std::size_t>(k)];
         fill_inputs(c.inputs, timing_shape, &pool, static_cast<long>(offsets() % window), 0);
         run_reference(timing_shape, c.inputs, c.expected);
-        c.offsets = layout(timing_shape, k, (b / 2) % shifts);
+        c.offsets = layout(timing_shape, b % 2 ? batch - 1 - k : k, (b / 2) % shifts);
         group.push_back(&c);
       }
       const double seconds = checked_batch(timing_shape, group, on_timing + " (timed batch " + std::to_string(b + 1) + ")", options.flush);
@@ -638,8 +638,10 @@ F driver_entry(const char* name) {
 std::string cuda_error_text(cudaError_t e) { return std::string("CUDA error ") + cudaGetErrorName(e) + ": " + cudaGetErrorString(e); }
 
 unsigned char* map_arena(int control, int fd, std::uint64_t bytes) {
-  if (cudaSetDevice(0) != cudaSuccess || cudaFree(nullptr) != cudaSuccess) {
-    send_reply(control, reply_failed, 0, "kevo's runner could not start CUDA");
+  cudaError_t e = cudaSetDevice(0);
+  if (e == cudaSuccess) e = cudaFree(nullptr);
+  if (e != cudaSuccess) {
+    send_reply(control, reply_failed, 0, ("kevo's runner could not start CUDA: " + cuda_error_text(e)).c_str());
     return nullptr;
   }
   const auto import_handle = KEVO_DRIVER(cuMemImportFromShareableHandle);
@@ -652,11 +654,27 @@ unsigned char* map_arena(int control, int fd, std::uint64_t bytes) {
   access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
   access.location.id = 0;
   access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-  if (!import_handle || !reserve || !map || !set_access ||
-      import_handle(&handle, reinterpret_cast<void*>(static_cast<std::uintptr_t>(fd)), CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) != CUDA_SUCCESS ||
-      reserve(&mapped, bytes, 0, 0, 0) != CUDA_SUCCESS || map(mapped, bytes, 0, handle, 0) != CUDA_SUCCESS ||
-      set_access(mapped, bytes, &access, 1) != CUDA_SUCCESS) {
-    send_reply(control, reply_failed, 0, "kevo's runner could not map the checker's device memory");
+  const char* step = "finding the driver's VMM entry points";
+  CUresult r = !import_handle || !reserve || !map || !set_access ? CUDA_ERROR_NOT_FOUND : CUDA_SUCCESS;
+  if (r == CUDA_SUCCESS) {
+    step = "cuMemImportFromShareableHandle";
+    r = import_handle(&handle, reinterpret_cast<void*>(static_cast<std::uintptr_t>(fd)), CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+  }
+  if (r == CUDA_SUCCESS) {
+    step = "cuMemAddressReserve";
+    r = reserve(&mapped, bytes, 0, 0, 0);
+  }
+  if (r == CUDA_SUCCESS) {
+    step = "cuMemMap";
+    r = map(mapped, bytes, 0, handle, 0);
+  }
+  if (r == CUDA_SUCCESS) {
+    step = "cuMemSetAccess";
+    r = set_access(mapped, bytes, &access, 1);
+  }
+  if (r != CUDA_SUCCESS) {
+    const std::string text = std::string("kevo's runner could not map the checker's device memory: ") + step + " returned " + std::to_string(static_cast<int>(r));
+    send_reply(control, reply_failed, 0, text.c_str());
     return nullptr;
   }
   return reinterpret_cast<unsigned char*>(mapped);

@@ -351,6 +351,13 @@ Reply wait_reply(const std::string& during) {
   return reply;
 }
 
+// The runner's first message: its greeting, or why it could not start (kevo's own words).
+void expect_greeting() {
+  const Reply reply = wait_reply("while starting, before kevo's runner reached main() (a static initializer?)");
+  if (reply.kind == reply_failed) report_status("sandbox_error", std::string("the runner could not start: ") + reply.text);
+  if (reply.kind != reply_ready) report_status("bad_report", "the runner's first message was not its greeting");
+}
+
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
@@ -703,8 +710,7 @@ int main(int argc, char** argv) {
     if (options.validate_tolerance) validate_tolerance();
     meet_runner();
     make_arena();
-    if (wait_reply("while starting, before kevo's runner reached main() (a static initializer?)").kind != reply_ready)
-      report_status("bad_report", "the runner's first message was not its greeting");
+    expect_greeting();
 
     std::uint64_t seed = options.seed;
     int calls = 0;

@@ -21,8 +21,10 @@
 #include <fcntl.h>
 #include <sched.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -96,31 +98,44 @@ struct Jail {
 
 namespace detail {
 
-/// The candidate's seccomp filter, compiled to BPF in a memfd. Threads may be made; processes
-/// may not (so one process's CPU clock and one SIGSTOP cover all of a candidate's work). No
+/// The calls the candidate's filter refuses. Threads may be made; processes may not (so one
+/// process's CPU clock and one SIGSTOP cover all of a candidate's work): `clone` is refused
+/// without CLONE_THREAD, and `clone3` answers ENOSYS so that glibc falls back to clone. No
 /// sockets, no ptrace or cross-process memory, no mounts or namespaces, no kernel keyrings, no
 /// io_uring (it would do file I/O past this filter), no memfd or SysV shared memory (memory that
-/// outlives the run or escapes its limit). The GPU driver needs memfd_create, so a GPU jail keeps it.
-inline expected<OwnedFd, Error> compile_seccomp_filter(bool gpu) {
-  std::unique_ptr<void, void (*)(scmp_filter_ctx)> ctx(seccomp_init(SCMP_ACT_ALLOW), seccomp_release);
-  if (!ctx) return make_error("seccomp_init failed");
-  const int denied = SCMP_ACT_ERRNO(EPERM);
-  std::vector<const char*> names = {"fork", "vfork", "execveat", "ptrace", "process_vm_readv", "process_vm_writev", "socket",
+/// outlives the run or escapes its limit). The GPU driver needs memfd_create and a local (AF_UNIX)
+/// socket to start (seen on the H200: with no socket calls, cudaSetDevice fails with
+/// cudaErrorOperatingSystem), so a GPU jail keeps those; the jail's own network namespace and
+/// file system leave such a socket nothing outside to reach.
+inline std::vector<std::string> seccomp_refused_calls(bool gpu) {
+  std::vector<std::string> names = {"fork", "vfork", "execveat", "ptrace", "process_vm_readv", "process_vm_writev", "socket",
                                     "socketpair", "connect", "bind", "listen", "accept", "accept4", "mount", "umount2",
                                     "pivot_root", "chroot", "setns", "unshare", "bpf", "perf_event_open", "keyctl", "add_key",
                                     "request_key", "userfaultfd", "io_uring_setup", "shmget", "kill", "personality",
                                     "open_by_handle_at", "name_to_handle_at", "kexec_load", "init_module", "finit_module",
-                                    "reboot", "swapon", "acct", "settimeofday", "clock_settime", "setpgid", "setsid"};
-  if (!gpu) names.push_back("memfd_create");
-  for (const char* name : names) {
-    const int nr = seccomp_syscall_resolve_name(name);
+                                    "reboot", "swapon", "acct", "settimeofday", "clock_settime", "setpgid", "setsid", "clone", "clone3", "memfd_create"};
+  if (!gpu) return names;
+  std::erase_if(names, [](const std::string& name) { return name == "memfd_create" || name == "socketpair" || name == "connect" || name == "bind" ||
+                                                          name == "listen" || name == "accept" || name == "accept4"; });
+  return names;
+}
+
+/// The candidate's filter, compiled to BPF in a memfd; `exempt` lets calls through (a test's bisection).
+inline expected<OwnedFd, Error> compile_seccomp_filter(bool gpu, const std::vector<std::string>& exempt = {}) {
+  std::unique_ptr<void, void (*)(scmp_filter_ctx)> ctx(seccomp_init(SCMP_ACT_ALLOW), seccomp_release);
+  if (!ctx) return make_error("seccomp_init failed");
+  const std::uint32_t denied = SCMP_ACT_ERRNO(EPERM);
+  for (const std::string& name : seccomp_refused_calls(gpu)) {
+    if (std::find(exempt.begin(), exempt.end(), name) != exempt.end()) continue;
+    const int nr = seccomp_syscall_resolve_name(name.c_str());
     if (nr == __NR_SCMP_ERROR) continue;  // not on this architecture
-    if (seccomp_rule_add(ctx.get(), denied, nr, 0) != 0) return make_error(fmt::format("seccomp: cannot add a rule for {}", name));
+    int added = 0;
+    if (name == "socket" && gpu) added = seccomp_rule_add(ctx.get(), denied, nr, 1, SCMP_A0(SCMP_CMP_NE, AF_UNIX));
+    else if (name == "clone") added = seccomp_rule_add(ctx.get(), denied, nr, 1, SCMP_A0(SCMP_CMP_MASKED_EQ, CLONE_THREAD, 0));
+    else if (name == "clone3") added = seccomp_rule_add(ctx.get(), SCMP_ACT_ERRNO(ENOSYS), nr, 0);
+    else added = seccomp_rule_add(ctx.get(), denied, nr, 0);
+    if (added != 0) return make_error(fmt::format("seccomp: cannot add a rule for {}", name));
   }
-  // clone makes a thread only with CLONE_THREAD; clone3 answers ENOSYS so that glibc falls back to clone.
-  if (seccomp_rule_add(ctx.get(), denied, SCMP_SYS(clone), 1, SCMP_A0(SCMP_CMP_MASKED_EQ, CLONE_THREAD, 0)) != 0)
-    return make_error("seccomp: cannot add the rule for clone");
-  if (seccomp_rule_add(ctx.get(), SCMP_ACT_ERRNO(ENOSYS), SCMP_SYS(clone3), 0) != 0) return make_error("seccomp: cannot add the rule for clone3");
   OwnedFd fd(::memfd_create("kevo-seccomp", MFD_CLOEXEC));
   if (!fd) return make_error(fmt::format("memfd_create: {}", std::strerror(errno)));
   if (seccomp_export_bpf(ctx.get(), fd.get()) != 0) return make_error("seccomp_export_bpf failed");
@@ -157,7 +172,9 @@ inline expected<Jail, Error> make_jail(const JailOptions& options) {
     std::error_code ec;
     for (const auto& entry : fs::directory_iterator("/dev", ec))
       if (entry.path().filename().string().starts_with("nvidia")) a.insert(a.end(), {"--dev-bind", entry.path().string(), entry.path().string()});
-    for (const char* dir : {"/usr/local/nvidia", "/usr/local/cuda", "/sys", "/etc/alternatives"}) a.insert(a.end(), {"--ro-bind-try", dir, dir});
+    // The driver's libraries and the toolkit lie under /usr, bound already; /usr/local/cuda is
+    // often a link through /etc/alternatives, and binding over a link that leads out of the jail fails.
+    for (const char* dir : {"/sys", "/etc/alternatives"}) a.insert(a.end(), {"--ro-bind-try", dir, dir});
   }
   for (const auto& path : options.read_only) a.insert(a.end(), {"--ro-bind", path.string(), path.string()});
   for (const auto& path : options.writable) a.insert(a.end(), {"--bind", path.string(), path.string()});
