@@ -165,6 +165,7 @@ TEST_CASE("the default candidate is right at about the reference's speed, with p
   CHECK(e.speedup > 0.5);
   CHECK(e.speedup < 2.0);
   CHECK(contains(e.diagnostics.detail, "registers"));
+  CHECK(contains(e.diagnostics.detail, "round trip"));  // measured by the reference's run, taken off each batch
   CHECK(evaluator().roofline().read_gbytes_per_s > 1000);
   std::printf("default: %.3fx, %.1f GB/s of %.1f (%.0f%% of the roofline), %s\n", e.speedup, e.diagnostics.achieved_gbytes_per_s,
               evaluator().roofline().read_gbytes_per_s, 100 * e.diagnostics.roofline_fraction, e.diagnostics.detail.c_str());

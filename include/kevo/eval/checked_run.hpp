@@ -38,6 +38,7 @@ struct CheckedRunRequest {
   int repetitions = 7;
   bool flush_caches = true;                      ///< before each timed call
   std::chrono::seconds call_timeout{20};         ///< one call of kernel()
+  double round_trip_seconds = -1;                ///< the GPU checker's own round trip, taken off each batch (< 0: it measures it)
   SandboxLimits runner_limits = {};              ///< rlimits and the wall clock of the candidate
   SandboxLimits checker_limits = {};
   JailOptions jail = {};                         ///< `program` and `info_pipe` are set here
@@ -51,6 +52,7 @@ struct RunReport {
   double seconds = 0, min_seconds = 0, bytes = 0, flops = 0;
   double wall_seconds = 0, cpu_seconds = 0;      ///< the medians behind `seconds` (the larger of wall and CPU / cpus)
   double roofline_gbytes_per_s = 0, roofline_gflops = 0;  ///< where the checker measured the roofline in this run (the GPU)
+  double round_trip_seconds = 0;                 ///< what the GPU checker took off each timed batch
   int samples = 0;
 };
 
@@ -140,6 +142,7 @@ inline RunReport interpret(const SandboxResult& checker, const SandboxResult& ru
     if (!doc["cpu_seconds"].get_double().get(v)) report.cpu_seconds = v;
     if (!doc["roofline_gbytes_per_s"].get_double().get(v)) report.roofline_gbytes_per_s = v;
     if (!doc["roofline_gflops"].get_double().get(v)) report.roofline_gflops = v;
+    if (!doc["round_trip_seconds"].get_double().get(v)) report.round_trip_seconds = v;
     if (std::int64_t n = 0; !doc["samples"].get_int64().get(n)) report.samples = static_cast<int>(n);
     return report;
   }
@@ -196,7 +199,7 @@ inline RunReport run_checked(CheckedRunRequest request) {
                                                  std::to_string(info.get()), "--seed", std::to_string(request.seed), "--warmup",
                                                  std::to_string(request.warmup), "--repetitions", std::to_string(request.repetitions),
                                                  "--call-timeout", std::to_string(request.call_timeout.count()), "--flush",
-                                                 request.flush_caches ? "1" : "0"};
+                                                 request.flush_caches ? "1" : "0", "--round-trip", fmt::format("{:.9g}", request.round_trip_seconds)};
   checker_limits.handed_over_fds = {checker_end.release(), info.release()};
   const SandboxResult checker = run_sandboxed(checker_argv, checker_limits);
   const SandboxResult runner_result = runner.get();

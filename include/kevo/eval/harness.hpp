@@ -267,6 +267,7 @@ struct Options {
   int control_fd = -1, info_fd = -1;
   bool flush = true;
   bool validate_tolerance = false;
+  double round_trip = -1;  // seconds; < 0: measure it here
 } options;
 
 double now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
@@ -428,6 +429,7 @@ void parse_options(int argc, char** argv) {
     else if (flag == "--info") options.info_fd = std::atoi(value.c_str());
     else if (flag == "--flush") options.flush = value != "0";
     else if (flag == "--validate-tolerance") options.validate_tolerance = value != "0";
+    else if (flag == "--round-trip") options.round_trip = std::atof(value.c_str());
   }
   ::signal(SIGPIPE, SIG_IGN);
 }

@@ -147,9 +147,10 @@ class JailedEvaluator {
     const Roofline roof = roofline_of(report);
     e.diagnostics = classify(report.bytes, report.flops, report.seconds, roof);
     if (e.diagnostics.roofline_fraction > 1.0) return implausible(e, report, roof);
-    e.diagnostics.detail = fmt::format("median {:.4g} ms, fastest {:.4g} ms of {} timed calls{}; reference {:.4g} ms{}{}", report.seconds * 1e3,
+    e.diagnostics.detail = fmt::format("median {:.4g} ms, fastest {:.4g} ms of {} timed calls{}{}; reference {:.4g} ms{}{}", report.seconds * 1e3,
                                        report.min_seconds * 1e3, report.samples,
                                        report.samples == 1 && options_.repetitions > 1 ? " (over 10x slower than the reference: not timed further)" : "",
+                                       report.round_trip_seconds > 0 ? fmt::format(" (kevo's round trip of {:.0f} us taken off each batch)", report.round_trip_seconds * 1e6) : "",
                                        reference_seconds_ * 1e3, built.notes.empty() ? "" : "; ", built.notes);
     return e;
   }
@@ -447,6 +448,7 @@ class JailedEvaluator {
       return make_error(fmt::format("{}: the reference failed its own run ({}): {} {}", reference_path, to_string(timing.failure),
                                     timing.message, timing.detail));
     reference_seconds_ = timing.seconds;
+    round_trip_seconds_ = timing.round_trip_seconds;  // measured by the reference's run, trusted for every later one
 
     std::unique_lock timing_lock(gate_);  // a probe is a timed run too
     auto roofline = Toolchain::roofline(options_.cache_dir, options_.compiler);
@@ -587,6 +589,7 @@ class JailedEvaluator {
                                          .repetitions = repetitions,
                                          .flush_caches = options_.flush_caches,
                                          .call_timeout = options_.run_timeout,
+                                         .round_trip_seconds = round_trip_seconds_,
                                          .runner_limits = candidate_limits(),
                                          .checker_limits = checker_limits(),
                                          .jail = candidate_jail()});
@@ -627,6 +630,7 @@ class JailedEvaluator {
   std::string compiler_identity_;
   std::filesystem::path problem_dir_;
   double reference_seconds_ = 0;
+  double round_trip_seconds_ = -1;  ///< the GPU checker's own round trip, from the reference's run (< 0: not yet measured)
   std::filesystem::path reference_build_;   // the reference as a candidate: the yardstick of compare_with_reference
   Roofline roofline_;
   TimingGate gate_;
