@@ -7,6 +7,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <unistd.h>
 
 namespace fs = std::filesystem;
@@ -71,6 +72,57 @@ TEST_CASE("a memory-bound signal retrieves memory-hierarchy material for the tar
     REQUIRE(!snippets.empty());
     CHECK(std::any_of(snippets.begin(), snippets.end(), [](auto& s) { return mentions(s, "wavefront"); }));
   }
+}
+
+TEST_CASE("no CPU prompt carries a GPU-only section, and no GPU prompt a CPU-only one") {
+  auto docs = knowledge::load_documents(shipped);
+  REQUIRE(docs);
+  // The snippet titles each target must never see: sections (or whole documents) for other targets only.
+  auto excluded = [&](std::string_view target) {
+    std::set<std::string> titles;
+    for (const auto& d : *docs)
+      for (const auto& s : d.sections) {
+        const auto& targets = s.targets.empty() ? d.targets : s.targets;
+        const bool any = targets.empty() || std::find(targets.begin(), targets.end(), "any") != targets.end();
+        if (!any && std::find(targets.begin(), targets.end(), target) == targets.end())
+          titles.insert(s.heading.empty() ? d.title : fmt::format("{}: {}", d.title, s.heading));
+      }
+    return titles;
+  };
+  const auto not_for_cpu = excluded("cpu"), not_for_cuda = excluded("cuda");
+  CHECK(not_for_cpu.size() >= 10);  // the GPU documents, and the GPU sections of documents for every target
+  CHECK(std::any_of(not_for_cpu.begin(), not_for_cpu.end(), [](auto& t) { return t.find("pinned memory") != std::string::npos; }));
+  CHECK(std::any_of(not_for_cuda.begin(), not_for_cuda.end(), [](auto& t) { return t.find("option mismatch") != std::string::npos; }));
+
+  auto kb = KnowledgeBase::open({.database = ":memory:", .folders = {shipped}, .max_sections_per_document = 100, .min_relative_score = 0});
+  REQUIRE(kb);
+  const Bottleneck bottlenecks[] = {Bottleneck::memory, Bottleneck::compute, Bottleneck::latency, Bottleneck::occupancy};
+  const FailureKind failures[] = {FailureKind::none, FailureKind::compile_error, FailureKind::wrong_answer, FailureKind::crash, FailureKind::timeout};
+  const char* texts[] = {"", "top-k selection of scores, a reduction over rows", "small kernels, many launches, copy the result back",
+                         "gemm epilogue, tensor cores, pinned memory, a second stream", "AVX-512 intrinsics, target specific option mismatch"};
+  int cpu_snippets = 0, cuda_snippets = 0;
+  for (const auto b : bottlenecks)
+    for (const auto f : failures)
+      for (const char* text : texts) {
+        for (const auto& s : kb->retrieve({.target = Target::cpu, .architecture = "x86-64", .bottleneck = b, .failure = f, .error_text = text, .token_budget = 100000})) {
+          ++cpu_snippets;
+          INFO(s.title);
+          CHECK(not_for_cpu.count(s.title) == 0);
+          CHECK_FALSE(mentions(s, "pinned"));
+          CHECK_FALSE(mentions(s, "second stream"));
+          CHECK_FALSE(mentions(s, "dependent launch"));
+          CHECK_FALSE(mentions(s, "wgmma"));
+        }
+        for (const auto& s : kb->retrieve({.target = Target::cuda, .architecture = "sm_90a", .bottleneck = b, .failure = f, .error_text = text, .token_budget = 100000})) {
+          ++cuda_snippets;
+          INFO(s.title);
+          CHECK(not_for_cuda.count(s.title) == 0);
+          CHECK_FALSE(mentions(s, "always_inline"));
+          CHECK_FALSE(mentions(s, "false sharing"));
+        }
+      }
+  CHECK(cpu_snippets > 100);
+  CHECK(cuda_snippets > 100);
 }
 
 TEST_CASE("a compile error retrieves debugging material") {

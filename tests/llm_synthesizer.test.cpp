@@ -88,6 +88,7 @@ TEST_CASE("the prompt carries problem, reference, constraints, diagnostics, memo
   CHECK(contains(u, "void reference("));                            // the reference
   CHECK(contains(u, "Keep the entry point exactly as declared: `void kernel(const Shape& shape"));
   CHECK(contains(u, "absolute 0.0001"));                            // the tolerance
+  CHECK(contains(u, "Host C++17, compiled with: -std=c++17"));       // the standard the flags really pick
   CHECK(contains(u, "compute-bound"));                              // the diagnosis drives the task
   CHECK(contains(u, "Faster than the current implementation"));     // sibling comparison
   CHECK(contains(u, "vector_width 1->8"));                          // what the faster sibling did

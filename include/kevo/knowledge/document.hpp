@@ -26,6 +26,9 @@ namespace kevo::knowledge {
 struct Section {
   std::string heading;  ///< empty for the text before the first heading
   std::string text;
+  /// Narrower than the document's, from a `<!-- targets: cuda, hip -->` line right under the
+  /// heading: GPU-only advice in a document for every target. Empty: the document's.
+  std::vector<std::string> targets = {};
 };
 
 struct Document {
@@ -144,6 +147,16 @@ inline expected<std::optional<Document>, Error> parse_document(std::string_view 
     if (line.substr(0, 3) == "## ") {
       flush();
       current.heading = std::string(trim(line.substr(3)));
+    } else if (const std::string_view t = trim(line); t.starts_with("<!-- targets:") && t.ends_with("-->") && trim(current.text).empty()) {
+      current.targets = detail::parse_list(detail::lowercase(t.substr(13, t.size() - 16)));
+      for (const std::string& target : current.targets) {
+        const bool known = target == "cpu" || target == "cuda" || target == "hip";
+        const auto has = [&](std::string_view t) { return std::find(doc.targets.begin(), doc.targets.end(), t) != doc.targets.end(); };
+        const bool within = doc.targets.empty() || has("any") || has(target);
+        if (!known || !within)
+          return make_error(fmt::format("{}: section '{}' names target '{}', which is not cpu, cuda or hip, or not one of the document's",
+                                        relative_path, current.heading, target));
+      }
     } else if (line.substr(0, 2) == "# " && doc.sections.empty() && trim(current.text).empty()) {
       continue;  // a top-level title repeats the front matter's
     } else {

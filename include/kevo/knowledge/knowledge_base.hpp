@@ -179,7 +179,8 @@ class KnowledgeBase {
       for (const auto& section : doc.sections) {
         const std::string title = section.heading.empty() ? doc.title : fmt::format("{}: {}", doc.title, section.heading);
         if (!insert_row(*insert, title, detail::join(doc.tags, " "), section.text, doc.category,
-                        detail::join(doc.targets, ","), detail::join(doc.architectures, ","), "document", origin)) {
+                        detail::join(section.targets.empty() ? doc.targets : section.targets, ","), detail::join(doc.architectures, ","),
+                        "document", origin)) {
           const std::string why = db_.last_error();
           (void)db_.exec("ROLLBACK");
           return make_error(fmt::format("{}: cannot index ({})", origin, why));

@@ -175,6 +175,15 @@ inline std::string describe_change(const Candidate* base, const Candidate& child
   return out;
 }
 
+/// "C++17" for flags that end with -std=c++17: the last -std wins, after the evaluator's own
+/// (`standard`: -std=c++20 for the host compiler, -std=c++17 for nvcc).
+inline std::string language_standard(const std::vector<std::string>& flags, std::string standard) {
+  for (const std::string& flag : flags)
+    if (flag.starts_with("-std=")) standard = flag.substr(5);
+  for (char& c : standard) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  return standard;  // "C++17", "GNU++20"
+}
+
 inline std::string target_constraints(const Problem& p, Target target) {
   std::string out;
   const std::string entry = signature_of(p.template_source, "kernel");
@@ -186,11 +195,15 @@ inline std::string target_constraints(const Problem& p, Target target) {
   out += "- Be deterministic and self-contained: no files, network, environment, global state carried between calls, or libraries beyond the standard library and intrinsics.\n";
   switch (target) {
     case Target::cpu:
-      out += fmt::format("- Host C++20, compiled with: {}. Use only instruction sets those flags enable.\n",
+      out += fmt::format("- Host {}, compiled with: {}. Use only instruction sets those flags enable.\n", language_standard(p.compile_flags, "c++20"),
                          p.compile_flags.empty() ? std::string("the defaults") : fmt::format("{}", fmt::join(p.compile_flags, " ")));
       break;
     case Target::cuda:
-      out += "- CUDA C++ for NVIDIA Hopper (sm_90/sm_90a); kernels take their stream and any scratch from the host code; no device-side allocation.\n";
+      out += fmt::format("- CUDA {} for NVIDIA Hopper (sm_90a), compiled by nvcc with: {}. `kernel()` runs on the host with device "
+                         "pointers and may launch on any stream: the whole device is waited for before the outputs are checked and "
+                         "the time is taken, so every stream's work counts.\n",
+                         language_standard(p.compile_flags, "c++17"),
+                         p.compile_flags.empty() ? std::string("the defaults") : fmt::format("{}", fmt::join(p.compile_flags, " ")));
       break;
     case Target::hip:
       out += "- HIP C++ for AMD CDNA (gfx90a/gfx942): wavefronts are 64 lanes wide, so do not assume 32-lane warps.\n";
