@@ -125,7 +125,7 @@ TEST_CASE("searches that arrive while one runs are answered together, as one by 
   CHECK(batched.counts().batches == expected.size());
 }
 
-TEST_CASE("a bad request fails alone, and an engine failure fails only its batch", "[retrieval][batching]") {
+TEST_CASE("a bad request fails alone, and a batch the engine fails is retried one search at a time", "[retrieval][batching]") {
   const Workload w = small_workload();
   CpuRetrievalBackend cpu(w.schema(), w.model(), 2);
   load(cpu, w, 2000);
@@ -144,26 +144,35 @@ TEST_CASE("a bad request fails alone, and an engine failure fails only its batch
     CHECK(answers[4].error().message.find("K") != std::string::npos);
     CHECK(gate.calls() == std::vector<std::size_t>{1, 3});
   }
-  // With `fault` set for the next batch: the first search ran alone before it; the three queued
-  // behind it fail with `message`; and the next search is answered again.
-  auto fails_its_batch = [&](std::atomic<bool>& fault, const std::string& message) {
+  // With `fault` set for the next batch: the first search ran alone before it; the batch of the
+  // three queued behind it fails, and each of them is answered alone, right.
+  auto retried_alone = [&](std::atomic<bool>& fault) {
     fault = true;
     const auto answers = while_one_is_held(batched, gate, requests, 3);
-    CHECK(answers[0]);
-    for (std::size_t i = 1; i < 4; ++i) {
-      REQUIRE_FALSE(answers[i]);
-      CHECK(answers[i].error().message == message);
+    for (std::size_t i = 0; i < 4; ++i) {
+      REQUIRE(answers[i]);
+      CHECK(*answers[i] == *cpu.search(requests[i]));
     }
-    CHECK(batched.search(requests[2]));
+    CHECK(gate.calls() == std::vector<std::size_t>{1, 3, 1, 1, 1});
+    CHECK(batched.counts().batches_retried == 1);
   };
-  SECTION("an engine error reaches every search of its batch, and the next batch runs") {
-    fails_its_batch(gate.fail_next_, "the device went away");
-  }
-  SECTION("an engine that answers fewer searches than it was given fails that batch") {
-    fails_its_batch(gate.short_next_, "the engine answered 2 of 3 searches");
-  }
-  SECTION("an engine that throws fails its batch with the reason, and nothing hangs") {
-    fails_its_batch(gate.throw_next_, "search failed: out of memory");
+  SECTION("an engine error on a batch") { retried_alone(gate.fail_next_); }
+  SECTION("an engine that answers fewer searches than it was given") { retried_alone(gate.short_next_); }
+  SECTION("an engine that throws") { retried_alone(gate.throw_next_); }
+  SECTION("a request whose vectors overflow fp16, found only by the engine, fails alone in a full batch") {
+    Request huge = requests[2];
+    huge.features.assign(huge.features.size(), 1e6f);
+    requests[2] = huge;
+    const auto answers = while_one_is_held(batched, gate, requests, 3);
+    REQUIRE_FALSE(answers[2]);
+    CHECK(answers[2].error().message.find(kVectorsOverflowMessage) != std::string::npos);
+    CHECK(answers[2].error().message.find("batch") == std::string::npos);  // no place in a batch it never sent
+    for (std::size_t i : {0, 1, 3}) {
+      INFO("search " << i);
+      REQUIRE(answers[i]);
+      CHECK(*answers[i] == *cpu.search(requests[i]));
+    }
+    CHECK(batched.counts().batches_retried == 1);
   }
 }
 

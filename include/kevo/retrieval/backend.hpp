@@ -143,8 +143,10 @@ struct BatchingOptions {
 /// searches that would have queued anyway. Whichever waiting caller finds the engine idle runs
 /// the oldest searches (it may run others' before its own); each caller returns once its own
 /// search is answered.
-/// Each search is validated on its own, so a bad request fails alone; an engine error fails the
-/// batch it happened in. Updates pass straight through (the engine orders them with searches).
+/// Each search is validated on its own, so a bad request fails alone. A batch the engine fails
+/// (a request whose vectors overflow fp16 is found only by running its towers) is retried one
+/// search at a time, so the error reaches only the search that causes it, never another
+/// caller's. Updates pass straight through (the engine orders them with searches).
 class BatchingBackend final : public RetrievalBackend {
  public:
   explicit BatchingBackend(RetrievalBackend& engine, BatchingOptions options = {})
@@ -177,9 +179,10 @@ class BatchingBackend final : public RetrievalBackend {
     std::lock_guard lock(mutex_);
     return waiting_.size();
   }
-  /// Searches answered, and engine calls made for them, since construction.
+  /// Searches answered, batches formed for them, and batches the engine failed (each then retried
+  /// one search at a time), since construction.
   struct Counts {
-    std::size_t searches = 0, batches = 0;
+    std::size_t searches = 0, batches = 0, batches_retried = 0;
   };
   Counts counts() const {
     std::lock_guard lock(mutex_);
@@ -201,8 +204,10 @@ class BatchingBackend final : public RetrievalBackend {
     std::vector<Waiting*> batch(waiting_.begin(), waiting_.begin() + static_cast<std::ptrdiff_t>(n));
     waiting_.erase(waiting_.begin(), waiting_.begin() + static_cast<std::ptrdiff_t>(n));
     lock.unlock();
-    std::vector<Answer> answers = run(batch);
+    bool retried = false;
+    std::vector<Answer> answers = run(batch, retried);
     lock.lock();
+    counts_.batches_retried += retried ? 1 : 0;
     for (std::size_t r = 0; r < n; ++r) batch[r]->answer = std::move(answers[r]);
     running_ = false;
     counts_.searches += n;
@@ -210,25 +215,31 @@ class BatchingBackend final : public RetrievalBackend {
     changed_.notify_all();
   }
 
-  std::vector<Answer> run(const std::vector<Waiting*>& batch) {
+  std::vector<Answer> run(const std::vector<Waiting*>& batch, bool& retried) {
+    if (batch.size() == 1) return {run_alone(*batch[0]->request)};
     std::vector<Answer> answers;
     try {
-      if (batch.size() == 1) {
-        answers.push_back(engine_.search(*batch[0]->request));
-        return answers;
-      }
       std::vector<Request> requests;
       for (const Waiting* w : batch) requests.push_back(*w->request);
       auto all = engine_.search_batch(std::span<const Request>(requests.data(), requests.size()));
-      if (all && all->size() != batch.size())
-        all = make_error("the engine answered " + std::to_string(all->size()) + " of " +
-                         std::to_string(batch.size()) + " searches");
-      for (std::size_t r = 0; r < batch.size(); ++r)
-        answers.push_back(all ? Answer(std::move((*all)[r])) : Answer(unexpected(all.error())));
-    } catch (const std::exception& e) {  // the engine's failure is each waiting caller's, not a hang
-      answers.assign(batch.size(), Answer(make_error(std::string("search failed: ") + e.what())));
+      if (all && all->size() == batch.size()) {
+        for (auto& top : *all) answers.push_back(Answer(std::move(top)));
+        return answers;
+      }
+    } catch (const std::exception&) {  // as a failed batch: each search again, alone
     }
+    retried = true;
+    answers.clear();
+    for (const Waiting* w : batch) answers.push_back(run_alone(*w->request));
     return answers;
+  }
+
+  Answer run_alone(const Request& request) {
+    try {
+      return engine_.search(request);
+    } catch (const std::exception& e) {  // the engine's failure is the caller's answer, not a hang
+      return make_error(std::string("search failed: ") + e.what());
+    }
   }
 
   RetrievalBackend& engine_;
