@@ -86,7 +86,7 @@ TEST_CASE("without a GPU, preparing a CUDA problem is a clear error, not a crash
 
 TEST_CASE("the shipped CUDA problems load, and their default kernels pass the screen and compile") {
   const std::filesystem::path shipped = std::filesystem::path(KEVO_SOURCE_DIR) / "problems";
-  for (const char* name : {"cuda_softmax", "cuda_layernorm", "cuda_gemm", "cuda_topk"}) {
+  for (const char* name : {"cuda_softmax", "cuda_layernorm", "cuda_gemm", "cuda_topk", "cuda_scoring"}) {
     auto problem = kevo::load_problem(shipped / name);
     INFO(name << ": " << (problem ? "" : problem.error().message));
     REQUIRE(problem);
@@ -96,8 +96,8 @@ TEST_CASE("the shipped CUDA problems load, and their default kernels pass the sc
     WARN("no nvcc here: the shipped CUDA kernels are not compiled");
     return;
   }
-  // The two quick ones (top-K's CUB takes ~25 s a candidate; the device run compiles it).
-  for (const char* name : {"cuda_softmax", "cuda_layernorm"}) {
+  // The quick ones (top-K's CUB takes ~25 s a candidate; the device run compiles it).
+  for (const char* name : {"cuda_softmax", "cuda_layernorm", "cuda_scoring"}) {
     kevo::eval::EvaluatorOptions options;
     options.cache_dir = std::filesystem::temp_directory_path() / "kevo-test-cache";
     options.compile_timeout = std::chrono::seconds(180);
