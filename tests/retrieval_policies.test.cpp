@@ -4,6 +4,7 @@
 #include <catch2/catch.hpp>
 
 #include <set>
+#include <vector>
 #include <string>
 
 #include "kevo/retrieval/tuning/policies.hpp"
@@ -68,4 +69,49 @@ TEST_CASE("matching, top-K and batch policies print every knob", "[retrieval][po
   const PipelinePolicy d{};
   REQUIRE(to_string(d) == to_string(d.matching) + " " + to_string(d.scoring) + " " + to_string(d.topk) + " " +
                               to_string(d.batch_scoring));
+}
+
+TEST_CASE("each policy's description drives its knobs, both ways, and names a bad value", "[retrieval][policy]") {
+  // Every field of every stage is a knob, and a legal policy comes back from its knobs unchanged.
+  const PipelinePolicy d{};
+  const kevo::Knobs knobs = to_knobs(d);
+  CHECK(knobs.size() == 2 + 5 + 1 + 4);
+  CHECK(knobs.at("scoring.stages") == "2");
+  CHECK(knobs.at("batch_scoring.group") == "1");
+  PipelinePolicy tuned = d;
+  tuned.scoring.stages = 0;
+  tuned.scoring.tiles_in_flight = 1;
+  tuned.matching.blocks_per_sm = 16;
+  tuned.topk.boundary_cap = 8192;
+  auto back = policy_from_knobs(to_knobs(tuned));
+  REQUIRE(back);
+  CHECK(*back == tuned);
+  // A stage's knobs without a prefix, for a search over one kernel; missing knobs keep the defaults.
+  auto scoring = policy_from_knobs<ScoringPolicy>({{"blocks_per_sm", "3"}});
+  REQUIRE(scoring);
+  CHECK(scoring->blocks_per_sm == 3);
+  CHECK(scoring->stages == ScoringPolicy{}.stages);
+
+  auto refused = [](const kevo::Knobs& k) {
+    auto p = policy_from_knobs(k);
+    REQUIRE_FALSE(p);
+    return p.error().message;
+  };
+  CHECK(refused({{"scoring.stages", "1"}}) == "scoring.stages = '1' is not one of {0, 2, 3, 4}");
+  CHECK(refused({{"scoring.stages", "two"}}).find("scoring.stages = 'two'") != std::string::npos);
+  CHECK(refused({{"scoring.stages", "2x"}}).find("is not one of") != std::string::npos);
+  CHECK(refused({{"scoring.stage", "2"}}) == "'scoring.stage' is not a knob of the retrieval pipeline's policy");
+}
+
+TEST_CASE("the kernel variants are the compile-time fields' domains, and a run-time field has none", "[retrieval][policy]") {
+  std::vector<int> stages;
+  for_each_variant_value<ScoringPolicy, field_index<ScoringPolicy>("stages")>([&](auto v) { stages.push_back(v()); });
+  CHECK(stages == std::vector<int>(ScoringPolicy::stages_domain.begin(), ScoringPolicy::stages_domain.end()));
+  int picked = 0;
+  CHECK(dispatch_variant<BatchScoringPolicy, field_index<BatchScoringPolicy>("group")>(2, [&](auto v) { picked = v(); }));
+  CHECK(picked == 2);
+  CHECK_FALSE(dispatch_variant<BatchScoringPolicy, field_index<BatchScoringPolicy>("group")>(4, [&](auto) { picked = -1; }));
+  CHECK(picked == 2);
+  for (const auto& f : PolicyDescription<ScoringPolicy>::fields)
+    CHECK((f.binding == Binding::compile_time) == (f.name == "block_threads" || f.name == "tiles_in_flight" || f.name == "stages"));
 }

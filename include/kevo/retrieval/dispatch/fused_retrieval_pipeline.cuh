@@ -302,15 +302,16 @@ class FusedRetrievalPipeline {
     };
     for_each_scoring_variant([&]<int Threads, int Dim, EmbeddingType Type>() {
       if (p.block_threads != Threads || model_.dim != Dim || schema().embedding_type != Type) return;
-      if (p.stages == 0) {
-        if (p.tiles_in_flight == 1) launch(kernels::scoring<Threads, Dim, Type, 1>, Threads, 0);
-        else if (p.tiles_in_flight == 2) launch(kernels::scoring<Threads, Dim, Type, 2>, Threads, 0);
-        return;
-      }
-      const std::size_t bytes = kernels::scoring_staged_dynamic_bytes<Dim, Type>(Threads / 32, p.stages, l.chunk_size);
-      if (p.stages == 2) launch(kernels::scoring_staged<Threads, Dim, Type, 2>, Threads, bytes);
-      else if (p.stages == 3) launch(kernels::scoring_staged<Threads, Dim, Type, 3>, Threads, bytes);
-      else if (p.stages == 4) launch(kernels::scoring_staged<Threads, Dim, Type, 4>, Threads, bytes);
+      dispatch_variant<ScoringPolicy, field_index<ScoringPolicy>("stages")>(p.stages, [&](auto stages) {
+        if constexpr (stages() == 0) {  // tiles held in registers
+          dispatch_variant<ScoringPolicy, field_index<ScoringPolicy>("tiles_in_flight")>(p.tiles_in_flight, [&](auto tiles) {
+            launch(kernels::scoring<Threads, Dim, Type, tiles()>, Threads, 0);
+          });
+        } else {  // tiles streamed through a ring of `stages` in shared memory
+          const std::size_t bytes = kernels::scoring_staged_dynamic_bytes<Dim, Type>(Threads / 32, stages(), l.chunk_size);
+          launch(kernels::scoring_staged<Threads, Dim, Type, stages()>, Threads, bytes);
+        }
+      });
     });
     if (!launched) return make_error("no prebuilt scoring variant for " + to_string(p));
     KEVO_GPU_TRY(launch_error);
@@ -528,10 +529,11 @@ class FusedRetrievalPipeline {
                                                   model_.experts, tiles_per_chunk);
           launched = true;
         };
-        if (p.stages == 0 && p.group == 1) launch(kernels::scoring_batch<Threads, Dim, Type, 0, 1>);
-        if (p.stages == 0 && p.group == 2) launch(kernels::scoring_batch<Threads, Dim, Type, 0, 2>);
-        if (p.stages == 2 && p.group == 1) launch(kernels::scoring_batch<Threads, Dim, Type, 2, 1>);
-        if (p.stages == 2 && p.group == 2) launch(kernels::scoring_batch<Threads, Dim, Type, 2, 2>);
+        dispatch_variant<BatchScoringPolicy, field_index<BatchScoringPolicy>("stages")>(p.stages, [&](auto stages) {
+          dispatch_variant<BatchScoringPolicy, field_index<BatchScoringPolicy>("group")>(p.group, [&](auto group) {
+            launch(kernels::scoring_batch<Threads, Dim, Type, stages(), group()>);
+          });
+        });
       }
     });
     if (!launched) return make_error("no batched scoring variant fits this GPU for " + to_string(policy_.batch_scoring));
@@ -616,17 +618,12 @@ class FusedRetrievalPipeline {
       f.template operator()<Threads, Dim, EmbeddingType::fp16>();
       f.template operator()<Threads, Dim, EmbeddingType::int8>();
     };
-    auto per_threads = [&]<int Threads>() {
-      per_dim.template operator()<Threads, 64>();
-      per_dim.template operator()<Threads, 128>();
-      per_dim.template operator()<Threads, 256>();
-    };
-    per_threads.template operator()<128>();
-    per_threads.template operator()<256>();
+    for_each_variant_value<ScoringPolicy, field_index<ScoringPolicy>("block_threads")>([&](auto threads) {
+      per_dim.template operator()<threads(), 64>();
+      per_dim.template operator()<threads(), 128>();
+      per_dim.template operator()<threads(), 256>();
+    });
   }
-
-  template <int V>
-  using constant = std::integral_constant<int, V>;
 
   /// Blocks of `kernel` resident on one SM at `threads` and `dynamic_shared` bytes (0 where it
   /// cannot launch), its shared-memory limit raised to match. Asked of the runtime once per kernel
@@ -673,9 +670,7 @@ class FusedRetrievalPipeline {
   /// The prebuilt matching variants: every block_threads in the policy's domain.
   template <class F>
   static void for_each_matching_variant(F&& f) {
-    f(constant<128>{});
-    f(constant<256>{});
-    f(constant<512>{});
+    for_each_variant_value<MatchingPolicy, field_index<MatchingPolicy>("block_threads")>(f);
   }
 
   FusedRetrievalPipeline(std::unique_ptr<DeviceAdIndex> index, Model model, Options options)

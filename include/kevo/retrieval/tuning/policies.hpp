@@ -1,15 +1,27 @@
 // kevo/retrieval/tuning/policies.hpp: every knob of the retrieval kernels, one plain aggregate per
-// kernel, each knob's legal domain declared beside it so that kevo's search can sweep them. A
-// policy never changes results, only speed. Host-only: no CUDA headers.
+// kernel, and beside each a description (PolicyDescription): every field's name, its legal domain,
+// and whether it is a compile-time choice (a kernel variant per value) or a run-time one (a launch
+// argument). Legality, printing, knobs for kevo's search and the kernel variants the pipeline
+// instantiates are all derived from that one table. A policy never changes results, only speed.
+// Host-only: no CUDA headers.
 //
 //   ScoringPolicy p{.block_threads = 128, .tiles_per_chunk = 16, .blocks_per_sm = 4};
 //   if (!is_legal(p)) reject(p);
-//   store_result(to_string(p), timing);   // the printable form is the key for search results
+//   store_result(to_string(p), timing);          // the printable form is the key for search results
+//   auto q = policy_from_knobs<ScoringPolicy>(knobs);   // {"block_threads": "128", ...}, checked
 #pragma once
+
+#include <kevo/candidate.hpp>
+#include <kevo/expected.hpp>
 
 #include <algorithm>
 #include <array>
+#include <cstddef>
+#include <span>
 #include <string>
+#include <string_view>
+#include <type_traits>
+#include <utility>
 
 namespace kevo::retrieval {
 
@@ -74,54 +86,188 @@ struct PipelinePolicy {
   friend bool operator==(const PipelinePolicy&, const PipelinePolicy&) = default;
 };
 
-namespace detail {
-template <class T, std::size_t N>
-bool in_domain(int value, const std::array<T, N>& domain) {
-  return std::find(domain.begin(), domain.end(), value) != domain.end();
-}
-}  // namespace detail
+/// A compile-time field has one kernel variant per value of its domain; a run-time one is an argument.
+enum class Binding { compile_time, run_time };
 
-inline bool is_legal(const MatchingPolicy& p) {
-  return detail::in_domain(p.block_threads, MatchingPolicy::block_threads_domain) &&
-         detail::in_domain(p.blocks_per_sm, MatchingPolicy::blocks_per_sm_domain);
+template <class Policy>
+struct PolicyField {
+  std::string_view name;
+  int Policy::*member;
+  std::span<const int> domain;
+  Binding binding;
+};
+
+/// Specialized for each policy: its `name` and its `fields`, in declaration order.
+template <class Policy>
+struct PolicyDescription;
+
+template <>
+struct PolicyDescription<MatchingPolicy> {
+  static constexpr std::string_view name = "matching";
+  static constexpr std::array<PolicyField<MatchingPolicy>, 2> fields{{
+      {"block_threads", &MatchingPolicy::block_threads, MatchingPolicy::block_threads_domain, Binding::compile_time},
+      {"blocks_per_sm", &MatchingPolicy::blocks_per_sm, MatchingPolicy::blocks_per_sm_domain, Binding::run_time},
+  }};
+};
+
+template <>
+struct PolicyDescription<ScoringPolicy> {
+  static constexpr std::string_view name = "scoring";
+  static constexpr std::array<PolicyField<ScoringPolicy>, 5> fields{{
+      {"block_threads", &ScoringPolicy::block_threads, ScoringPolicy::block_threads_domain, Binding::compile_time},
+      {"tiles_per_chunk", &ScoringPolicy::tiles_per_chunk, ScoringPolicy::tiles_per_chunk_domain, Binding::run_time},
+      {"blocks_per_sm", &ScoringPolicy::blocks_per_sm, ScoringPolicy::blocks_per_sm_domain, Binding::run_time},
+      {"tiles_in_flight", &ScoringPolicy::tiles_in_flight, ScoringPolicy::tiles_in_flight_domain, Binding::compile_time},
+      {"stages", &ScoringPolicy::stages, ScoringPolicy::stages_domain, Binding::compile_time},
+  }};
+};
+
+template <>
+struct PolicyDescription<TopKPolicy> {
+  static constexpr std::string_view name = "topk";
+  static constexpr std::array<PolicyField<TopKPolicy>, 1> fields{{
+      {"boundary_cap", &TopKPolicy::boundary_cap, TopKPolicy::boundary_cap_domain, Binding::run_time},
+  }};
+};
+
+template <>
+struct PolicyDescription<BatchScoringPolicy> {
+  static constexpr std::string_view name = "batch_scoring";
+  static constexpr std::array<PolicyField<BatchScoringPolicy>, 4> fields{{
+      {"one_pass_from", &BatchScoringPolicy::one_pass_from, BatchScoringPolicy::one_pass_from_domain, Binding::run_time},
+      {"stages", &BatchScoringPolicy::stages, BatchScoringPolicy::stages_domain, Binding::compile_time},
+      {"group", &BatchScoringPolicy::group, BatchScoringPolicy::group_domain, Binding::compile_time},
+      {"blocks_per_sm", &BatchScoringPolicy::blocks_per_sm, BatchScoringPolicy::blocks_per_sm_domain, Binding::run_time},
+  }};
+};
+
+template <class P>
+concept DescribedPolicy = requires { PolicyDescription<P>::fields; };
+
+/// The index of the field called `name` in P's description (a compile error where none is).
+template <DescribedPolicy P>
+consteval std::size_t field_index(std::string_view name) {
+  for (std::size_t i = 0; i < PolicyDescription<P>::fields.size(); ++i)
+    if (PolicyDescription<P>::fields[i].name == name) return i;
+  throw "no such field in this policy";  // not a constant expression: names the mistake at compile time
 }
-inline bool is_legal(const ScoringPolicy& p) {
-  return detail::in_domain(p.block_threads, ScoringPolicy::block_threads_domain) &&
-         detail::in_domain(p.tiles_per_chunk, ScoringPolicy::tiles_per_chunk_domain) &&
-         detail::in_domain(p.blocks_per_sm, ScoringPolicy::blocks_per_sm_domain) &&
-         detail::in_domain(p.tiles_in_flight, ScoringPolicy::tiles_in_flight_domain) &&
-         detail::in_domain(p.stages, ScoringPolicy::stages_domain);
-}
-inline bool is_legal(const TopKPolicy& p) { return detail::in_domain(p.boundary_cap, TopKPolicy::boundary_cap_domain); }
-inline bool is_legal(const BatchScoringPolicy& p) {
-  return detail::in_domain(p.one_pass_from, BatchScoringPolicy::one_pass_from_domain) &&
-         detail::in_domain(p.stages, BatchScoringPolicy::stages_domain) &&
-         detail::in_domain(p.group, BatchScoringPolicy::group_domain) &&
-         detail::in_domain(p.blocks_per_sm, BatchScoringPolicy::blocks_per_sm_domain);
+
+template <DescribedPolicy P>
+bool is_legal(const P& p) {
+  return std::all_of(PolicyDescription<P>::fields.begin(), PolicyDescription<P>::fields.end(), [&](const PolicyField<P>& f) {
+    return std::find(f.domain.begin(), f.domain.end(), p.*f.member) != f.domain.end();
+  });
 }
 inline bool is_legal(const PipelinePolicy& p) {
   return is_legal(p.matching) && is_legal(p.scoring) && is_legal(p.topk) && is_legal(p.batch_scoring);
 }
 
-inline std::string to_string(const MatchingPolicy& p) {
-  return "matching{block_threads=" + std::to_string(p.block_threads) +
-         ",blocks_per_sm=" + std::to_string(p.blocks_per_sm) + "}";
-}
-inline std::string to_string(const ScoringPolicy& p) {
-  return "scoring{block_threads=" + std::to_string(p.block_threads) + ",tiles_per_chunk=" +
-         std::to_string(p.tiles_per_chunk) + ",blocks_per_sm=" + std::to_string(p.blocks_per_sm) +
-         ",tiles_in_flight=" + std::to_string(p.tiles_in_flight) + ",stages=" + std::to_string(p.stages) + "}";
-}
-inline std::string to_string(const TopKPolicy& p) {
-  return "topk{boundary_cap=" + std::to_string(p.boundary_cap) + "}";
-}
-inline std::string to_string(const BatchScoringPolicy& p) {
-  return "batch_scoring{one_pass_from=" + std::to_string(p.one_pass_from) + ",stages=" + std::to_string(p.stages) +
-         ",group=" + std::to_string(p.group) +
-         ",blocks_per_sm=" + std::to_string(p.blocks_per_sm) + "}";
+/// "scoring{block_threads=256,tiles_per_chunk=16,...}": every field, in declaration order.
+template <DescribedPolicy P>
+std::string to_string(const P& p) {
+  std::string out(PolicyDescription<P>::name);
+  char sep = '{';
+  for (const PolicyField<P>& f : PolicyDescription<P>::fields) {
+    out += sep;
+    out += f.name;
+    out += '=';
+    out += std::to_string(p.*f.member);
+    sep = ',';
+  }
+  return out + "}";
 }
 inline std::string to_string(const PipelinePolicy& p) {
   return to_string(p.matching) + " " + to_string(p.scoring) + " " + to_string(p.topk) + " " + to_string(p.batch_scoring);
+}
+
+/// The policy as kevo's search sees it: one knob per field, named `prefix` + the field's name.
+template <DescribedPolicy P>
+Knobs to_knobs(const P& p, std::string_view prefix = {}) {
+  Knobs knobs;
+  for (const PolicyField<P>& f : PolicyDescription<P>::fields) knobs[std::string(prefix) + std::string(f.name)] = std::to_string(p.*f.member);
+  return knobs;
+}
+
+/// The policy from knobs named as to_knobs names them; a field with no knob keeps its default.
+/// A value that is not a number in the field's domain is an error that names the field and domain.
+template <DescribedPolicy P>
+expected<P, Error> policy_from_knobs(const Knobs& knobs, std::string_view prefix = {}) {
+  P p{};
+  for (const PolicyField<P>& f : PolicyDescription<P>::fields) {
+    const auto it = knobs.find(std::string(prefix) + std::string(f.name));
+    if (it == knobs.end()) continue;
+    std::size_t used = 0;
+    int value = 0;
+    try {
+      value = std::stoi(it->second, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used == 0 || used != it->second.size() || std::find(f.domain.begin(), f.domain.end(), value) == f.domain.end()) {
+      std::string domain;
+      for (int v : f.domain) domain += (domain.empty() ? "" : ", ") + std::to_string(v);
+      return make_error(std::string(PolicyDescription<P>::name) + "." + std::string(f.name) + " = '" + it->second +
+                        "' is not one of {" + domain + "}");
+    }
+    p.*f.member = value;
+  }
+  return p;
+}
+
+/// Knobs of every stage, prefixed with the stage's name: "scoring.stages".
+inline Knobs to_knobs(const PipelinePolicy& p) {
+  Knobs knobs;
+  auto add = [&](const auto& stage) {
+    knobs.merge(to_knobs(stage, std::string(PolicyDescription<std::decay_t<decltype(stage)>>::name) + "."));
+  };
+  add(p.matching);
+  add(p.scoring);
+  add(p.topk);
+  add(p.batch_scoring);
+  return knobs;
+}
+/// The pipeline's policy from knobs named as to_knobs(PipelinePolicy) names them; a knob that
+/// names no field of any stage is an error, so a misspelt or stale knob is never silently dropped.
+inline expected<PipelinePolicy, Error> policy_from_knobs(const Knobs& knobs) {
+  const Knobs known = to_knobs(PipelinePolicy{});
+  for (const auto& [name, value] : knobs)
+    if (!known.contains(name)) return make_error("'" + name + "' is not a knob of the retrieval pipeline's policy");
+  PipelinePolicy p;
+  auto take = [&](auto& stage) -> expected<void, Error> {
+    using Stage = std::decay_t<decltype(stage)>;
+    auto parsed = policy_from_knobs<Stage>(knobs, std::string(PolicyDescription<Stage>::name) + ".");
+    if (!parsed) return unexpected(parsed.error());
+    stage = *parsed;
+    return {};
+  };
+  for (auto result : {take(p.matching), take(p.scoring), take(p.topk), take(p.batch_scoring)})
+    if (!result) return unexpected(result.error());
+  return p;
+}
+
+/// Calls f(std::integral_constant<int, v>{}) for every value v of a compile-time field's domain:
+/// the kernel variants the pipeline instantiates for that field.
+template <DescribedPolicy P, std::size_t Field, class F>
+constexpr void for_each_variant_value(F&& f) {
+  constexpr PolicyField<P> field = PolicyDescription<P>::fields[Field];
+  static_assert(field.binding == Binding::compile_time, "a run-time field has no kernel variants");
+  [&]<std::size_t... K>(std::index_sequence<K...>) {
+    (f(std::integral_constant<int, field.domain[K]>{}), ...);
+  }(std::make_index_sequence<field.domain.size()>{});
+}
+
+/// Calls f(std::integral_constant<int, value>{}) for the variant of a compile-time field that
+/// `value` selects; false where `value` is outside the domain (then f is not called).
+template <DescribedPolicy P, std::size_t Field, class F>
+constexpr bool dispatch_variant(int value, F&& f) {
+  bool found = false;
+  for_each_variant_value<P, Field>([&](auto v) {
+    if (v() == value) {
+      found = true;
+      f(v);
+    }
+  });
+  return found;
 }
 
 }  // namespace kevo::retrieval
