@@ -414,6 +414,38 @@ TEST_CASE("the default policy fits every shape, and an explicit one that does no
     }
 }
 
+TEST_CASE("the pipeline serves with the policy its chooser gives for this GPU and pool, and says where each came from", "[cuda][policy]") {
+  // (The tuning file behind tuned_policies() is read by host code: tests/retrieval_tuning_file.test.cpp.)
+  const Workload w(small_options(2, EmbeddingType::fp16, 128));
+  PipelinePolicy tuned;
+  tuned.scoring.blocks_per_sm = 6;
+  tuned.topk.boundary_cap = 4096;
+  DeviceIdentity asked_for;
+  ShapeClass asked_shape;
+  auto chooser = [&](bool has_entry) {
+    return [&, has_entry](const DeviceIdentity& device, const ShapeClass& shape) {
+      asked_for = device;
+      asked_shape = shape;
+      if (!has_entry) return PolicyChoice{PipelinePolicy{}, false, "no entry for this shape", "defaults (no entry for this shape)"};
+      return PolicyChoice{tuned, true, {}, "tuned for " + to_string(shape) + ": " + to_string(tuned)};
+    };
+  };
+  auto served = FusedRetrievalPipeline::create(w.schema(), w.model(), {.capacity = 1024, .choose_policy = chooser(true)});
+  REQUIRE(served);
+  CHECK((*served)->policy() == tuned);
+  CHECK((*served)->policy_origin().find("tuned for d = 128, fp16, ~1000 ads") == 0);
+  CHECK(asked_for.gpu.find("NVIDIA") == 0);  // the runtime's name for the device
+  CHECK(asked_for.cuda.find('.') != std::string::npos);
+  CHECK(asked_shape == ShapeClass{128, EmbeddingType::fp16, pool_class(1024)});
+  auto fallback = FusedRetrievalPipeline::create(w.schema(), w.model(), {.capacity = 1024, .choose_policy = chooser(false)});
+  REQUIRE(fallback);
+  CHECK((*fallback)->policy() == PipelinePolicy{});
+  CHECK((*fallback)->policy_origin().find("defaults (no entry for this shape): ") == 0);
+  auto plain = FusedRetrievalPipeline::create(w.schema(), w.model(), {.capacity = 1024});
+  REQUIRE(plain);
+  CHECK((*plain)->policy_origin().find("defaults (no tuning file): ") == 0);
+}
+
 TEST_CASE("policies whose rings differ in size can be switched back and forth", "[cuda][policy]") {
   // One kernel launched with two ring sizes, by one pipeline and by two: a smaller ring's launch must
   // not lower the shared memory the larger one was allowed (the larger one's next launch then fails).

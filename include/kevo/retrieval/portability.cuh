@@ -95,6 +95,20 @@ inline gpu_error_t gpu_allow_dynamic_shared(const void* kernel, int bytes) {
   return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
 }
 
+/// The device's name ("NVIDIA H200") and the runtime's version ("13.0"): what a tuning file is keyed by.
+inline gpu_error_t gpu_device_name(std::string* name, int device) {
+  cudaDeviceProp properties{};
+  const gpu_error_t e = cudaGetDeviceProperties(&properties, device);
+  if (e == cudaSuccess) *name = properties.name;
+  return e;
+}
+inline gpu_error_t gpu_runtime_version(std::string* version) {
+  int v = 0;
+  const gpu_error_t e = cudaRuntimeGetVersion(&v);
+  if (e == cudaSuccess) *version = std::to_string(v / 1000) + "." + std::to_string(v % 1000 / 10);
+  return e;
+}
+
 /// Number of GPUs; 0 where the runtime finds none (or no driver).
 inline int gpu_device_count() {
   int n = 0;

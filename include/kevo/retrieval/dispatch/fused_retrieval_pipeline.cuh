@@ -29,6 +29,7 @@
 #include "kevo/retrieval/fair_mutex.hpp"
 #include "kevo/retrieval/safetensors.hpp"
 #include "kevo/retrieval/tuning/policies.hpp"
+#include "kevo/retrieval/tuning/policy_choice.hpp"
 #include "kevo/retrieval/types.hpp"
 
 namespace kevo::retrieval {
@@ -67,10 +68,15 @@ class FusedRetrievalPipeline {
     std::size_t clause_capacity = 0;
     std::size_t reindex_after = 0;            // see DeviceAdIndex::Options
     std::uint32_t reindex_slice_segments = 512;  // see DeviceAdIndex::Options
-    /// Empty: the defaults, except that a pool whose d and dtype make the default ring too big for
-    /// shared memory (fp16 at d = 256) scores with register loads instead, and that an int8 pool's
+    /// Empty: the tuned policy for this GPU, CUDA version and pool shape from `choose_policy`, or the
+    /// defaults, except that a pool whose d and dtype make the default ring too big for shared
+    /// memory (fp16 at d = 256) scores with register loads instead, and that an int8 pool's
     /// search_batch searches one by one (its one-pass batches were slower, run 32).
     std::optional<PipelinePolicy> policy{};
+    /// Where tuned policies come from: `tuned_policies(file)` (tuning/tuning_file.hpp, from host
+    /// code) reads the policies a search found; a file for another GPU or CUDA version, stale or
+    /// malformed, is passed over, and policy_origin() says why. Empty: the defaults.
+    PolicyChooser choose_policy{};
   };
 
   static expected<std::unique_ptr<FusedRetrievalPipeline>, Error> create(const Schema& schema, Model model,
@@ -140,6 +146,8 @@ class FusedRetrievalPipeline {
   const Schema& schema() const { return index_->schema(); }
   const Model& model() const { return model_; }
   const PipelinePolicy& policy() const { return policy_; }
+  /// Where each stage's policy came from: given, tuned (which file and entry) or the defaults, and why.
+  const std::string& policy_origin() const { return policy_origin_; }
   int multiprocessors() const { return multiprocessors_; }
 
   /// The temp storage layout for the current policy (computed when the policy is set).
@@ -683,9 +691,17 @@ class FusedRetrievalPipeline {
     int max_shared = 0;
     KEVO_GPU_TRY(gpu_max_shared_memory_optin(&max_shared, device));
     max_shared_per_block_ = static_cast<std::size_t>(max_shared);
-    policy_ = options_.policy.value_or(PipelinePolicy{});
-    if (!options_.policy && !check_shared_memory(policy_.scoring)) policy_.scoring = kRegisterScoringPolicy;
-    if (!options_.policy && schema().embedding_type == EmbeddingType::int8) policy_.batch_scoring.one_pass_from = 16;
+    if (options_.policy) {
+      policy_ = *options_.policy;
+      policy_origin_ = "given: " + to_string(policy_);
+    } else if (auto tuned = tuned_policy(device)) {
+      policy_ = *tuned;
+    } else {
+      policy_ = PipelinePolicy{};
+      if (!check_shared_memory(policy_.scoring)) policy_.scoring = kRegisterScoringPolicy;
+      if (schema().embedding_type == EmbeddingType::int8) policy_.batch_scoring.one_pass_from = 16;
+      policy_origin_ = "defaults (" + tuned.error().message + "): " + to_string(policy_);
+    }
     if (auto ok = check_shared_memory(policy_.scoring); !ok) return ok;
     // The default cap's sort (K + 2048 keys, 64 KB) fits every GPU since Volta; a larger explicit cap may not.
     if (auto ok = check_shared_memory(policy_.topk); !ok) return ok;
@@ -715,6 +731,23 @@ class FusedRetrievalPipeline {
     return {};
   }
 
+  /// The tuning file's policy for this device and pool, if it has one that fits this GPU's shared
+  /// memory; else why not (the defaults are then used).
+  expected<PipelinePolicy, Error> tuned_policy(int device) {
+    if (!options_.choose_policy) return make_error("no tuning file");
+    DeviceIdentity identity;
+    KEVO_GPU_TRY(gpu_device_name(&identity.gpu, device));
+    KEVO_GPU_TRY(gpu_runtime_version(&identity.cuda));
+    const ShapeClass shape{model_.dim, schema().embedding_type, pool_class(options_.capacity)};
+    PolicyChoice choice = options_.choose_policy(identity, shape);
+    if (!choice.tuned) return make_error(choice.reason);
+    for (auto ok : {check_shared_memory(choice.policy.scoring), check_shared_memory(choice.policy.topk),
+                    check_shared_memory(choice.policy.batch_scoring, choice.policy.scoring)})
+      if (!ok) return make_error("the tuned policy does not fit this GPU: " + ok.error().message);
+    policy_origin_ = choice.origin;
+    return choice.policy;
+  }
+
   struct Upload {
     void* host = nullptr;
     gpu_event_t done = nullptr;
@@ -730,6 +763,7 @@ class FusedRetrievalPipeline {
   /// The fallback scoring policy where the default ring does not fit (measured best of the register path).
   static constexpr ScoringPolicy kRegisterScoringPolicy{128, 16, 4, 2, 0};
   PipelinePolicy policy_{};
+  std::string policy_origin_;
   int multiprocessors_ = 0;
   std::size_t max_shared_per_block_ = 0;
   float *w1_ = nullptr, *c1_ = nullptr, *w2_ = nullptr, *c2_ = nullptr, *projection_ = nullptr;

@@ -1,0 +1,165 @@
+// kevo/retrieval/tuning/tuning_file.hpp: the pipeline policies a search found, kept in a small JSON
+// file keyed by the GPU, the CUDA version and the pool's shape class, and the choice the pipeline
+// makes from it. A file for another GPU or CUDA version, or one whose fields are no longer legal, is
+// refused with the reason, and the defaults are used. Host code only (fmt and simdjson, which nvcc
+// cannot compile): a .cu program hands the pipeline `tuned_policies(file)` from a .cpp file.
+//
+//   TuningFile file{.gpu = "NVIDIA H200", .cuda = "13.0"};
+//   file.entries.push_back({.shape = {128, EmbeddingType::fp16, pool_class(100'000'000)}, .policy = found});
+//   write_tuning_file("pipeline-tuning.json", file);
+//   PolicyChoice c = choose_policy("pipeline-tuning.json", {"NVIDIA H200", "13.0"}, shape, PipelinePolicy{});
+//   log(c.origin);   // which policy each stage got, and why
+//   options.choose_policy = tuned_policies("pipeline-tuning.json");   // FusedRetrievalPipeline::Options
+#pragma once
+
+#include <kevo/detail/json_writer.hpp>
+#include <kevo/expected.hpp>
+#include <kevo/retrieval/tuning/policies.hpp>
+#include <kevo/retrieval/tuning/policy_choice.hpp>
+#include <kevo/retrieval/types.hpp>
+
+#include <fmt/format.h>
+#include <simdjson.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+namespace kevo::retrieval {
+
+// Format strings go through fmt::runtime: nvcc, which compiles this header in the pipeline, cannot
+// evaluate fmt's compile-time checks (consteval).
+
+struct TuningEntry {
+  ShapeClass shape;
+  PipelinePolicy policy;
+  double default_seconds = 0, tuned_seconds = 0;  // as measured by the search, for the record
+  int evaluations = 0;
+};
+
+struct TuningFile {
+  std::string gpu;   ///< the device name, as the runtime reports it
+  std::string cuda;  ///< the runtime's version, "13.0"
+  std::vector<TuningEntry> entries;
+};
+
+inline std::string tuning_file_json(const TuningFile& file) {
+  std::string out = fmt::format(fmt::runtime("{{\n  \"format\": \"kevo-pipeline-tuning\",\n  \"version\": 1,\n  \"gpu\": {},\n  \"cuda\": {},\n  \"entries\": ["),
+                                kevo::detail::json_quote(file.gpu), kevo::detail::json_quote(file.cuda));
+  for (std::size_t i = 0; i < file.entries.size(); ++i) {
+    const TuningEntry& e = file.entries[i];
+    out += fmt::format(fmt::runtime("{}\n    {{\"dim\": {}, \"dtype\": \"{}\", \"pool\": \"{}\", \"default_seconds\": {:.9g}, \"tuned_seconds\": {:.9g}, "
+                       "\"evaluations\": {},\n     \"policy\": {}}}"),
+                       i ? "," : "", e.shape.dim, to_string(e.shape.dtype), pool_class_name(e.shape.pool_decade), e.default_seconds,
+                       e.tuned_seconds, e.evaluations, kevo::detail::knobs_to_json(to_knobs(e.policy)));
+  }
+  return out + "\n  ]\n}\n";
+}
+
+inline expected<void, Error> write_tuning_file(const std::filesystem::path& path, const TuningFile& file) {
+  const std::filesystem::path temporary = path.string() + ".tmp";
+  {
+    std::ofstream out(temporary, std::ios::trunc);
+    out << tuning_file_json(file);
+    if (!out) return make_error(fmt::format(fmt::runtime("{}: cannot be written"), temporary.string()));
+  }
+  std::error_code ec;
+  std::filesystem::rename(temporary, path, ec);  // a reader never sees half a file
+  if (ec) return make_error(fmt::format(fmt::runtime("{}: {}"), path.string(), ec.message()));
+  return {};
+}
+
+namespace tuning_detail {
+inline expected<int, Error> pool_decade_from(std::string_view name) {
+  for (int decade = 0; decade <= 12; ++decade)
+    if (pool_class_name(decade) == name) return decade;
+  return make_error(fmt::format(fmt::runtime("pool '{}' is not a decade such as 1M, 10M or 100M"), name));
+}
+}  // namespace tuning_detail
+
+/// Reads a tuning file, refusing what is not one, or an entry whose policy is not legal (the
+/// message names the entry and the field).
+inline expected<TuningFile, Error> read_tuning_file(const std::filesystem::path& path) {
+  std::ifstream in(path);
+  if (!in) return make_error(fmt::format(fmt::runtime("{}: cannot be read"), path.string()));
+  std::stringstream text;
+  text << in.rdbuf();
+  const std::string where = path.string();
+  // The DOM parser reads the whole text, so trailing content after the object is an error too.
+  simdjson::dom::parser parser;
+  simdjson::dom::element doc;
+  if (auto error = parser.parse(text.str()).get(doc))
+    return make_error(fmt::format(fmt::runtime("{}: malformed tuning file: {}"), where, simdjson::error_message(error)));
+  try {
+    TuningFile file;
+    std::string_view format;
+    if (doc["format"].get(format) || format != "kevo-pipeline-tuning") return make_error(fmt::format(fmt::runtime("{}: not a kevo pipeline tuning file"), where));
+    if (std::int64_t(doc["version"]) != 1) return make_error(fmt::format(fmt::runtime("{}: a tuning file of another version"), where));
+    file.gpu = std::string(std::string_view(doc["gpu"]));
+    file.cuda = std::string(std::string_view(doc["cuda"]));
+    std::size_t index = 0;
+    for (simdjson::dom::element entry : simdjson::dom::array(doc["entries"])) {
+      TuningEntry e;
+      e.shape.dim = static_cast<int>(std::int64_t(entry["dim"]));
+      const std::string_view dtype(entry["dtype"]);
+      if (dtype != "fp16" && dtype != "int8") return make_error(fmt::format(fmt::runtime("{}: entry {}: dtype '{}' is not fp16 or int8"), where, index, dtype));
+      e.shape.dtype = dtype == "fp16" ? EmbeddingType::fp16 : EmbeddingType::int8;
+      auto decade = tuning_detail::pool_decade_from(std::string_view(entry["pool"]));
+      if (!decade) return make_error(fmt::format(fmt::runtime("{}: entry {}: {}"), where, index, decade.error().message));
+      e.shape.pool_decade = *decade;
+      e.default_seconds = double(entry["default_seconds"]);
+      e.tuned_seconds = double(entry["tuned_seconds"]);
+      e.evaluations = static_cast<int>(std::int64_t(entry["evaluations"]));
+      Knobs knobs;
+      for (auto [name, value] : simdjson::dom::object(entry["policy"])) knobs[std::string(name)] = std::string(std::string_view(value));
+      auto policy = policy_from_knobs(knobs);
+      if (!policy) return make_error(fmt::format(fmt::runtime("{}: entry {} ({}): {}"), where, index, to_string(e.shape), policy.error().message));
+      e.policy = *policy;
+      file.entries.push_back(std::move(e));
+      ++index;
+    }
+    return file;
+  } catch (const simdjson::simdjson_error& e) {  // a field missing or of the wrong type
+    return make_error(fmt::format(fmt::runtime("{}: malformed tuning file: {}"), where, e.what()));
+  }
+}
+
+/// The tuned policy for `shape` on `device` from `file`, or `defaults` with the reason: no file,
+/// a file that cannot be read, one made on another GPU or CUDA version, or no entry for the shape.
+/// The size class falls back to the nearest tuned decade of the same d and dtype.
+inline PolicyChoice choose_policy(const std::filesystem::path& path, const DeviceIdentity& device, const ShapeClass& shape,
+                                  const PipelinePolicy& defaults) {
+  auto fallback = [&](std::string why) {
+    return PolicyChoice{defaults, false, why, fmt::format(fmt::runtime("defaults ({}): {}"), why, to_string(defaults))};
+  };
+  if (path.empty()) return fallback("no tuning file");
+  auto file = read_tuning_file(path);
+  if (!file) return fallback(file.error().message);
+  if (file->gpu != device.gpu || file->cuda != device.cuda)
+    return fallback(fmt::format(fmt::runtime("{} was tuned on {} with CUDA {}, and this is {} with CUDA {}"), path.string(), file->gpu, file->cuda,
+                                device.gpu, device.cuda));
+  const TuningEntry* best = nullptr;
+  for (const TuningEntry& e : file->entries)
+    if (e.shape.dim == shape.dim && e.shape.dtype == shape.dtype &&
+        (!best || std::abs(e.shape.pool_decade - shape.pool_decade) < std::abs(best->shape.pool_decade - shape.pool_decade)))
+      best = &e;
+  if (!best) return fallback(fmt::format(fmt::runtime("{} has no entry for {}"), path.string(), to_string(shape)));
+  return PolicyChoice{best->policy, true, {},
+                      fmt::format(fmt::runtime("tuned for {} on {} (CUDA {}, {}): {}"), to_string(best->shape), file->gpu, file->cuda, path.string(),
+                                  to_string(best->policy))};
+}
+
+/// The pipeline's chooser (FusedRetrievalPipeline::Options::choose_policy) over a tuning file, read
+/// when the pipeline is created.
+inline PolicyChooser tuned_policies(std::filesystem::path path) {
+  return [path = std::move(path)](const DeviceIdentity& device, const ShapeClass& shape) {
+    return choose_policy(path, device, shape, PipelinePolicy{});
+  };
+}
+
+}  // namespace kevo::retrieval

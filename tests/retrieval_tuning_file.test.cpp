@@ -1,0 +1,124 @@
+// The pipeline's tuning file: policies a search found, keyed by GPU, CUDA version and shape class,
+// read back as written; the pipeline's choice falls back to the defaults, with the reason, for a
+// foreign, stale, malformed or missing file.
+#include <catch2/catch.hpp>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <unistd.h>
+
+#include "kevo/retrieval/tuning/tuning_file.hpp"
+
+using namespace kevo;
+using namespace kevo::retrieval;
+namespace fs = std::filesystem;
+
+namespace {
+
+fs::path scratch(const std::string& name) {
+  const fs::path dir = fs::temp_directory_path() / ("kevo-tuning-" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  return dir / name;
+}
+
+TuningFile h200_file() {
+  TuningFile file{.gpu = "NVIDIA H200", .cuda = "13.0"};
+  PipelinePolicy fp16_100m;
+  fp16_100m.scoring.blocks_per_sm = 6;
+  fp16_100m.scoring.stages = 3;
+  PipelinePolicy fp16_1m;
+  fp16_1m.scoring.tiles_per_chunk = 4;
+  fp16_1m.topk.boundary_cap = 4096;
+  file.entries.push_back({.shape = {128, EmbeddingType::fp16, pool_class(100'000'000)}, .policy = fp16_100m,
+                          .default_seconds = 2.5e-3, .tuned_seconds = 2.3e-3, .evaluations = 40});
+  file.entries.push_back({.shape = {128, EmbeddingType::fp16, pool_class(1'000'000)}, .policy = fp16_1m, .evaluations = 12});
+  return file;
+}
+
+void write_text(const fs::path& path, const std::string& text) {
+  std::ofstream out(path);
+  out << text;
+}
+
+}  // namespace
+
+TEST_CASE("pools are tuned per decade of size", "[retrieval][tuning]") {
+  CHECK(pool_class(1'000'000) == 6);
+  CHECK(pool_class(3'000'000) == 6);
+  CHECK(pool_class(4'000'000) == 7);
+  CHECK(pool_class(100'000'000) == 8);
+  CHECK(pool_class_name(8) == "100M");
+  CHECK(pool_class_name(9) == "1G");
+  CHECK(pool_class_name(3) == "1000");
+}
+
+TEST_CASE("a tuning file reads back as written", "[retrieval][tuning]") {
+  const fs::path path = scratch("roundtrip.json");
+  REQUIRE(write_tuning_file(path, h200_file()));
+  auto back = read_tuning_file(path);
+  REQUIRE(back);
+  CHECK(back->gpu == "NVIDIA H200");
+  CHECK(back->cuda == "13.0");
+  REQUIRE(back->entries.size() == 2);
+  CHECK(back->entries[0].shape == ShapeClass{128, EmbeddingType::fp16, 8});
+  CHECK(back->entries[0].policy == h200_file().entries[0].policy);
+  CHECK(back->entries[0].evaluations == 40);
+  CHECK(back->entries[0].tuned_seconds == Approx(2.3e-3));
+  CHECK(back->entries[1].policy == h200_file().entries[1].policy);
+}
+
+TEST_CASE("the pipeline takes the tuned policy for its device and shape, and the defaults otherwise, saying why", "[retrieval][tuning]") {
+  const fs::path path = scratch("choice.json");
+  REQUIRE(write_tuning_file(path, h200_file()));
+  const DeviceIdentity h200{"NVIDIA H200", "13.0"};
+  const PipelinePolicy defaults{};
+
+  SECTION("the same GPU and CUDA, the nearest decade of the same d and dtype") {
+    const PolicyChoice big = choose_policy(path, h200, {128, EmbeddingType::fp16, pool_class(200'000'000)}, defaults);
+    CHECK(big.tuned);
+    CHECK(big.policy == h200_file().entries[0].policy);
+    CHECK_THAT(big.origin, Catch::Contains("tuned for d = 128, fp16, ~100M ads on NVIDIA H200"));
+    CHECK_THAT(big.origin, Catch::Contains("scoring{block_threads=256,tiles_per_chunk=16,blocks_per_sm=6,tiles_in_flight=2,stages=3}"));
+    const PolicyChoice small = choose_policy(path, h200, {128, EmbeddingType::fp16, pool_class(2'000'000)}, defaults);
+    CHECK(small.policy == h200_file().entries[1].policy);
+  }
+  auto refused = [&](const fs::path& file, const DeviceIdentity& device, const ShapeClass& shape) {
+    const PolicyChoice c = choose_policy(file, device, shape, defaults);
+    CHECK_FALSE(c.tuned);
+    CHECK(c.policy == defaults);
+    CHECK_THAT(c.origin, Catch::StartsWith("defaults ("));
+    return c.origin;
+  };
+  const ShapeClass fp16_100m{128, EmbeddingType::fp16, 8};
+  SECTION("another GPU, or another CUDA version") {
+    CHECK_THAT(refused(path, {"NVIDIA H100 80GB HBM3", "13.0"}, fp16_100m), Catch::Contains("was tuned on NVIDIA H200 with CUDA 13.0, and this is NVIDIA H100"));
+    CHECK_THAT(refused(path, {"NVIDIA H200", "12.8"}, fp16_100m), Catch::Contains("this is NVIDIA H200 with CUDA 12.8"));
+  }
+  SECTION("no entry for the shape") {
+    CHECK_THAT(refused(path, h200, {256, EmbeddingType::int8, 8}), Catch::Contains("has no entry for d = 256, int8, ~100M ads"));
+  }
+  SECTION("no file, an unreadable one, a malformed one") {
+    CHECK_THAT(refused({}, h200, fp16_100m), Catch::Contains("no tuning file"));
+    CHECK_THAT(refused(scratch("missing.json"), h200, fp16_100m), Catch::Contains("cannot be read"));
+    const fs::path bad = scratch("bad.json");
+    write_text(bad, "{\"format\": \"kevo-pipeline-tuning\", \"version\": 1, \"gpu\": ");
+    CHECK_THAT(refused(bad, h200, fp16_100m), Catch::Contains("malformed tuning file"));
+    write_text(bad, tuning_file_json(h200_file()) + "{}");
+    CHECK_THAT(refused(bad, h200, fp16_100m), Catch::Contains("malformed tuning file"));  // a second object after the first
+    write_text(bad, "{\"format\": \"something-else\"}");
+    CHECK_THAT(refused(bad, h200, fp16_100m), Catch::Contains("not a kevo pipeline tuning file"));
+  }
+  SECTION("a stale file: a field no longer legal, or one that no longer exists") {
+    std::string text = tuning_file_json(h200_file());
+    const fs::path stale = scratch("stale.json");
+    std::string illegal = text;
+    illegal.replace(illegal.find("\"scoring.stages\":\"3\""), 20, "\"scoring.stages\":\"5\"");
+    write_text(stale, illegal);
+    CHECK_THAT(refused(stale, h200, fp16_100m), Catch::Contains("entry 0 (d = 128, fp16, ~100M ads): scoring.stages = '5' is not one of {0, 2, 3, 4}"));
+    std::string renamed = text;
+    renamed.replace(renamed.find("\"scoring.stages\""), 16, "\"scoring.ring\"");
+    write_text(stale, renamed);
+    CHECK_THAT(refused(stale, h200, fp16_100m), Catch::Contains("'scoring.ring' is not a knob of the retrieval pipeline's policy"));
+  }
+}
