@@ -738,6 +738,45 @@ TEST_CASE("safetensors round-trips the model and rejects damaged files", "[retri
   CHECK(!load_model(path));
 }
 
+TEST_CASE("load_model names the tensor that is missing, of the wrong type or misshapen", "[retrieval][safetensors]") {
+  const Model model = Workload({.seed = 3, .dim = 64, .features = 32, .hidden = 48}).model();
+  const std::string path = (std::filesystem::temp_directory_path() / "kevo_retrieval_model_bad.safetensors").string();
+  // Writes the model's tensors, with `edit` applied to the list first.
+  auto write_with = [&](auto edit) {
+    Model copy = model;
+    std::vector<detail::NamedTensor> tensors = detail::model_tensors(copy);
+    std::vector<detail::TensorWriter> writers;
+    for (const detail::NamedTensor& t : tensors) {
+      const std::vector<float>* values = t.values;
+      writers.push_back({t.name, "F32", t.shape, values->size() * 4,
+                         [values](std::ostream& out) { out.write(reinterpret_cast<const char*>(values->data()), static_cast<std::streamsize>(values->size() * 4)); }});
+    }
+    edit(writers);
+    REQUIRE(detail::write_safetensors(path, writers));
+    auto loaded = load_model(path);
+    REQUIRE_FALSE(loaded);
+    return loaded.error().message;
+  };
+  auto named = [](std::vector<detail::TensorWriter>& w, const std::string& name) -> detail::TensorWriter& {
+    return *std::find_if(w.begin(), w.end(), [&](auto& t) { return t.name == name; });
+  };
+  CHECK_THAT(write_with([&](auto& w) { w.erase(w.begin() + 3); }), Catch::Contains("missing tensor c2"));
+  CHECK_THAT(write_with([&](auto& w) { named(w, "w2").name = "W2"; }), Catch::Contains("missing tensor w2"));
+  CHECK_THAT(write_with([&](auto& w) {
+               auto& w1 = named(w, "w1");
+               w1.dtype = "F16";
+               w1.bytes /= 2;
+               w1.write = [bytes = w1.bytes](std::ostream& out) { out << std::string(bytes, '\0'); };
+             }),
+             Catch::Contains("tensor w1 is F16, expected F32"));
+  const std::string shape = write_with([&](auto& w) {
+    auto& g = named(w, "gate_projection");
+    g.shape = {32, 128};  // as many values, the wrong shape
+  });
+  CHECK_THAT(shape, Catch::Contains("tensor gate_projection has shape [32, 128], expected [64, 64] (from w1 [" ));
+  std::filesystem::remove(path);
+}
+
 TEST_CASE("the workload is deterministic and near the spec's eligible fractions", "[retrieval][workload]") {
   Workload a({.seed = 11}), b({.seed = 11}), c({.seed = 12});
   CHECK(a.ad(77).embedding == b.ad(77).embedding);

@@ -200,6 +200,13 @@ class SafetensorsFile {
 
   const std::string& path() const { return path_; }
 
+  /// "[8, 256, 128]"
+  static std::string shape_text(const std::vector<std::int64_t>& shape) {
+    std::string out = "[";
+    for (std::size_t i = 0; i < shape.size(); ++i) out += (i ? ", " : "") + std::to_string(shape[i]);
+    return out + "]";
+  }
+
   /// The tensor `name`, checked to hold `dtype` values (of `value_bytes` each) in `rank` dimensions
   /// and to lie wholly inside the file.
   expected<const TensorEntry*, Error> tensor(const std::string& name, const std::string& dtype, std::size_t value_bytes,
@@ -208,7 +215,8 @@ class SafetensorsFile {
     if (it == entries_.end()) return make_error(path_ + ": missing tensor " + name);
     const TensorEntry& e = it->second;
     if (e.dtype != dtype) return make_error(path_ + ": tensor " + name + " is " + e.dtype + ", expected " + dtype);
-    if (e.shape.size() != rank) return make_error(path_ + ": tensor " + name + " has the wrong shape");
+    if (e.shape.size() != rank)
+      return make_error(path_ + ": tensor " + name + " has shape " + shape_text(e.shape) + ", expected " + std::to_string(rank) + " dimensions");
     std::uint64_t count = 1;
     for (std::int64_t s : e.shape) count *= static_cast<std::uint64_t>(s);
     if (e.end - e.begin != count * value_bytes || e.end > data_bytes_)
@@ -265,13 +273,16 @@ inline expected<void, Error> save_model(const Model& model, const std::string& p
   return detail::write_safetensors(path, writers);
 }
 
-/// Reads a model written by save_model (or by Python's safetensors with the same names, F32).
+/// Reads a model written by save_model (or by Python's safetensors with the same names), all F32:
+/// w1 [E, h, f], c1 [E, h], w2 [E, d, h], c2 [E, d], gate_projection [d, d]. A missing or
+/// misshapen tensor is named, with the shape found and the one expected.
 inline expected<Model, Error> load_model(const std::string& path) {
   auto file = detail::SafetensorsFile::open(path);
   if (!file) return unexpected(file.error());
-  auto w1 = file->tensor("w1", "F32", 4, 3);
+  auto w1 = file->tensor("w1", "F32", 4, 3);  // w1 and w2 give E, h, f and d, from which the rest follow
+  if (!w1) return unexpected(w1.error());
   auto w2 = file->tensor("w2", "F32", 4, 3);
-  if (!w1 || !w2) return make_error(path + ": needs 3-d F32 tensors w1 and w2");
+  if (!w2) return unexpected(w2.error());
   Model model;
   model.experts = static_cast<int>((*w1)->shape[0]);
   model.hidden = static_cast<int>((*w1)->shape[1]);
@@ -280,7 +291,10 @@ inline expected<Model, Error> load_model(const std::string& path) {
   for (detail::NamedTensor& t : detail::model_tensors(model)) {
     auto entry = file->tensor(t.name, "F32", 4, t.shape.size());
     if (!entry) return unexpected(entry.error());
-    if ((*entry)->shape != t.shape) return make_error(path + ": tensor " + t.name + " has the wrong shape");
+    if ((*entry)->shape != t.shape)
+      return make_error(path + ": tensor " + t.name + " has shape " + detail::SafetensorsFile::shape_text((*entry)->shape) + ", expected " +
+                        detail::SafetensorsFile::shape_text(t.shape) + " (from w1 " + detail::SafetensorsFile::shape_text((*w1)->shape) +
+                        " and w2 " + detail::SafetensorsFile::shape_text((*w2)->shape) + ")");
     const std::uint64_t count = ((*entry)->end - (*entry)->begin) / sizeof(float);  // tensor() checked it fits the shape
     t.values->resize(count);
     if (auto ok = file->read(**entry, 0, t.values->data(), count * sizeof(float)); !ok) return unexpected(ok.error());
