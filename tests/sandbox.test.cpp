@@ -11,6 +11,11 @@
 #include <filesystem>
 #include <string>
 
+#include <sched.h>
+#include <seccomp.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 
 namespace {
 
@@ -308,4 +313,40 @@ TEST_CASE("run_sandboxed: the exit code, the signal and a missing program are re
   const auto missing = kevo::eval::run_sandboxed({"/no/such/program"}, limits);
   CHECK_FALSE(missing.started);
   CHECK(contains(missing.setup_error, "/no/such/program"));
+}
+
+TEST_CASE("the jail's layers are checked, not assumed: all of them here, and a clear refusal where namespaces are blocked") {
+  const kevo::eval::IsolationReport here = kevo::eval::inspect_isolation();
+  INFO(here.summary() << " / " << here.problem);
+  CHECK(here.complete());
+  CHECK_THAT(here.summary(), Catch::StartsWith("isolation: candidates run jailed (namespaces"));
+
+  // As under Docker's default seccomp profile: no new namespaces for this process or its children.
+  int report_pipe[2];
+  REQUIRE(::pipe(report_pipe) == 0);
+  const pid_t child = ::fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {
+    ::close(report_pipe[0]);
+    scmp_filter_ctx ctx = seccomp_init(SCMP_ACT_ALLOW);
+    seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EPERM), SCMP_SYS(unshare), 0);
+    seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EPERM), SCMP_SYS(clone), 1, SCMP_A0(SCMP_CMP_MASKED_EQ, CLONE_NEWUSER, CLONE_NEWUSER));
+    seccomp_rule_add(ctx, SCMP_ACT_ERRNO(ENOSYS), SCMP_SYS(clone3), 0);
+    if (seccomp_load(ctx) != 0) ::_exit(3);
+    const kevo::eval::IsolationReport blocked = kevo::eval::inspect_isolation();
+    const std::string line = std::string(blocked.jail ? "jailed " : "refused ") + blocked.summary();
+    (void)!::write(report_pipe[1], line.data(), line.size());
+    ::_exit(0);
+  }
+  ::close(report_pipe[1]);
+  std::string line;
+  char buffer[512];
+  for (ssize_t n; (n = ::read(report_pipe[0], buffer, sizeof buffer)) > 0;) line.append(buffer, static_cast<std::size_t>(n));
+  ::close(report_pipe[0]);
+  int status = 0;
+  ::waitpid(child, &status, 0);
+  INFO(line);
+  CHECK(WIFEXITED(status));
+  CHECK_THAT(line, Catch::StartsWith("refused isolation: MISSING, candidates cannot be jailed here ("));
+  CHECK_THAT(line, Catch::Contains("kevo will not run them"));
 }

@@ -206,4 +206,60 @@ inline expected<Jail, Error> make_jail(const JailOptions& options) {
   return jail;
 }
 
+/// What the candidates' jail really has on this machine: checked by running a shell inside it (its
+/// builtins only, so the filter's ban on new processes holds), not assumed. Where namespaces are
+/// blocked (Docker's default seccomp profile blocks them), `jail` is false and `problem` holds
+/// bwrap's words: kevo then runs no candidate at all.
+struct IsolationReport {
+  bool jail = false;          ///< bwrap made its namespaces and ran a program in them
+  bool private_proc = false;  ///< the jail's /proc shows its own process only
+  bool no_network = false;    ///< only the loopback device
+  bool unprivileged = false;  ///< not uid 0 inside
+  bool no_secrets = false;    ///< /etc/shadow and /root are not there
+  std::string problem;        ///< why a layer is missing
+
+  bool complete() const { return jail && private_proc && no_network && unprivileged && no_secrets; }
+  /// One line for a program's start: what holds, and what is missing.
+  std::string summary() const {
+    if (!jail) return "isolation: MISSING, candidates cannot be jailed here (" + problem + "); kevo will not run them";
+    std::string missing;
+    for (auto [ok, what] : {std::pair{private_proc, "a private /proc"}, std::pair{no_network, "no network"},
+                            std::pair{unprivileged, "an unprivileged uid"}, std::pair{no_secrets, "no host secrets"}})
+      if (!ok) missing += std::string(missing.empty() ? "" : ", ") + what;
+    return missing.empty() ? "isolation: candidates run jailed (namespaces, a private /proc, no network, an unprivileged uid, no host secrets)"
+                           : "isolation: candidates run jailed, but WITHOUT " + missing;
+  }
+};
+
+inline IsolationReport inspect_isolation(SandboxLimits limits = {}) {
+  IsolationReport report;
+  auto jail = make_jail({});
+  if (!jail) {
+    report.problem = jail.error().message;
+    return report;
+  }
+  const std::string script =
+      "set -- /proc/[0-9]*; echo processes $#\n"
+      "n=0; while read -r line; do n=$((n+1)); done < /proc/net/dev; echo netdev_lines $n\n"
+      "while read -r key value rest; do [ \"$key\" = Uid: ] && echo uid $value; done < /proc/self/status\n"
+      "[ -e /etc/shadow ] || [ -e /root ] && echo secrets visible\n"
+      "echo done\n";
+  limits.isolate = false;  // bwrap makes the namespaces
+  limits.wall_time = std::chrono::seconds(10);
+  limits.handed_over_fds = jail->release_handed_over_fds();
+  const SandboxResult r = run_sandboxed(jail->command({"/bin/sh", "-c", script}), limits);
+  if (!r.ok() || r.stdout_text.find("done") == std::string::npos) {
+    report.problem = r.setup_error.empty() ? r.stderr_text.substr(0, r.stderr_text.find('\n')) : r.setup_error;
+    if (report.problem.empty()) report.problem = "bwrap ended with code " + std::to_string(r.exit_code);
+    return report;
+  }
+  report.jail = true;
+  const std::string& out = r.stdout_text;
+  report.private_proc = out.find("processes 1\n") != std::string::npos;
+  report.no_network = out.find("netdev_lines 3\n") != std::string::npos;  // two header lines and lo
+  report.unprivileged = out.find("uid ") != std::string::npos && out.find("uid 0\n") == std::string::npos;
+  report.no_secrets = out.find("secrets visible") == std::string::npos;
+  return report;
+}
+
 }  // namespace kevo::eval
