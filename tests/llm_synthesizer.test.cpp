@@ -308,3 +308,17 @@ TEST_CASE("extraction copes with the usual variations of model output") {
     CHECK(contains(code.error().message, "no fenced code block"));
   }
 }
+
+TEST_CASE("messages are cut at word boundaries, never inside a number or a character") {
+  using kevo::synth::detail::one_line;
+  CHECK(one_line("short\nmessage") == "short message");
+  const std::string timeout = "no answer: the request timed out after 20000 ms while reading the body";
+  CHECK(one_line(timeout, 45) == "no answer: the request timed out after 20000...");  // the number whole
+  const std::string cut = one_line(timeout, 42);
+  CHECK(cut == "no answer: the request timed out after...");
+  CHECK(cut.find("2000") == std::string::npos);  // never "after 2000" for 20000
+  const std::string word(300, 'x');
+  CHECK(one_line(word, 100).size() == 103);
+  const std::string accents = std::string(99, 'a') + "\xc3\xa9\xc3\xa9";  // "é" straddles the cut at 100
+  CHECK(one_line(accents, 100) == std::string(99, 'a') + "...");
+}

@@ -57,16 +57,20 @@ inline std::string clip(std::string_view text, std::size_t max_chars) {
   return fmt::format("{}\n... ({} more characters cut)", text.substr(0, max_chars), text.size() - max_chars);
 }
 
+/// `text` on one line, at most about `max_chars`: cut at a word boundary (never inside a number
+/// or a UTF-8 character), with "..." where it was cut.
 inline std::string one_line(std::string_view text, std::size_t max_chars = 200) {
   std::string out;
-  for (char c : text) {
-    if (out.size() >= max_chars) {
-      out += "...";
-      break;
-    }
-    out += (c == '\n' || c == '\r' || c == '\t') ? ' ' : c;
+  for (char c : text) out += (c == '\n' || c == '\r' || c == '\t') ? ' ' : c;
+  if (out.size() <= max_chars) return out;
+  std::size_t cut = out.rfind(' ', max_chars);
+  if (cut == std::string::npos || cut < max_chars / 2) {  // one long word: cut it, but not inside a character
+    cut = max_chars;
+    while (cut > 0 && (static_cast<unsigned char>(out[cut]) & 0xC0) == 0x80) --cut;
   }
-  return out;
+  out.resize(cut);
+  while (!out.empty() && out.back() == ' ') out.pop_back();
+  return out + "...";
 }
 
 inline std::string_view language_of(Target t) {
