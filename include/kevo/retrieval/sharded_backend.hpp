@@ -1,0 +1,225 @@
+// kevo/retrieval/sharded_backend.hpp: one ad pool over several engines (the GPUs of one host, or
+// CPU backends), as one RetrievalBackend. An ad lives on the shard its id hashes to, so its updates
+// always go there and a replaced ad is never on two shards. A search asks every shard at once for
+// its top-K and merges them on the host: the global top-K is the top-K of the shards' top-Ks, with
+// ties to the lower id, as the spec ranks. A shard that fails fails the search, naming the shard;
+// a partial answer is given only by search_sharded, where the caller opts in, and is marked.
+//
+//   std::vector<std::unique_ptr<RetrievalBackend>> gpus = ...;   // one per device, each on its own streams
+//   ShardedBackend pool(std::move(gpus));
+//   pool.upsert(ads);                                 // routed by id
+//   auto top = pool.search(request);                  // every shard, merged
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <future>
+#include <memory>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "kevo/retrieval/backend.hpp"
+#include "kevo/retrieval/types.hpp"
+
+namespace kevo::retrieval {
+
+struct ShardingOptions {
+  /// search_sharded may answer from the shards that answered, marking the ones that failed.
+  bool allow_partial = false;
+};
+
+/// A merged answer, and the shards it lacks (empty: complete).
+struct ShardedAnswer {
+  std::vector<ScoredAd> top;
+  std::vector<std::size_t> failed_shards;
+  std::string failure;  ///< the first failed shard's error, where any failed
+  bool complete() const { return failed_shards.empty(); }
+};
+
+class ShardedBackend final : public RetrievalBackend {
+ public:
+  /// The shards must share one schema and model; `create` checks that, the constructor throws.
+  static expected<std::unique_ptr<ShardedBackend>, Error> create(std::vector<std::unique_ptr<RetrievalBackend>> shards,
+                                                                 ShardingOptions options = {}) {
+    if (auto ok = check(shards); !ok) return unexpected(ok.error());
+    return std::make_unique<ShardedBackend>(std::move(shards), options);
+  }
+  ShardedBackend(std::vector<std::unique_ptr<RetrievalBackend>> shards, ShardingOptions options = {})
+      : shards_(std::move(shards)), options_(options) {
+    if (auto ok = check(shards_); !ok) throw std::invalid_argument(ok.error().message);
+  }
+
+  /// The shard an ad id lives on: a 64-bit mix of the id, so consecutive ids spread evenly.
+  static std::size_t shard_of(std::uint32_t id, std::size_t shard_count) {
+    std::uint64_t x = id + 0x9e3779b97f4a7c15ull;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+    return static_cast<std::size_t>((x ^ (x >> 31)) % shard_count);
+  }
+
+  std::size_t shard_count() const { return shards_.size(); }
+  RetrievalBackend& shard(std::size_t i) { return *shards_[i]; }
+
+  std::string name() const override { return std::to_string(shards_.size()) + " shards of " + shards_[0]->name(); }
+  const Schema& schema() const override { return shards_[0]->schema(); }
+  const Model& model() const override { return shards_[0]->model(); }
+
+  /// Every shard's answer merged; a failed shard fails the search, named.
+  expected<std::vector<ScoredAd>, Error> search(const Request& request) override {
+    if (auto ok = validate_request(schema(), model(), request); !ok) return unexpected(ok.error());
+    ShardedAnswer answer = ask_all(request);
+    if (!answer.complete()) return make_error(answer.failure);
+    return std::move(answer.top);
+  }
+
+  /// As search, but with `allow_partial` the shards that answered are merged and the failed ones
+  /// listed, so that a caller can serve a marked partial answer. A bad request is still an error.
+  expected<ShardedAnswer, Error> search_sharded(const Request& request) {
+    if (auto ok = validate_request(schema(), model(), request); !ok) return unexpected(ok.error());
+    ShardedAnswer answer = ask_all(request);
+    if (!answer.complete() && (!options_.allow_partial || answer.failed_shards.size() == shards_.size()))
+      return make_error(answer.failure);
+    return answer;
+  }
+
+  /// Each shard takes the whole batch (an engine answers a batch faster than one by one); each
+  /// request's answers are merged.
+  expected<std::vector<std::vector<ScoredAd>>, Error> search_batch(std::span<const Request> requests) override {
+    for (std::size_t r = 0; r < requests.size(); ++r)
+      if (auto ok = validate_request(schema(), model(), requests[r]); !ok) return batch_error(r, ok.error());
+    auto per_shard = on_every_shard([&](RetrievalBackend& s) { return s.search_batch(requests); });
+    std::vector<std::vector<ScoredAd>> merged(requests.size());
+    for (std::size_t i = 0; i < per_shard.size(); ++i) {
+      if (!per_shard[i]) return make_error(shard_failure(i, per_shard[i].error()));
+      if (per_shard[i]->size() != requests.size())
+        return make_error(shard_failure(i, Error{"it answered " + std::to_string(per_shard[i]->size()) + " of " +
+                                                 std::to_string(requests.size()) + " searches"}));
+    }
+    for (std::size_t r = 0; r < requests.size(); ++r) {
+      std::vector<ScoredAd> all;
+      for (auto& answers : per_shard) all.insert(all.end(), (*answers)[r].begin(), (*answers)[r].end());
+      merged[r] = merge(std::move(all), requests[r].k);
+    }
+    return merged;
+  }
+
+  /// Each ad goes to its shard; all are checked first, so a bad ad changes nothing. The call
+  /// returns once every shard has its part, so every later search sees all of them.
+  expected<void, Error> upsert(std::span<const AdRecord> ads) override {
+    for (const AdRecord& ad : ads)
+      if (auto ok = validate_ad(schema(), ad); !ok) return ok;
+    std::vector<std::vector<AdRecord>> routed(shards_.size());
+    for (const AdRecord& ad : ads) routed[shard_of(ad.id, shards_.size())].push_back(ad);
+    auto results = on_every_shard([&](RetrievalBackend& s) -> expected<void, Error> {
+      const auto& part = routed[index_of(s)];
+      if (part.empty()) return {};
+      return s.upsert(std::span<const AdRecord>(part.data(), part.size()));
+    });
+    for (std::size_t i = 0; i < results.size(); ++i)
+      if (!results[i]) return make_error(shard_failure(i, results[i].error()) + " (the other shards' ads were updated)");
+    return {};
+  }
+
+  expected<std::size_t, Error> expire(std::span<const std::uint32_t> ids) override {
+    std::vector<std::vector<std::uint32_t>> routed(shards_.size());
+    for (std::uint32_t id : ids) routed[shard_of(id, shards_.size())].push_back(id);
+    auto results = on_every_shard([&](RetrievalBackend& s) -> expected<std::size_t, Error> {
+      const auto& part = routed[index_of(s)];
+      if (part.empty()) return std::size_t{0};
+      return s.expire(std::span<const std::uint32_t>(part.data(), part.size()));
+    });
+    std::size_t expired = 0;
+    for (std::size_t i = 0; i < results.size(); ++i) {
+      if (!results[i]) return make_error(shard_failure(i, results[i].error()));
+      expired += *results[i];
+    }
+    return expired;
+  }
+
+  expected<void, Error> reindex() override {
+    auto results = on_every_shard([](RetrievalBackend& s) { return s.reindex(); });
+    for (std::size_t i = 0; i < results.size(); ++i)
+      if (!results[i]) return make_error(shard_failure(i, results[i].error()));
+    return {};
+  }
+
+  /// The spec's ranking: higher score first, ties to the lower id; the first `k`.
+  static std::vector<ScoredAd> merge(std::vector<ScoredAd> all, int k) {
+    std::sort(all.begin(), all.end(), [](const ScoredAd& a, const ScoredAd& b) { return a.score > b.score || (a.score == b.score && a.id < b.id); });
+    if (all.size() > static_cast<std::size_t>(std::max(k, 0))) all.resize(static_cast<std::size_t>(k));
+    return all;
+  }
+
+ private:
+  static expected<void, Error> check(const std::vector<std::unique_ptr<RetrievalBackend>>& shards) {
+    if (shards.empty()) return make_error("a sharded pool needs at least one shard");
+    for (std::size_t i = 0; i < shards.size(); ++i) {
+      if (!shards[i]) return make_error("shard " + std::to_string(i) + " is missing");
+      if (shards[i]->schema().dim != shards[0]->schema().dim || shards[i]->schema().embedding_type != shards[0]->schema().embedding_type ||
+          shards[i]->schema().category_values != shards[0]->schema().category_values || shards[i]->model().dim != shards[0]->model().dim ||
+          shards[i]->model().experts != shards[0]->model().experts || shards[i]->model().w1 != shards[0]->model().w1)
+        return make_error("shard " + std::to_string(i) + " has another schema or model than shard 0");
+    }
+    return {};
+  }
+
+  std::size_t index_of(const RetrievalBackend& s) const {
+    for (std::size_t i = 0; i < shards_.size(); ++i)
+      if (shards_[i].get() == &s) return i;
+    return 0;  // unreachable: only called with the shards' own
+  }
+
+  std::string shard_failure(std::size_t i, const Error& e) const {
+    return "shard " + std::to_string(i) + " of " + std::to_string(shards_.size()) + " failed: " + e.message;
+  }
+
+  /// f(shard) on every shard at once (each on a thread of its own; shard 0 on this one), in order.
+  template <class F>
+  auto on_every_shard(F&& f) -> std::vector<decltype(f(std::declval<RetrievalBackend&>()))> {
+    using Result = decltype(f(std::declval<RetrievalBackend&>()));
+    std::vector<std::future<Result>> others;
+    for (std::size_t i = 1; i < shards_.size(); ++i)
+      others.push_back(std::async(std::launch::async, [&, i] { return guarded(f, *shards_[i]); }));
+    std::vector<Result> results;
+    results.push_back(guarded(f, *shards_[0]));
+    for (auto& other : others) results.push_back(other.get());
+    return results;
+  }
+
+  /// A shard that throws has failed, like one that returns an error; the others go on.
+  template <class F>
+  static auto guarded(F& f, RetrievalBackend& shard) -> decltype(f(shard)) {
+    try {
+      return f(shard);
+    } catch (const std::exception& e) {
+      return make_error(std::string("threw: ") + e.what());
+    }
+  }
+
+  ShardedAnswer ask_all(const Request& request) {
+    auto answers = on_every_shard([&](RetrievalBackend& s) { return s.search(request); });
+    ShardedAnswer out;
+    std::vector<ScoredAd> all;
+    for (std::size_t i = 0; i < answers.size(); ++i) {
+      if (answers[i]) {
+        all.insert(all.end(), answers[i]->begin(), answers[i]->end());
+      } else {
+        if (out.failure.empty()) out.failure = shard_failure(i, answers[i].error());
+        out.failed_shards.push_back(i);
+      }
+    }
+    // Every shard refusing alike is the request's own fault (its vectors overflow fp16), not a shard's.
+    if (out.failed_shards.size() == shards_.size() &&
+        std::all_of(answers.begin(), answers.end(), [&](const auto& a) { return a.error().message == answers[0].error().message; }))
+      out.failure = answers[0].error().message;
+    out.top = merge(std::move(all), request.k);
+    return out;
+  }
+
+  std::vector<std::unique_ptr<RetrievalBackend>> shards_;
+  ShardingOptions options_;
+};
+
+}  // namespace kevo::retrieval

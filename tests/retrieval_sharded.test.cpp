@@ -1,0 +1,192 @@
+// One pool over several engines (ShardedBackend), here CPU backends, as in CI: every answer equals
+// one engine's over the whole pool, with updates and expiries routed, searches racing them, and a
+// failed shard reported rather than hidden. The GPU's shards are the same class over
+// CudaRetrievalBackends (tests/cuda on a machine with GPUs).
+#include <catch2/catch.hpp>
+
+#include <atomic>
+#include <set>
+#include <thread>
+#include <vector>
+
+#include "kevo/retrieval/retrieval.hpp"
+#include "kevo/retrieval/sharded_backend.hpp"
+
+using namespace kevo;
+using namespace kevo::retrieval;
+
+namespace {
+
+Workload small_workload() { return Workload({.seed = 5, .dim = 64, .features = 32, .hidden = 48}); }
+
+std::unique_ptr<ShardedBackend> sharded(const Workload& w, std::size_t shards, ShardingOptions options = {}) {
+  std::vector<std::unique_ptr<RetrievalBackend>> engines;
+  for (std::size_t i = 0; i < shards; ++i) engines.push_back(std::make_unique<CpuRetrievalBackend>(w.schema(), w.model(), 1));
+  auto pool = ShardedBackend::create(std::move(engines), options);
+  REQUIRE(pool);
+  return std::move(*pool);
+}
+
+/// A shard that fails every search while `failing` is set.
+class FlakyShard final : public RetrievalBackend {
+ public:
+  FlakyShard(const Workload& w) : engine_(w.schema(), w.model(), 1) {}
+  std::string name() const override { return "flaky"; }
+  const Schema& schema() const override { return engine_.schema(); }
+  const Model& model() const override { return engine_.model(); }
+  expected<std::vector<ScoredAd>, Error> search(const Request& r) override {
+    if (failing) return make_error("the device went away");
+    return engine_.search(r);
+  }
+  expected<void, Error> upsert(std::span<const AdRecord> ads) override { return engine_.upsert(ads); }
+  expected<std::size_t, Error> expire(std::span<const std::uint32_t> ids) override { return engine_.expire(ids); }
+  std::atomic<bool> failing{false};
+
+ private:
+  CpuRetrievalBackend engine_;
+};
+
+}  // namespace
+
+TEST_CASE("ads spread evenly over the shards by id", "[retrieval][sharded]") {
+  for (std::size_t shards : {2, 3, 4}) {
+    std::vector<int> counts(shards, 0);
+    for (std::uint32_t id = 0; id < 40000; ++id) ++counts[ShardedBackend::shard_of(id, shards)];
+    for (int c : counts) CHECK(std::abs(c - 40000 / static_cast<int>(shards)) < 40000 / static_cast<int>(shards) / 20);
+  }
+}
+
+TEST_CASE("2 and 4 shards answer exactly as one engine over the whole pool, through updates and expiries", "[retrieval][sharded]") {
+  const Workload w = small_workload();
+  const std::size_t shard_count = GENERATE(2, 4);
+  CpuRetrievalBackend whole(w.schema(), w.model(), 2);
+  auto pool = sharded(w, shard_count);
+  std::vector<AdRecord> ads;
+  for (std::uint64_t i = 0; i < 6000; ++i) ads.push_back(w.ad(i));
+  REQUIRE(whole.upsert(ads));
+  REQUIRE(pool->upsert(ads));
+  auto agree = [&](std::uint64_t seed) {
+    for (RequestKind kind : {RequestKind::typical, RequestKind::broad, RequestKind::narrow})
+      for (int k : {1, 10, 1000}) {
+        const Request r = w.request(seed, kind, k);
+        auto expected_top = whole.search(r);
+        auto got = pool->search(r);
+        REQUIRE(expected_top);
+        REQUIRE(got);
+        INFO(shard_count << " shards, K " << k);
+        CHECK(*got == *expected_top);
+      }
+  };
+  agree(1);
+  // Replace a third of the ads with new embeddings and targeting, expire some, add new ids.
+  std::vector<AdRecord> changed;
+  for (std::uint64_t i = 0; i < 6000; i += 3) {
+    AdRecord ad = w.ad(i + 100000);
+    ad.id = static_cast<std::uint32_t>(i);
+    changed.push_back(ad);
+  }
+  for (std::uint64_t i = 6000; i < 6500; ++i) changed.push_back(w.ad(i));
+  REQUIRE(whole.upsert(changed));
+  REQUIRE(pool->upsert(changed));
+  std::vector<std::uint32_t> gone;
+  for (std::uint32_t id = 1; id < 6500; id += 7) gone.push_back(id);
+  const auto expired_whole = whole.expire(gone);
+  const auto expired_pool = pool->expire(gone);
+  REQUIRE(expired_pool);
+  CHECK(*expired_pool == *expired_whole);
+  agree(2);
+  // Batches too, each request merged on its own.
+  std::vector<Request> batch;
+  for (std::uint64_t r = 0; r < 5; ++r) batch.push_back(w.request(r + 10, RequestKind::typical, 50 + static_cast<int>(r)));
+  auto one_by_one = whole.search_batch(batch);
+  auto merged = pool->search_batch(batch);
+  REQUIRE(merged);
+  CHECK(*merged == *one_by_one);
+}
+
+TEST_CASE("searches racing routed updates see each ad whole, on one shard only", "[retrieval][sharded]") {
+  const Workload w = small_workload();
+  auto pool = sharded(w, 4);
+  std::vector<AdRecord> ads;
+  for (std::uint64_t i = 0; i < 3000; ++i) ads.push_back(w.ad(i));
+  REQUIRE(pool->upsert(ads));
+  std::atomic<bool> done{false};
+  std::thread writer([&] {
+    for (std::uint64_t round = 0; round < 20; ++round) {
+      std::vector<AdRecord> changed;
+      for (std::uint64_t i = round % 5; i < 3000; i += 5) {
+        AdRecord ad = w.ad(i + 10000 * (round + 1));
+        ad.id = static_cast<std::uint32_t>(i);
+        changed.push_back(ad);
+      }
+      REQUIRE(pool->upsert(changed));
+    }
+    done = true;
+  });
+  int searches = 0;
+  while (!done) {
+    auto top = pool->search(w.request(static_cast<std::uint64_t>(searches), RequestKind::broad, 1000));
+    REQUIRE(top);
+    std::set<std::uint32_t> ids;
+    for (const ScoredAd& a : *top) CHECK(ids.insert(a.id).second);  // no ad twice: a replaced ad stays on its shard
+    CHECK(std::is_sorted(top->begin(), top->end(), [](const ScoredAd& a, const ScoredAd& b) { return a.score > b.score || (a.score == b.score && a.id < b.id); }));
+    ++searches;
+  }
+  writer.join();
+  CHECK(searches > 0);
+}
+
+TEST_CASE("a failed shard fails the search, named; a partial answer only where the caller opts in, and marked", "[retrieval][sharded]") {
+  const Workload w = small_workload();
+  for (bool allow_partial : {false, true}) {
+    std::vector<std::unique_ptr<RetrievalBackend>> engines;
+    engines.push_back(std::make_unique<CpuRetrievalBackend>(w.schema(), w.model(), 1));
+    auto flaky = std::make_unique<FlakyShard>(w);
+    FlakyShard& shard1 = *flaky;
+    engines.push_back(std::move(flaky));
+    auto pool = ShardedBackend::create(std::move(engines), {.allow_partial = allow_partial});
+    REQUIRE(pool);
+    std::vector<AdRecord> ads;
+    for (std::uint64_t i = 0; i < 2000; ++i) ads.push_back(w.ad(i));
+    REQUIRE((*pool)->upsert(ads));
+    const Request r = w.request(3, RequestKind::broad, 100);
+    auto whole = (*pool)->search(r);
+    REQUIRE(whole);
+    shard1.failing = true;
+    auto failed = (*pool)->search(r);
+    REQUIRE_FALSE(failed);
+    CHECK(failed.error().message == "shard 1 of 2 failed: the device went away");
+    auto partial = (*pool)->search_sharded(r);
+    INFO("allow_partial " << allow_partial);
+    if (!allow_partial) {
+      REQUIRE_FALSE(partial);
+      CHECK(partial.error().message == "shard 1 of 2 failed: the device went away");
+    } else {
+      REQUIRE(partial);
+      CHECK_FALSE(partial->complete());
+      CHECK(partial->failed_shards == std::vector<std::size_t>{1});
+      for (const ScoredAd& a : partial->top) CHECK(ShardedBackend::shard_of(a.id, 2) == 0);  // only shard 0's ads
+    }
+    shard1.failing = false;
+    auto again = (*pool)->search(r);
+    REQUIRE(again);
+    CHECK(*again == *whole);
+  }
+}
+
+TEST_CASE("a bad request is the caller's error, and shards of another model are refused", "[retrieval][sharded]") {
+  const Workload w = small_workload();
+  auto pool = sharded(w, 2);
+  Request bad = w.request(1, RequestKind::typical, 10);
+  bad.k = 0;
+  auto refused = pool->search(bad);
+  REQUIRE_FALSE(refused);
+  CHECK(refused.error().message.find("shard") == std::string::npos);
+  std::vector<std::unique_ptr<RetrievalBackend>> mixed;
+  mixed.push_back(std::make_unique<CpuRetrievalBackend>(w.schema(), w.model(), 1));
+  const Workload other({.seed = 6, .dim = 64, .features = 32, .hidden = 48});
+  mixed.push_back(std::make_unique<CpuRetrievalBackend>(other.schema(), other.model(), 1));
+  auto mismatched = ShardedBackend::create(std::move(mixed));
+  REQUIRE_FALSE(mismatched);
+  CHECK(mismatched.error().message == "shard 1 has another schema or model than shard 0");
+}
