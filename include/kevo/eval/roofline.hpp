@@ -7,6 +7,7 @@
 #pragma once
 
 #include <kevo/candidate.hpp>
+#include <kevo/detail/json_writer.hpp>
 #include <kevo/eval/sandbox.hpp>
 #include <kevo/expected.hpp>
 
@@ -207,15 +208,6 @@ inline expected<Roofline, Error> parse_roofline(const std::string& json_text) {
   return r;
 }
 
-inline std::string json_quote(std::string_view s) {
-  std::string out = "\"";
-  for (char c : s) {
-    if (c == '"' || c == '\\') out += '\\';
-    if (static_cast<unsigned char>(c) >= 0x20) out += c;
-  }
-  return out + "\"";
-}
-
 }  // namespace detail
 
 /// Where the roofline of this host and CPU model is cached under `cache_dir`.
@@ -273,8 +265,8 @@ inline expected<Roofline, Error> load_or_measure_roofline(const std::filesystem:
   const fs::path temporary = dir / ("roofline-" + unique + ".tmp");
   {
     std::ofstream out(temporary);
-    out << fmt::format("{{\"host\":{},\"cpu_model\":{},\"read_gbytes_per_s\":{},\"peak_gflops\":{}}}\n", detail::json_quote(roofline->host),
-                       detail::json_quote(roofline->cpu_model), roofline->read_gbytes_per_s, roofline->peak_gflops);
+    out << fmt::format("{{\"host\":{},\"cpu_model\":{},\"read_gbytes_per_s\":{},\"peak_gflops\":{}}}\n", kevo::detail::json_quote(roofline->host),
+                       kevo::detail::json_quote(roofline->cpu_model), roofline->read_gbytes_per_s, roofline->peak_gflops);
   }
   fs::rename(temporary, cached, ec);  // atomic: a concurrent reader sees the old file or the new one
   return roofline;
