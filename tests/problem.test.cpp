@@ -6,6 +6,7 @@
 #include <catch2/catch.hpp>
 
 #include <filesystem>
+#include <fstream>
 #include <string>
 
 namespace {
@@ -100,4 +101,36 @@ TEST_CASE("a reference that does not compile fails prepare() with the file and t
   const kevo::Evaluation e = evaluator.evaluate(evaluator.default_candidate(), 1);
   CHECK(e.failure == kevo::FailureKind::sandbox_error);
   CHECK(contains(e.diagnostics.message, "does not compile"));
+}
+
+TEST_CASE("a name that is not a plain file name is refused, since it names kevo's files") {
+  // kevo-runs/<name>.db, .best.cpp and .html: "../../escaped" would write two directories above it.
+  const auto dir = std::filesystem::temp_directory_path() / "kevo-test-unsafe-name";
+  std::filesystem::remove_all(dir);
+  std::filesystem::copy(fixtures / "axpy", dir, std::filesystem::copy_options::recursive);
+  std::string manifest = kevo::detail::read_text_file(dir / "problem.json").value();
+  const std::string plain = "\"name\": \"axpy\"";
+  REQUIRE(contains(manifest, plain));
+  for (const std::string name : {"../../escaped", "a/b", ".hidden", "", "x y"}) {
+    std::string text = manifest;
+    text.replace(text.find(plain), plain.size(), "\"name\": \"" + name + "\"");
+    std::ofstream(dir / "problem.json") << text;
+    auto problem = kevo::load_problem(dir);
+    INFO(name);
+    REQUIRE_FALSE(problem);
+    const std::string& message = problem.error().message;
+    INFO(message);
+    CHECK(contains(message, "problem.json: 'name'"));
+    CHECK(contains(message, "plain file name"));
+  }
+  std::ofstream(dir / "problem.json") << manifest;
+  auto problem = kevo::load_problem(dir);
+  REQUIRE(problem);
+  CHECK(problem->name == "axpy");
+  // What a stored run records to know its problem again: the manifest, the reference and the template.
+  const std::string identity = problem->identity();
+  CHECK(identity.size() == 16);
+  std::ofstream(dir / "kernel.cpp.tmpl", std::ios::app) << "\n// changed\n";
+  CHECK(kevo::load_problem(dir)->identity() != identity);
+  std::filesystem::remove_all(dir);
 }

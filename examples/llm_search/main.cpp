@@ -27,6 +27,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <mutex>
+#include <optional>
 #include <string>
 
 namespace fs = std::filesystem;
@@ -54,6 +55,8 @@ options:
   --max-tokens-field NAME  the OpenAI-format field for it: max_tokens (default), or
                       max_completion_tokens for OpenAI's newer models
   --no-temperature    send no temperature (models that accept only their default)
+  --allow-weak-isolation  run an LLM search with its key in this process's environment even where
+                      the candidates' jail lacks a layer (kevo checks each at start and refuses by default)
   --token-budget N    stop the search once this many tokens are spent (default: none)
   --price IN OUT      US dollars per million input and output tokens, to report and cap cost
   --cost-budget USD   stop the search once this much is spent (needs --price)
@@ -76,7 +79,7 @@ struct Options {
   fs::path knowledge_dir = KEVO_KNOWLEDGE_DIR, knowledge_db, store;
   std::string max_tokens_field = "max_tokens", ca_file;
   double price_input = 0, price_output = 0, cost_budget = 0;
-  bool log_prompts = false, send_temperature = true;
+  bool log_prompts = false, send_temperature = true, allow_weak_isolation = false;
 };
 
 std::string env(const char* name) {
@@ -136,6 +139,7 @@ kevo::expected<Options, kevo::Error> parse_arguments(int argc, char** argv) {
     else if (arg == "--seed") ok = number(o.seed);
     else if (arg == "--log-prompts") o.log_prompts = true;
     else if (arg == "--no-temperature") o.send_temperature = false;
+    else if (arg == "--allow-weak-isolation") o.allow_weak_isolation = true;
     else if (arg == "--help" || arg == "-h") return kevo::make_error("");
     else if (arg.starts_with("--")) return kevo::make_error(fmt::format("unknown option {}", arg));
     else if (o.problem_dir.empty()) o.problem_dir = arg;
@@ -153,9 +157,21 @@ struct KnowledgeRef {
   void learn(const kevo::Skill& s) { base->learn(s); }
 };
 
-int fail(std::string_view message) {
+int fail(std::string_view message, int code = 1) {
   fmt::print(stderr, "kevo-llm-search: {}\n", message);
-  return 1;
+  return code;
+}
+
+/// The directory that will hold `path`, created if needed: a place that cannot be created is said
+/// in one line (exit 2), never an uncaught filesystem_error.
+std::optional<int> make_parent(std::string_view flag, const fs::path& path) {
+  if (!path.has_parent_path()) return std::nullopt;
+  std::error_code ec;
+  fs::create_directories(path.parent_path(), ec);
+  if (!ec && fs::is_directory(path.parent_path(), ec)) return std::nullopt;
+  return fail(fmt::format("{} {}: cannot create the directory {}: {}", flag, path.string(), path.parent_path().string(),
+                          ec ? ec.message() : "it is not a directory"),
+              2);
 }
 
 /// Runs one search with the given synthesizer and retriever, and prints how it went.
@@ -166,9 +182,9 @@ int search(const Options& o, const kevo::Problem& problem, Synth synth, Retrieve
   auto memory = kevo::memory::make_memory(o.memory);
   if (!memory) return fail(memory.error().message);
   const fs::path store_path = o.store.empty() ? fs::path("kevo-runs") / (problem.name + ".llm.db") : o.store;
-  if (store_path.has_parent_path()) fs::create_directories(store_path.parent_path());
+  if (auto failed = make_parent("--store", store_path)) return *failed;
   auto store = kevo::store::SqliteStore::open(store_path);
-  if (!store) return fail(store.error().message);
+  if (!store) return fail(store.error().message, 2);
 
   kevo::eval::CpuEvaluator evaluator(problem);
   if (auto ready = evaluator.prepare(); !ready) return fail(ready.error().message);
@@ -181,7 +197,7 @@ int search(const Options& o, const kevo::Problem& problem, Synth synth, Retrieve
     const std::string outcome = e.ok() ? fmt::format("{:6.2f}x {}-bound", e.speedup, kevo::to_string(e.diagnostics.bottleneck))
                                        : fmt::format("{} ({:.70})", kevo::to_string(e.failure), e.diagnostics.message);
     fmt::print("[{:3}/{}] best {:6.2f}x{} node {:3}: {}  <- {:.80}\n", p.evaluations - 1, o.budget, p.best_speedup,
-               p.new_best ? " (new)" : "      ", p.node, outcome, p.candidate->origin);
+               p.new_best ? " (new)" : "      ", p.node_key, outcome, p.candidate->origin);
     std::fflush(stdout);
   };
   const kevo::Candidate seed = kevo::synth::TemplateSynthesizer(problem).seed();
@@ -194,14 +210,24 @@ int search(const Options& o, const kevo::Problem& problem, Synth synth, Retrieve
              result->elapsed_seconds);
   if constexpr (requires { loop.synthesizer().completer().usage(); })
     fmt::print("LLM usage: {}\n", kevo::net::to_string(loop.synthesizer().completer().usage()));
-  fmt::print("best: {:.2f}x over reference ({})\n", result->verified ? result->verified_speedup : result->best_speedup,
-             result->verified ? "verified" : "NOT verified: " + result->verification_message);
+  fmt::print("best: {:.2f}x over reference, node {} ({})\n", result->verified ? result->verified_speedup : result->best_speedup,
+             result->best_key, result->verified ? "verified" : "NOT verified: " + result->verification_message);
   return result->verified ? 0 : 3;
 }
 
 }  // namespace
 
+int llm_search_main(int argc, char** argv);
+
 int main(int argc, char** argv) {
+  try {
+    return llm_search_main(argc, argv);
+  } catch (const fs::filesystem_error& e) {  // a place on disk that cannot be used: one line, not an abort
+    return fail(e.what(), 2);
+  }
+}
+
+int llm_search_main(int argc, char** argv) {
   auto options = parse_arguments(argc, argv);
   if (!options) {
     if (!options.error().message.empty()) fmt::print(stderr, "kevo-llm-search: {}\n\n", options.error().message);
@@ -213,7 +239,7 @@ int main(int argc, char** argv) {
   if (!problem) return fail(problem.error().message);
 
   const fs::path knowledge_db = o.knowledge_db.empty() ? fs::path("kevo-runs") / "knowledge.db" : o.knowledge_db;
-  if (knowledge_db.has_parent_path()) fs::create_directories(knowledge_db.parent_path());
+  if (auto failed = make_parent("--knowledge-db", knowledge_db)) return *failed;
   auto knowledge = kevo::knowledge::KnowledgeBase::open({.database = knowledge_db.string(), .folders = {o.knowledge_dir}});
   if (!knowledge) return fail(knowledge.error().message);
   fmt::print("knowledge: {} sections and {} learned skills in {}\n", knowledge->size("document"), knowledge->size("skill"),
@@ -224,6 +250,18 @@ int main(int argc, char** argv) {
                "using the offline template synthesizer\n");
     return search(o, *problem, kevo::synth::TemplateSynthesizer(*problem), KnowledgeRef{&*knowledge});
   }
+
+  // What the candidates' jail really has here. Where a layer is missing, a candidate might reach this
+  // process and the API key in its environment: refuse, unless the user accepts that.
+  const kevo::eval::IsolationReport isolation = kevo::eval::inspect_isolation();
+  fmt::print("kevo-llm-search: {}\n", isolation.summary());
+  if (!isolation.jail) return fail(isolation.summary());
+  const char* key = o.api_key_env.empty() ? nullptr : std::getenv(o.api_key_env.c_str());
+  if (!isolation.complete() && key && *key && !o.allow_weak_isolation)
+    return fail(fmt::format("the candidates' jail lacks a layer here, and the API key is in this process's environment (${}); "
+                            "run where namespaces are allowed, or pass --allow-weak-isolation to accept the risk",
+                            o.api_key_env));
+  if (!isolation.complete() && key && *key) fmt::print(stderr, "kevo-llm-search: WARNING: running with weak isolation and an API key, as asked\n");
 
   const auto wire = kevo::net::wire_format_from_string(o.wire);
   if (!wire) return fail(fmt::format("--wire must be openai or anthropic, not '{}'", o.wire));

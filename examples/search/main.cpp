@@ -46,6 +46,7 @@ struct Options {
   fs::path json;
   fs::path report;
   bool resume = false;
+  bool retime_reference = false;  // a resumed run keeps its stored reference time unless asked
   bool budget_given = false;  // a resumed run keeps its stored budget unless --budget says otherwise
   bool quiet = false;
 };
@@ -65,6 +66,7 @@ options:
   --seed S          random seed (default 1)
   --store PATH      SQLite store (default kevo-runs/PROBLEM.db)
   --resume          continue the latest run in the store where it stopped
+  --retime-reference  with --resume: speedups over the reference timed now, not the run's stored time
   --out PATH        where to write the best kernel (default kevo-runs/PROBLEM.best.cpp)
   --json PATH       also write a JSON summary there
   --report PATH     write an HTML report (progress plot, tree, best kernels) (default kevo-runs/PROBLEM.html)
@@ -119,6 +121,7 @@ kevo::expected<Options, kevo::Error> parse_arguments(int argc, char** argv) {
     else if (arg == "--patience") error = number(o.patience);
     else if (arg == "--seed") error = number(o.seed);
     else if (arg == "--resume") o.resume = true;
+    else if (arg == "--retime-reference") o.retime_reference = true;
     else if (arg == "--quiet") o.quiet = true;
     else if (arg == "--help" || arg == "-h") return kevo::make_error("");
     else if (arg.starts_with("--")) return kevo::make_error(fmt::format("unknown option {}", arg));
@@ -155,14 +158,24 @@ std::string failures_text(const kevo::FailureCounts& failures) {
   return out.empty() ? " none" : out;
 }
 
-int fail(std::string_view message) {
+int fail(std::string_view message, int code = 1) {
   fmt::print(stderr, "kevo-search: {}\n", message);
-  return 1;
+  return code;
 }
 
 }  // namespace
 
+int search_main(int argc, char** argv);
+
 int main(int argc, char** argv) {
+  try {
+    return search_main(argc, argv);
+  } catch (const fs::filesystem_error& e) {  // a place on disk that cannot be used: one line, not an abort
+    return fail(e.what(), 2);
+  }
+}
+
+int search_main(int argc, char** argv) {
   auto options = parse_arguments(argc, argv);
   if (!options) {
     if (!options.error().message.empty()) fmt::print(stderr, "kevo-search: {}\n\n", options.error().message);
@@ -176,20 +189,33 @@ int main(int argc, char** argv) {
   if (o.store.empty()) o.store = fs::path("kevo-runs") / (problem->name + ".db");
   if (o.out.empty()) o.out = fs::path("kevo-runs") / (problem->name + ".best.cpp");
   if (o.report.empty()) o.report = fs::path("kevo-runs") / (problem->name + ".html");
-  for (const auto& p : {o.store, o.out, o.json, o.report})
-    if (p.has_parent_path()) fs::create_directories(p.parent_path());
+  // A place that cannot be created is the user's to fix, said in one line (exit 2, as for a bad
+  // argument), before any work.
+  for (auto [flag, p] : {std::pair{"--store", o.store}, {"--out", o.out}, {"--json", o.json}, {"--report", o.report}}) {
+    if (!p.has_parent_path()) continue;
+    std::error_code ec;
+    fs::create_directories(p.parent_path(), ec);
+    if (ec || !fs::is_directory(p.parent_path(), ec))
+      return fail(fmt::format("{} {}: cannot create the directory {}: {}", flag, p.string(), p.parent_path().string(),
+                              ec ? ec.message() : "it is not a directory"),
+                  2);
+  }
 
   auto store = kevo::store::SqliteStore::open(o.store);
-  if (!store) return fail(store.error().message);
+  if (!store) return fail(store.error().message, 2);
   std::int64_t resume_run = 0;
+  kevo::RunInfo resumed;
   if (o.resume) {
     auto run = store->latest_run();
     if (!run) return fail(run.error().message);
     if (!run->stopped_because.empty())
       return fail(fmt::format("the latest run in {} already finished ({}); start a new one without --resume",
                               o.store.string(), run->stopped_because));
+    if (auto same = kevo::check_resumable(*run, *problem); !same)
+      return fail(fmt::format("--resume: {} (store {})", same.error().message, o.store.string()));
     restore_settings(run->settings_json, o);
     resume_run = run->id;
+    resumed = *run;
   }
 
   auto policy = kevo::search::make_policy(o.policy);
@@ -197,15 +223,28 @@ int main(int argc, char** argv) {
   auto memory = kevo::memory::make_memory(o.memory);
   if (!memory) return fail(memory.error().message);
 
+  // What the candidates' jail really has here: said in one line, and no search where it cannot jail them.
+  const kevo::eval::IsolationReport isolation = kevo::eval::inspect_isolation();
+  if (!isolation.jail) return fail(isolation.summary());
+  if (!o.quiet) fmt::print("kevo-search: {}\n", isolation.summary());
+
   // The search, whichever evaluator the problem's target takes.
   auto search = [&](auto& evaluator) -> int {
     using Evaluator = std::remove_reference_t<decltype(evaluator)>;
     if (!o.quiet) fmt::print("kevo-search: {} ({}, {}), preparing the reference and the roofline...\n", problem->name, problem->directory.string(),
                              kevo::to_string(problem->target));
     if (auto ready = evaluator.prepare(); !ready) return fail(ready.error().message);
-    if (!o.quiet)
-      fmt::print("reference: {:.3f} ms on the timing shape; policy {}, memory {}, {} jobs, budget {}, store {}\n",
-                 evaluator.reference_seconds() * 1e3, o.policy, o.memory, o.jobs, o.budget, o.store.string());
+    if (!o.quiet) {
+      // A resumed run's speedups stay over the reference time stored with it, so that figures from
+      // its segments compare; re-timing it now is only said beside it.
+      const bool reuse = o.resume && !o.retime_reference && resumed.reference_seconds > 0;
+      const std::string reference =
+          reuse ? fmt::format("{:.3f} ms on the timing shape, as stored with run {} (re-timed now: {:.3f} ms; --retime-reference uses that)",
+                              resumed.reference_seconds * 1e3, resumed.id, evaluator.reference_seconds() * 1e3)
+                : fmt::format("{:.3f} ms on the timing shape", evaluator.reference_seconds() * 1e3);
+      fmt::print("reference: {}; policy {}, memory {}, {} jobs, budget {}, store {}\n", reference, o.policy, o.memory, o.jobs,
+                 o.budget, o.store.string());
+    }
 
     kevo::SearchArguments args{.jobs = o.jobs,
                                .max_evaluations = o.budget,
@@ -213,6 +252,7 @@ int main(int argc, char** argv) {
                                .target_speedup = o.target,
                                .patience = o.patience,
                                .seed = o.seed,
+                               .retime_reference = o.retime_reference,
                                .handle_signals = true,
                                .settings_json = settings_json(o)};
     if (!o.quiet)
@@ -221,7 +261,7 @@ int main(int argc, char** argv) {
         const std::string outcome = e.ok() ? fmt::format("{:6.2f}x {}-bound", e.speedup, kevo::to_string(e.diagnostics.bottleneck))
                                            : fmt::format("{} ({})", kevo::to_string(e.failure), e.diagnostics.message.substr(0, 60));
         fmt::print("[{:3}/{}] {:4.2f} eval/s  best {:6.2f}x{}  node {:3}: {}  <- {}{}\n", p.evaluations - 1, o.budget,
-                   p.evaluations_per_second, p.best_speedup, p.new_best ? " (new)" : "      ", p.node, outcome,
+                   p.evaluations_per_second, p.best_speedup, p.new_best ? " (new)" : "      ", p.node_key, outcome,
                    p.candidate->origin.substr(0, 70), p.failures.empty() ? "" : "  | failures:" + failures_text(p.failures));
         std::fflush(stdout);
       };
@@ -235,9 +275,11 @@ int main(int argc, char** argv) {
 
     {
       std::ofstream out(o.out);
-      out << "// kevo-search: best kernel for " << problem->name << ", knobs: " << kevo::to_string(result->best_candidate->knobs)
+      out << "// kevo-search: best kernel for " << problem->name << ", node " << result->best_key
+          << " of run " << result->run_id << ", knobs: " << kevo::to_string(result->best_candidate->knobs)
           << "\n// " << fmt::format("{:.2f}x over the reference ({})", result->verified_speedup, result->verification_message)
           << "\n" << result->best_candidate->source;
+      if (!out) fmt::print(stderr, "kevo-search: {}: cannot be written\n", o.out.string());
     }
     if (!o.json.empty()) {
       std::ofstream json(o.json);
@@ -247,7 +289,7 @@ int main(int argc, char** argv) {
           R"("policy":"{}","memory":"{}","elapsed_seconds":{:.2f},"failures":{{{}}}}})"
           "\n",
           kevo::detail::json_quote(problem->name), kevo::to_string(problem->target), result->evaluations,
-          result->verified_speedup, result->best_speedup, result->verified, result->best_node,
+          result->verified_speedup, result->best_speedup, result->verified, result->best_key,
           kevo::detail::json_quote(o.out.string()), kevo::detail::knobs_to_json(result->best_candidate->knobs),
           kevo::to_string(result->stopped_because), kevo::detail::json_quote(o.store.string()), result->run_id, o.policy,
           o.memory, result->elapsed_seconds, [&] {
@@ -261,9 +303,9 @@ int main(int argc, char** argv) {
     if (!o.quiet)
       fmt::print("report: {}\n", o.report.string());
     if (!o.quiet)
-      fmt::print("stopped: {} after {} evaluations in {:.1f} s; failures:{}\nbest kernel: {} ({})\n",
+      fmt::print("stopped: {} after {} evaluations in {:.1f} s; failures:{}\nbest kernel: {} (node {}, {})\n",
                  kevo::to_string(result->stopped_because), result->evaluations, result->elapsed_seconds,
-                 failures_text(result->failures), o.out.string(), kevo::to_string(result->best_candidate->knobs));
+                 failures_text(result->failures), o.out.string(), result->best_key, kevo::to_string(result->best_candidate->knobs));
     if (result->stopped_because == kevo::StopReason::interrupted) {
       fmt::print("best so far: {:.1f}x over reference (not re-checked: interrupted); --resume continues the run\n",
                  result->best_speedup);

@@ -16,6 +16,7 @@
 #include <fmt/format.h>
 #include <simdjson.h>
 
+#include <cctype>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -97,6 +98,7 @@ struct Problem {
   std::string template_file;
   std::string template_source;
   std::vector<KnobSpec> knobs;
+  std::string manifest_source;       ///< problem.json as read, for identity()
 
   const KnobSpec* knob(std::string_view knob_name) const {
     for (const auto& k : knobs)
@@ -112,7 +114,25 @@ struct Problem {
 
   /// The template with every ${knob} replaced by its value. Knobs must be complete.
   std::string render(const Knobs& values) const;
+
+  /// What a stored run records of the problem, so that resume can refuse another problem (or this
+  /// one changed): a hash of the manifest, the reference and the template, as 16 hex digits.
+  std::string identity() const {
+    std::uint64_t h = content_hash(manifest_source);
+    h = content_hash(reference_source, h ^ 0x9e3779b97f4a7c15ull);
+    h = content_hash(template_source, h ^ 0x9e3779b97f4a7c15ull);
+    return fmt::format("{:016x}", h);
+  }
 };
+
+/// Whether `name` can name files (the store, the best kernel, the report) inside kevo-runs/: a
+/// plain file name of [A-Za-z0-9_.-], not starting with '.'.
+inline bool is_safe_name(std::string_view name) {
+  if (name.empty() || name.size() > 100 || name.front() == '.') return false;
+  for (char c : name)
+    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '.' || c == '-')) return false;
+  return true;
+}
 
 namespace detail {
 
@@ -182,9 +202,12 @@ inline expected<Problem, Error> load_problem(const std::filesystem::path& direct
   const std::string where = manifest_path.string();
   if (!fs::exists(manifest_path)) return make_error(fmt::format("{}: no such file (a problem directory needs a manifest)", where));
 
+  auto manifest_text = detail::read_text_file(manifest_path);
+  if (!manifest_text) return unexpected(manifest_text.error());
+  const simdjson::padded_string manifest_json(*manifest_text);
   simdjson::dom::parser parser;
   simdjson::dom::element root;
-  if (auto err = parser.load(manifest_path.string()).get(root))
+  if (auto err = parser.parse(manifest_json).get(root))
     return make_error(fmt::format("{}: not valid JSON ({})", where, simdjson::error_message(err)));
   if (!root.is_object()) return make_error(fmt::format("{}: the manifest must be a JSON object", where));
 
@@ -210,6 +233,11 @@ inline expected<Problem, Error> load_problem(const std::filesystem::path& direct
                           {"bytes_model", &p.bytes_model},
                           {"flops_model", &p.flops_model}})
     if (auto e = get_string(key, *out)) return unexpected(*e);
+  if (!is_safe_name(p.name))
+    return make_error(fmt::format("{}: 'name' is \"{}\": it names kevo's files (the store, the best kernel, the report), so it must be "
+                                  "a plain file name of letters, digits, '_', '.' and '-', not starting with '.'",
+                                  where, p.name));
+  p.manifest_source = std::move(*manifest_text);
   if (element e; !root["description"].get(e)) p.description = std::string(std::string_view(e.get_string().value_unsafe()));
   if (element e; !root["target"].get(e) && e.is_string()) target_text = std::string(std::string_view(e.get_string()));
   if (target_text == "cpu") p.target = Target::cpu;

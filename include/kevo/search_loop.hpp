@@ -80,6 +80,8 @@ struct Progress {
   double elapsed_seconds = 0;
   double evaluations_per_second = 0;
   NodeId node = 0;  ///< the node that just finished
+  NodeKey node_key = no_key;  ///< the same node as the store names it: what people are shown
+  NodeKey best_key = no_key;  ///< the best node as the store names it
   const Candidate* candidate = nullptr;
   const Evaluation* evaluation = nullptr;
   bool new_best = false;
@@ -89,7 +91,8 @@ struct SearchResult {
   StopReason stopped_because = StopReason::evaluation_budget;
   std::int64_t run_id = 0;
   std::size_t evaluations = 0;
-  NodeId best_node = 0;
+  NodeId best_node = 0;           ///< the best node's id in the loop's tree (loop.candidate(best_node))
+  NodeKey best_key = no_key;      ///< the same node as the store names it (runs.best_node): what people are shown
   std::shared_ptr<const Candidate> best_candidate;
   double best_speedup = 0;        ///< as the search measured it
   double verified_speedup = 0;    ///< re-checked on fresh inputs and re-timed against the reference
@@ -97,6 +100,8 @@ struct SearchResult {
   std::string verification_message;
   FailureCounts failures;
   double elapsed_seconds = 0;
+  double reference_seconds = 0;   ///< the reference time the run's speedups are over (0: the evaluator's own)
+  bool reference_from_store = false;  ///< a resume reused the time stored with the run rather than re-timing it
 };
 
 /// This host's architecture, in the knowledge base's words.
@@ -119,12 +124,27 @@ struct SearchArguments {
   std::uint64_t seed = 1;
   std::size_t warm_start = 4;            ///< best candidates of earlier runs of this problem to start from
   bool retime_new_best = true;           ///< re-time a new best against the old one before accepting it
+  bool retime_reference = false;         ///< on resume, use the evaluator's new reference time rather than the run's stored one
   bool handle_signals = false;           ///< stop cleanly on SIGINT/SIGTERM
   std::size_t max_consecutive_generation_failures = 16;
   std::string settings_json = "{}";      ///< recorded with the run, for resuming it the same way
   std::string architecture = host_architecture();  ///< what knowledge retrieval targets, e.g. "x86-64", "sm_90a"
   std::function<void(const Progress&)> on_progress;
 };
+
+/// Whether a stored run can be resumed with `problem`: the same name, and (where the store recorded
+/// it) the same manifest, reference and template. The error names both problems.
+inline expected<void, Error> check_resumable(const RunInfo& run, const Problem& problem) {
+  if (run.problem != problem.name)
+    return make_error(fmt::format("run {} was made on problem '{}' ({}), not on '{}' ({}): resume it with that problem, or start "
+                                  "a new run (another store) for '{}'",
+                                  run.id, run.problem, run.problem_dir, problem.name, problem.directory.string(), problem.name));
+  if (!run.problem_identity.empty() && run.problem_identity != problem.identity())
+    return make_error(fmt::format("run {} was made on problem '{}' as it was then ({}, identity {}); its manifest, reference or "
+                                  "template has changed since (identity {} now), so its figures are not this problem's: start a new run",
+                                  run.id, run.problem, run.problem_dir, run.problem_identity, problem.identity()));
+  return {};
+}
 
 namespace detail {
 inline std::uint64_t mix(std::uint64_t a, std::uint64_t b) {
@@ -160,7 +180,13 @@ class SearchLoop {
 
   /// Starts a new run from `seed` (the tree's root), warm-started from earlier runs in the store.
   expected<SearchResult, Error> run(Candidate seed) {
-    auto run = store_->begin_run(RunInfo{0, problem_->name, problem_->directory.string(), args_.settings_json, {}});
+    RunInfo info{.problem = problem_->name,
+                 .problem_dir = problem_->directory.string(),
+                 .settings_json = args_.settings_json,
+                 .problem_identity = problem_->identity()};
+    if constexpr (requires { evaluator_->reference_seconds(); }) info.reference_seconds = evaluator_->reference_seconds();
+    reference_seconds_ = info.reference_seconds;
+    auto run = store_->begin_run(info);
     if (!run) return unexpected(run.error());
     run_id_ = *run;
     if (auto ok = adopt_node(tree_.root(), no_key, std::move(seed), MemoryMode::fresh); !ok) return unexpected(ok.error());
@@ -183,14 +209,21 @@ class SearchLoop {
   }
 
   /// Continues a stored run: finished evaluations are replayed into the tree and policy, and
-  /// candidates whose evaluation had not finished are evaluated now. Nothing runs twice.
+  /// candidates whose evaluation had not finished are evaluated now. Nothing finished runs twice,
+  /// except a new best whose side-by-side race had not settled its figure: it is evaluated (and
+  /// raced) again. A run made on another problem, or on this one before it changed, is refused.
+  /// Speedups stay over the reference time stored with the run, unless `retime_reference`.
   expected<SearchResult, Error> resume(std::int64_t run_id) {
+    auto info = store_->find_run(run_id);
+    if (!info) return unexpected(info.error());
+    if (auto ok = check_resumable(*info, *problem_); !ok) return unexpected(ok.error());
     auto stored = store_->load_nodes(run_id);
     if (!stored) return unexpected(stored.error());
     if (stored->empty()) return make_error(fmt::format("run {} holds no nodes to resume", run_id));
     run_id_ = run_id;
     std::unordered_map<NodeKey, NodeId> node_of;
     std::vector<std::pair<std::int64_t, NodeId>> finish_order;
+    double stored_reference = info->reference_seconds;
     for (auto& s : *stored) {
       NodeId id = tree_.root();
       if (s.parent != no_key) {
@@ -204,7 +237,9 @@ class SearchLoop {
       }
       node_of[s.key] = id;
       remember(id, s.key, std::make_shared<const Candidate>(std::move(s.candidate)));
-      if (s.evaluation) {
+      if (s.evaluation && s.evaluation->reference_seconds > 0 && stored_reference <= 0)
+        stored_reference = s.evaluation->reference_seconds;  // a store older than runs.reference_seconds
+      if (s.evaluation && s.settled) {
         evaluations_[id] = *s.evaluation;
         finish_order.emplace_back(s.finish_order, id);
       } else {
@@ -219,6 +254,15 @@ class SearchLoop {
       if (!e.ok()) ++failures_[e.failure];
     }
     rng_.seed(detail::mix(args_.seed, finish_order.size()));
+    if (stored_reference > 0 && !args_.retime_reference) {
+      reference_seconds_ = stored_reference;
+      reference_from_store_ = true;
+    } else {
+      if constexpr (requires { evaluator_->reference_seconds(); }) reference_seconds_ = evaluator_->reference_seconds();
+      if constexpr (requires { store_->set_reference_seconds(run_id_, 1.0); })
+        if (reference_seconds_ > 0)
+          if (auto ok = store_->set_reference_seconds(run_id_, reference_seconds_); !ok) return unexpected(ok.error());
+    }
     return drive();
   }
 
@@ -419,14 +463,35 @@ class SearchLoop {
     });
   }
 
+  /// On a resumed run, a figure over the reference time stored with the run rather than the one
+  /// the evaluator measured now (a loaded machine would make this segment's speedups another scale).
+  void over_stored_reference(Evaluation& e) const {
+    if (!reference_from_store_ || !e.ok() || e.seconds <= 0 || e.reference_seconds <= 0 || e.reference_seconds == reference_seconds_)
+      return;
+    e.diagnostics.detail += fmt::format("{}speedup over the run's stored reference time, {:.4g} ms (re-timed now: {:.4g} ms)",
+                                        e.diagnostics.detail.empty() ? "" : "; ", reference_seconds_ * 1e3, e.reference_seconds * 1e3);
+    e.reference_seconds = reference_seconds_;
+    e.speedup = reference_seconds_ / e.seconds;
+  }
+
+  /// Stores a node's evaluation; `settled` is false for a first figure that its race has yet to settle.
+  expected<void, Error> store_evaluation(NodeId id, const Evaluation& e, bool settled) {
+    if constexpr (requires { store_->add_evaluation(run_id_, keys_[id], e, settled); })
+      return store_->add_evaluation(run_id_, keys_[id], e, settled);
+    else
+      return store_->add_evaluation(run_id_, keys_[id], e);
+  }
+
   void on_evaluated(NodeId id, Evaluation e) {
+    over_stored_reference(e);
     const NodeId incumbent = tree_.best();
     const bool challenges = args_.retime_new_best && e.ok() && id != tree_.root() && incumbent != id &&
                             tree_[incumbent].state == NodeState::evaluated && e.speedup > tree_.best_speedup();
     if (!challenges) return finish_node(id, std::move(e));
-    // The race takes a dozen runs: the first measurement is stored now, so that a kill during it
-    // loses nothing finished (resume then keeps the first figure); settling it replaces the row.
-    if (auto ok = store_->add_evaluation(run_id_, keys_[id], e); !ok) return abandon(ok.error());
+    // The race takes a dozen runs: the first measurement is stored now, marked unsettled, so that
+    // a kill during it loses nothing finished (resume then races the node again rather than trust
+    // that figure); settling it replaces the row.
+    if (auto ok = store_evaluation(id, e, false); !ok) return abandon(ok.error());
     // A new best is only accepted once it beats the old best side by side: noise must not pick it.
     // Its recorded speedup is then re-timed side by side with the reference where the evaluator
     // can, rather than chained through the incumbent's (itself noisy) figure.
@@ -480,7 +545,7 @@ class SearchLoop {
     tree_.record(id, e.failure, e.speedup, e.diagnostics.bottleneck);
     evaluations_[id] = std::move(e);
     const Evaluation& done = evaluations_[id];
-    if (auto ok = store_->add_evaluation(run_id_, keys_[id], done); !ok) return abandon(ok.error());
+    if (auto ok = store_evaluation(id, done, true); !ok) return abandon(ok.error());
     policy_.on_result(tree_, id);
     if (!done.ok()) ++failures_[done.failure];
     --in_flight_;
@@ -497,6 +562,8 @@ class SearchLoop {
       p.elapsed_seconds = elapsed();
       p.evaluations_per_second = p.elapsed_seconds > 0 ? finished_here_ / p.elapsed_seconds : 0;
       p.node = id;
+      p.node_key = keys_[id];
+      p.best_key = keys_[p.best_node];
       p.candidate = candidates_[id].get();
       p.evaluation = &done;
       p.new_best = tree_.best() != previous_best;
@@ -560,7 +627,10 @@ class SearchLoop {
     r.run_id = run_id_;
     r.evaluations = tree_.finished();
     r.best_node = tree_.best();
+    r.best_key = keys_[r.best_node];
     r.best_candidate = candidates_[r.best_node];
+    r.reference_seconds = reference_seconds_;
+    r.reference_from_store = reference_from_store_;
     r.best_speedup = tree_.best_speedup();
     r.failures = failures_;
     r.elapsed_seconds = elapsed();
@@ -570,7 +640,8 @@ class SearchLoop {
     }
 
     const std::uint64_t fresh = detail::mix(args_.seed, 0xF1AA1ull + r.evaluations);
-    const Evaluation check = evaluator_->evaluate(*r.best_candidate, fresh);
+    Evaluation check = evaluator_->evaluate(*r.best_candidate, fresh);
+    over_stored_reference(check);
     if (!check.ok()) {
       r.verification_message = fmt::format("the best failed its re-check on fresh inputs: {}", check.diagnostics.message);
     } else if constexpr (requires { evaluator_->compare_with_reference(*r.best_candidate, fresh); }) {
@@ -589,7 +660,7 @@ class SearchLoop {
       r.verified = true;
       r.verification_message = "correct on fresh inputs; re-timed";
     }
-    if (auto ok = store_->finish_run(run_id_, std::string(to_string(r.stopped_because)), keys_[r.best_node], r.verified_speedup); !ok)
+    if (auto ok = store_->finish_run(run_id_, std::string(to_string(r.stopped_because)), r.best_key, r.verified_speedup); !ok)
       return unexpected(ok.error());
     return r;
   }
@@ -612,6 +683,8 @@ class SearchLoop {
   std::deque<NodeId> to_evaluate_;
   FailureCounts failures_;
   std::int64_t run_id_ = 0;
+  double reference_seconds_ = 0;      // the reference time the run's speedups are over (0: the evaluator's own)
+  bool reference_from_store_ = false;  // a resume reuses the run's stored reference time
   std::size_t started_ = 0;        // children of the seed created or being generated: the budget
   std::size_t in_flight_ = 0;
   std::size_t finished_here_ = 0;  // finished in this process (the rate excludes resumed work)

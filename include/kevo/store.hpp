@@ -29,6 +29,10 @@ struct RunInfo {
   std::string problem_dir;      ///< where it was loaded from
   std::string settings_json;    ///< the run's settings, as the caller wrote them
   std::string stopped_because;  ///< empty while the run is unfinished
+  std::string problem_identity = {};  ///< Problem::identity() when it began; empty in stores older than it
+  double reference_seconds = 0;       ///< the reference's time that the run's speedups are over; 0: not stored
+  NodeKey best_node = no_key;         ///< once finished: the best node, whose figure was verified
+  double verified_speedup = 0;        ///< once finished: the best's figure, re-checked and re-timed
 };
 
 /// A node as stored: its candidate, and its evaluation once finished.
@@ -40,6 +44,9 @@ struct StoredNode {
   MemoryMode memory_mode = MemoryMode::fresh;
   std::optional<Evaluation> evaluation;
   std::int64_t finish_order = 0;  ///< evaluations replay in the order they finished
+  /// False for a new best's first figure while its side-by-side race had not settled it (a kill
+  /// during the race): resume does not trust that figure, and races the node again.
+  bool settled = true;
 };
 
 namespace detail {
@@ -65,6 +72,10 @@ concept store_resumes = requires(S& s, std::int64_t run, const std::string& text
 /// (`best_of_earlier_runs`). Every call is durable when it returns. `add_evaluation` for a node
 /// that already has one replaces it, keeping its place in the finish order: a new best is stored
 /// as first measured, then again once re-timed side by side.
+///
+/// Optional, where a model has them (the loop asks with `if constexpr`):
+/// `add_evaluation(run, key, e, settled)`, which marks a figure not yet settled by its race, and
+/// `set_reference_seconds(run, seconds)`, which keeps the reference time a run's speedups are over.
 template <class S>
 concept SearchStore = detail::store_records<S> && detail::store_resumes<S>;
 

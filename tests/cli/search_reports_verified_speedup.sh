@@ -14,4 +14,8 @@ grep -q '"evaluations":7' summary.json || { echo "expected 7 evaluations"; cat s
 grep -q '"stopped_because":"evaluation_budget"' summary.json
 grep -q 'void kernel' kevo-runs/cpu_scoring.best.cpp
 grep -q '<svg' kevo-runs/cpu_scoring.html
+# One best node, the verified one, named alike by the console, the JSON summary and the report.
+node=$(grep -o '"node":[0-9]*' summary.json | cut -d: -f2)
+grep -q "^best kernel: .* (node $node, " out.txt || { echo "the console names another best node than the JSON ($node)"; cat out.txt; exit 1; }
+grep -q "(verified: node $node, " kevo-runs/cpu_scoring.html || { echo "the report names another best node than the JSON ($node)"; exit 1; }
 echo "ok: $(tail -1 out.txt)"

@@ -125,6 +125,20 @@ expected<std::string, Error> render_html(Store& store, std::int64_t run_id) {
     if (!n.evaluation->ok()) ++failures[std::string(to_string(n.evaluation->failure))];
     else if (n.evaluation->speedup > best) best = n.evaluation->speedup, best_node = &n;
   }
+  // A finished run names its best node itself (the one the loop verified, as the console and the
+  // JSON summary name it); only an unfinished run's best is the fastest figure so far.
+  if (run->best_node != no_key)
+    for (const auto& n : *nodes)
+      if (n.key == run->best_node && n.evaluation && n.evaluation->ok()) best_node = &n;
+  const double searched = best_node ? best_node->evaluation->speedup : 0;
+  std::string headline = fmt::format("best {:.2f}x over the reference (as the search measured it; unfinished)", best);
+  if (!run->stopped_because.empty() && best_node && run->verified_speedup > 0)
+    headline = fmt::format("best {:.2f}x over the reference (verified: node {}, re-checked on fresh inputs and re-timed; the search "
+                           "measured {:.2f}x)",
+                           run->verified_speedup, best_node->key, searched);
+  else if (!run->stopped_because.empty() && best_node)
+    headline = fmt::format("best {:.2f}x over the reference (node {}, NOT verified: it failed its final re-check)", searched,
+                           best_node->key);
   std::sort(finished.begin(), finished.end(), [](auto a, auto b) { return a->finish_order < b->finish_order; });
 
   std::string failures_text;
@@ -151,7 +165,7 @@ expected<std::string, Error> render_html(Store& store, std::int64_t run_id) {
 .figure{{overflow-x:auto;border:1px solid #ddd;padding:8px;margin-bottom:1.5em}} code{{font-size:90%}}</style></head>
 <body>
 <h1>kevo: {problem}, run {run}</h1>
-<p>{evaluations} evaluations; best {best:.2f}x over the reference; failures: {failures};
+<p>{evaluations} evaluations; {headline}; failures: {failures};
 stopped: {stopped}.</p>
 <h2>Best speedup against evaluations</h2>
 <div class="figure">{progress}</div>
@@ -165,7 +179,7 @@ stopped: {stopped}.</p>
 </body></html>
 )",
                      fmt::arg("problem", escape_html(run->problem)), fmt::arg("run", run_id),
-                     fmt::arg("evaluations", finished.size()), fmt::arg("best", best), fmt::arg("failures", failures_text),
+                     fmt::arg("evaluations", finished.size()), fmt::arg("headline", escape_html(headline)), fmt::arg("failures", failures_text),
                      fmt::arg("stopped", run->stopped_because.empty() ? "not yet (unfinished or killed)" : run->stopped_because),
                      fmt::arg("progress", detail::progress_svg(finished, best)), fmt::arg("table", table),
                      fmt::arg("tree", detail::tree_svg(*nodes, best)),

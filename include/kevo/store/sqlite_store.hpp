@@ -25,18 +25,33 @@ class SqliteStore {
     auto db = detail::SqliteHandle::open(path.string());
     if (!db) return make_error(fmt::format("{}: cannot open the store: {}", path.string(), db.error().message));
     if (auto ok = db->exec(schema); !ok) return make_error(fmt::format("{}: {}", path.string(), ok.error().message));
-    return SqliteStore(std::move(*db), path.string());
+    SqliteStore store(std::move(*db), path.string());
+    if (auto ok = store.add_missing_columns(); !ok) return unexpected(ok.error());
+    return store;
   }
 
   expected<std::int64_t, Error> begin_run(const RunInfo& info) {
-    auto st = prepare("INSERT INTO runs(problem, problem_dir, settings, started_at) VALUES (?1, ?2, ?3, ?4)");
+    auto st = prepare(
+        "INSERT INTO runs(problem, problem_dir, settings, started_at, problem_identity, reference_seconds)"
+        " VALUES (?1, ?2, ?3, ?4, ?5, ?6)");
     if (!st) return unexpected(st.error());
     st->bind(1, info.problem);
     st->bind(2, info.problem_dir);
     st->bind(3, info.settings_json);
     st->bind(4, now());
+    st->bind(5, info.problem_identity);
+    st->bind(6, info.reference_seconds);
     if (auto ok = step_done(*st); !ok) return unexpected(ok.error());
     return static_cast<std::int64_t>(sqlite3_last_insert_rowid(db_.get()));
+  }
+
+  /// Keeps the reference time that the run's speedups are over (a resume reuses it).
+  expected<void, Error> set_reference_seconds(std::int64_t run, double seconds) {
+    auto st = prepare("UPDATE runs SET reference_seconds = ?2 WHERE id = ?1");
+    if (!st) return unexpected(st.error());
+    st->bind(1, static_cast<long long>(run));
+    st->bind(2, seconds);
+    return step_done(*st);
   }
 
   expected<NodeKey, Error> add_node(std::int64_t run, NodeKey parent, NodeKey mate, const Candidate& c, MemoryMode mode) {
@@ -57,17 +72,18 @@ class SqliteStore {
     return static_cast<NodeKey>(sqlite3_last_insert_rowid(db_.get()));
   }
 
-  expected<void, Error> add_evaluation(std::int64_t run, NodeKey node, const Evaluation& e) {
+  /// `settled` is false for a new best's first figure, stored before its race settles it.
+  expected<void, Error> add_evaluation(std::int64_t run, NodeKey node, const Evaluation& e, bool settled = true) {
     auto st = prepare(
         "INSERT INTO evaluations(run_id, node_id, failure, speedup, seconds, reference_seconds, bottleneck,"
-        " gbytes_per_s, gflops, roofline_fraction, message, detail, finished_at)"
-        " VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)"
+        " gbytes_per_s, gflops, roofline_fraction, message, detail, finished_at, settled)"
+        " VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)"
         // A node's second evaluation (a new best's re-timed figure) replaces its first, in place:
         // the row keeps its place in the order evaluations finished.
         " ON CONFLICT(node_id) DO UPDATE SET failure = excluded.failure, speedup = excluded.speedup,"
         " seconds = excluded.seconds, reference_seconds = excluded.reference_seconds, bottleneck = excluded.bottleneck,"
         " gbytes_per_s = excluded.gbytes_per_s, gflops = excluded.gflops, roofline_fraction = excluded.roofline_fraction,"
-        " message = excluded.message, detail = excluded.detail");
+        " message = excluded.message, detail = excluded.detail, settled = excluded.settled");
     if (!st) return unexpected(st.error());
     st->bind(1, static_cast<long long>(run));
     st->bind(2, static_cast<long long>(node));
@@ -82,6 +98,7 @@ class SqliteStore {
     st->bind(11, e.diagnostics.message);
     st->bind(12, e.diagnostics.detail);
     st->bind(13, now());
+    st->bind(14, static_cast<long long>(settled ? 1 : 0));
     return step_done(*st);
   }
 
@@ -97,11 +114,11 @@ class SqliteStore {
   }
 
   expected<RunInfo, Error> find_run(std::int64_t run) {
-    return query_run("SELECT id, problem, problem_dir, settings, coalesce(stopped_because, '') FROM runs WHERE id = ?1", run);
+    return query_run(fmt::format("SELECT {} FROM runs WHERE id = ?1", run_columns), run);
   }
 
   expected<RunInfo, Error> latest_run() {
-    return query_run("SELECT id, problem, problem_dir, settings, coalesce(stopped_because, '') FROM runs ORDER BY id DESC LIMIT 1", -1);
+    return query_run(fmt::format("SELECT {} FROM runs ORDER BY id DESC LIMIT 1", run_columns), -1);
   }
 
   /// Every node of a run in creation order, each with its evaluation if it finished.
@@ -109,7 +126,7 @@ class SqliteStore {
     auto st = prepare(
         "SELECT n.id, coalesce(n.parent_id, 0), coalesce(n.mate_id, 0), n.source, n.knobs, n.origin, n.memory_mode,"
         " e.id, e.failure, e.speedup, e.seconds, e.reference_seconds, e.bottleneck, e.gbytes_per_s, e.gflops,"
-        " e.roofline_fraction, e.message, e.detail"
+        " e.roofline_fraction, e.message, e.detail, coalesce(e.settled, 1)"
         " FROM nodes n LEFT JOIN evaluations e ON e.node_id = n.id WHERE n.run_id = ?1 ORDER BY n.id");
     if (!st) return unexpected(st.error());
     st->bind(1, static_cast<long long>(run));
@@ -138,6 +155,7 @@ class SqliteStore {
         e.diagnostics.message = st->text(16);
         e.diagnostics.detail = st->text(17);
         n.evaluation = std::move(e);
+        n.settled = st->integer(18) != 0;
       }
       out.push_back(std::move(n));
     }
@@ -145,12 +163,13 @@ class SqliteStore {
     return out;
   }
 
-  /// The fastest correct candidates that earlier runs of `problem` found: a later run starts from them.
+  /// The fastest correct candidates that earlier runs of `problem` found (by settled figures): a
+  /// later run starts from them.
   expected<std::vector<Candidate>, Error> best_of_earlier_runs(const std::string& problem, std::int64_t except_run,
                                                               std::size_t limit) {
     auto st = prepare(
         "SELECT n.source, n.knobs, n.origin, max(e.speedup) FROM nodes n JOIN evaluations e ON e.node_id = n.id"
-        " JOIN runs r ON r.id = n.run_id WHERE r.problem = ?1 AND r.id <> ?2 AND e.failure = 'ok'"
+        " JOIN runs r ON r.id = n.run_id WHERE r.problem = ?1 AND r.id <> ?2 AND e.failure = 'ok' AND e.settled = 1"
         " GROUP BY n.source_hash ORDER BY max(e.speedup) DESC LIMIT ?3");
     if (!st) return unexpected(st.error());
     st->bind(1, problem);
@@ -187,6 +206,30 @@ class SqliteStore {
       roofline_fraction REAL, message TEXT, detail TEXT, finished_at REAL);
   )sql";
 
+  /// Columns added since the first schema, each with the value an older store's rows mean.
+  expected<void, Error> add_missing_columns() {
+    struct Column {
+      const char* table;
+      const char* name;
+      const char* declaration;
+    };
+    for (const Column& c : {Column{"runs", "problem_identity", "TEXT NOT NULL DEFAULT ''"},
+                            Column{"runs", "reference_seconds", "REAL NOT NULL DEFAULT 0"},
+                            Column{"evaluations", "settled", "INTEGER NOT NULL DEFAULT 1"}}) {
+      auto st = prepare(fmt::format("SELECT count(*) FROM pragma_table_info('{}') WHERE name = '{}'", c.table, c.name));
+      if (!st) return unexpected(st.error());
+      if (st->step() != SQLITE_ROW) return failure("schema");
+      if (st->integer(0) > 0) continue;
+      if (auto ok = db_.exec(fmt::format("ALTER TABLE {} ADD COLUMN {} {}", c.table, c.name, c.declaration)); !ok)
+        return make_error(fmt::format("{}: {}", path_, ok.error().message));
+    }
+    return {};
+  }
+
+  static constexpr const char* run_columns =
+      "id, problem, problem_dir, settings, coalesce(stopped_because, ''), coalesce(problem_identity, ''),"
+      " coalesce(reference_seconds, 0), coalesce(best_node, 0), coalesce(verified_speedup, 0)";
+
   SqliteStore(detail::SqliteHandle db, std::string path) : db_(std::move(db)), path_(std::move(path)) {}
 
   static double now() {
@@ -214,14 +257,21 @@ class SqliteStore {
     if (st.step() != SQLITE_DONE) return failure("write");
     return {};
   }
-  expected<RunInfo, Error> query_run(std::string_view sql, std::int64_t run) {
+  expected<RunInfo, Error> query_run(const std::string& sql, std::int64_t run) {
     auto st = prepare(sql);
     if (!st) return unexpected(st.error());
     if (run >= 0) st->bind(1, static_cast<long long>(run));
     if (st->step() != SQLITE_ROW)
       return make_error(run >= 0 ? fmt::format("{}: no run {}", path_, run) : fmt::format("{}: holds no run to resume", path_));
-    return RunInfo{st->integer(0), std::string(st->text(1)), std::string(st->text(2)), std::string(st->text(3)),
-                   std::string(st->text(4))};
+    return RunInfo{.id = st->integer(0),
+                   .problem = std::string(st->text(1)),
+                   .problem_dir = std::string(st->text(2)),
+                   .settings_json = std::string(st->text(3)),
+                   .stopped_because = std::string(st->text(4)),
+                   .problem_identity = std::string(st->text(5)),
+                   .reference_seconds = st->real(6),
+                   .best_node = st->integer(7),
+                   .verified_speedup = st->real(8)};
   }
 
   detail::SqliteHandle db_;
