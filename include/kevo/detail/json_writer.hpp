@@ -25,7 +25,7 @@ inline void append_json_string(std::string& out, std::string_view text) {
         case '\r': out += "\\r"; break;
         case '\t': out += "\\t"; break;
         default:
-          if (c < 0x20) out += std::string("\\u00") + "0123456789abcdef"[c >> 4] + "0123456789abcdef"[c & 0xf];  // (no fmt: nvcc includes this)
+          if (c < 0x20) out += fmt::format("\\u{:04x}", c);
           else out += static_cast<char>(c);
       }
       ++i;

@@ -89,7 +89,7 @@ class ShardedBackend final : public RetrievalBackend {
   expected<std::vector<std::vector<ScoredAd>>, Error> search_batch(std::span<const Request> requests) override {
     for (std::size_t r = 0; r < requests.size(); ++r)
       if (auto ok = validate_request(schema(), model(), requests[r]); !ok) return batch_error(r, ok.error());
-    auto per_shard = on_every_shard([&](RetrievalBackend& s) { return s.search_batch(requests); });
+    auto per_shard = on_every_shard([&](RetrievalBackend& s, std::size_t) { return s.search_batch(requests); });
     std::vector<std::vector<ScoredAd>> merged(requests.size());
     for (std::size_t i = 0; i < per_shard.size(); ++i) {
       if (!per_shard[i]) return make_error(shard_failure(i, per_shard[i].error()));
@@ -112,8 +112,8 @@ class ShardedBackend final : public RetrievalBackend {
       if (auto ok = validate_ad(schema(), ad); !ok) return ok;
     std::vector<std::vector<AdRecord>> routed(shards_.size());
     for (const AdRecord& ad : ads) routed[shard_of(ad.id, shards_.size())].push_back(ad);
-    auto results = on_every_shard([&](RetrievalBackend& s) -> expected<void, Error> {
-      const auto& part = routed[index_of(s)];
+    auto results = on_every_shard([&](RetrievalBackend& s, std::size_t i) -> expected<void, Error> {
+      const auto& part = routed[i];
       if (part.empty()) return {};
       return s.upsert(std::span<const AdRecord>(part.data(), part.size()));
     });
@@ -125,8 +125,8 @@ class ShardedBackend final : public RetrievalBackend {
   expected<std::size_t, Error> expire(std::span<const std::uint32_t> ids) override {
     std::vector<std::vector<std::uint32_t>> routed(shards_.size());
     for (std::uint32_t id : ids) routed[shard_of(id, shards_.size())].push_back(id);
-    auto results = on_every_shard([&](RetrievalBackend& s) -> expected<std::size_t, Error> {
-      const auto& part = routed[index_of(s)];
+    auto results = on_every_shard([&](RetrievalBackend& s, std::size_t i) -> expected<std::size_t, Error> {
+      const auto& part = routed[i];
       if (part.empty()) return std::size_t{0};
       return s.expire(std::span<const std::uint32_t>(part.data(), part.size()));
     });
@@ -139,7 +139,7 @@ class ShardedBackend final : public RetrievalBackend {
   }
 
   expected<void, Error> reindex() override {
-    auto results = on_every_shard([](RetrievalBackend& s) { return s.reindex(); });
+    auto results = on_every_shard([](RetrievalBackend& s, std::size_t) { return s.reindex(); });
     for (std::size_t i = 0; i < results.size(); ++i)
       if (!results[i]) return make_error(shard_failure(i, results[i].error()));
     return {};
@@ -165,41 +165,35 @@ class ShardedBackend final : public RetrievalBackend {
     return {};
   }
 
-  std::size_t index_of(const RetrievalBackend& s) const {
-    for (std::size_t i = 0; i < shards_.size(); ++i)
-      if (shards_[i].get() == &s) return i;
-    return 0;  // unreachable: only called with the shards' own
-  }
-
   std::string shard_failure(std::size_t i, const Error& e) const {
     return "shard " + std::to_string(i) + " of " + std::to_string(shards_.size()) + " failed: " + e.message;
   }
 
-  /// f(shard) on every shard at once (each on a thread of its own; shard 0 on this one), in order.
+  /// f(shard, its index) on every shard at once (each on a thread of its own; shard 0 on this one), in order.
   template <class F>
-  auto on_every_shard(F&& f) -> std::vector<decltype(f(std::declval<RetrievalBackend&>()))> {
-    using Result = decltype(f(std::declval<RetrievalBackend&>()));
+  auto on_every_shard(F&& f) -> std::vector<decltype(f(std::declval<RetrievalBackend&>(), std::size_t{}))> {
+    using Result = decltype(f(std::declval<RetrievalBackend&>(), std::size_t{}));
     std::vector<std::future<Result>> others;
     for (std::size_t i = 1; i < shards_.size(); ++i)
-      others.push_back(std::async(std::launch::async, [&, i] { return guarded(f, *shards_[i]); }));
+      others.push_back(std::async(std::launch::async, [&, i] { return guarded(f, *shards_[i], i); }));
     std::vector<Result> results;
-    results.push_back(guarded(f, *shards_[0]));
+    results.push_back(guarded(f, *shards_[0], 0));
     for (auto& other : others) results.push_back(other.get());
     return results;
   }
 
   /// A shard that throws has failed, like one that returns an error; the others go on.
   template <class F>
-  static auto guarded(F& f, RetrievalBackend& shard) -> decltype(f(shard)) {
+  static auto guarded(F& f, RetrievalBackend& shard, std::size_t i) -> decltype(f(shard, i)) {
     try {
-      return f(shard);
+      return f(shard, i);
     } catch (const std::exception& e) {
       return make_error(std::string("threw: ") + e.what());
     }
   }
 
   ShardedAnswer ask_all(const Request& request) {
-    auto answers = on_every_shard([&](RetrievalBackend& s) { return s.search(request); });
+    auto answers = on_every_shard([&](RetrievalBackend& s, std::size_t) { return s.search(request); });
     ShardedAnswer out;
     std::vector<ScoredAd> all;
     for (std::size_t i = 0; i < answers.size(); ++i) {

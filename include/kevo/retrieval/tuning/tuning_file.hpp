@@ -32,8 +32,6 @@
 
 namespace kevo::retrieval {
 
-// Format strings go through fmt::runtime: nvcc, which compiles this header in the pipeline, cannot
-// evaluate fmt's compile-time checks (consteval).
 
 struct TuningEntry {
   ShapeClass shape;
@@ -49,12 +47,12 @@ struct TuningFile {
 };
 
 inline std::string tuning_file_json(const TuningFile& file) {
-  std::string out = fmt::format(fmt::runtime("{{\n  \"format\": \"kevo-pipeline-tuning\",\n  \"version\": 1,\n  \"gpu\": {},\n  \"cuda\": {},\n  \"entries\": ["),
+  std::string out = fmt::format("{{\n  \"format\": \"kevo-pipeline-tuning\",\n  \"version\": 1,\n  \"gpu\": {},\n  \"cuda\": {},\n  \"entries\": [",
                                 kevo::detail::json_quote(file.gpu), kevo::detail::json_quote(file.cuda));
   for (std::size_t i = 0; i < file.entries.size(); ++i) {
     const TuningEntry& e = file.entries[i];
-    out += fmt::format(fmt::runtime("{}\n    {{\"dim\": {}, \"dtype\": \"{}\", \"pool\": \"{}\", \"default_seconds\": {:.9g}, \"tuned_seconds\": {:.9g}, "
-                       "\"evaluations\": {},\n     \"policy\": {}}}"),
+    out += fmt::format("{}\n    {{\"dim\": {}, \"dtype\": \"{}\", \"pool\": \"{}\", \"default_seconds\": {:.9g}, \"tuned_seconds\": {:.9g}, "
+                       "\"evaluations\": {},\n     \"policy\": {}}}",
                        i ? "," : "", e.shape.dim, to_string(e.shape.dtype), pool_class_name(e.shape.pool_decade), e.default_seconds,
                        e.tuned_seconds, e.evaluations, kevo::detail::knobs_to_json(to_knobs(e.policy)));
   }
@@ -66,11 +64,11 @@ inline expected<void, Error> write_tuning_file(const std::filesystem::path& path
   {
     std::ofstream out(temporary, std::ios::trunc);
     out << tuning_file_json(file);
-    if (!out) return make_error(fmt::format(fmt::runtime("{}: cannot be written"), temporary.string()));
+    if (!out) return make_error(fmt::format("{}: cannot be written", temporary.string()));
   }
   std::error_code ec;
   std::filesystem::rename(temporary, path, ec);  // a reader never sees half a file
-  if (ec) return make_error(fmt::format(fmt::runtime("{}: {}"), path.string(), ec.message()));
+  if (ec) return make_error(fmt::format("{}: {}", path.string(), ec.message()));
   return {};
 }
 
@@ -78,7 +76,7 @@ namespace tuning_detail {
 inline expected<int, Error> pool_decade_from(std::string_view name) {
   for (int decade = 0; decade <= 12; ++decade)
     if (pool_class_name(decade) == name) return decade;
-  return make_error(fmt::format(fmt::runtime("pool '{}' is not a decade such as 1M, 10M or 100M"), name));
+  return make_error(fmt::format("pool '{}' is not a decade such as 1M, 10M or 100M", name));
 }
 }  // namespace tuning_detail
 
@@ -86,7 +84,7 @@ inline expected<int, Error> pool_decade_from(std::string_view name) {
 /// message names the entry and the field).
 inline expected<TuningFile, Error> read_tuning_file(const std::filesystem::path& path) {
   std::ifstream in(path);
-  if (!in) return make_error(fmt::format(fmt::runtime("{}: cannot be read"), path.string()));
+  if (!in) return make_error(fmt::format("{}: cannot be read", path.string()));
   std::stringstream text;
   text << in.rdbuf();
   const std::string where = path.string();
@@ -94,12 +92,12 @@ inline expected<TuningFile, Error> read_tuning_file(const std::filesystem::path&
   simdjson::dom::parser parser;
   simdjson::dom::element doc;
   if (auto error = parser.parse(text.str()).get(doc))
-    return make_error(fmt::format(fmt::runtime("{}: malformed tuning file: {}"), where, simdjson::error_message(error)));
+    return make_error(fmt::format("{}: malformed tuning file: {}", where, simdjson::error_message(error)));
   try {
     TuningFile file;
     std::string_view format;
-    if (doc["format"].get(format) || format != "kevo-pipeline-tuning") return make_error(fmt::format(fmt::runtime("{}: not a kevo pipeline tuning file"), where));
-    if (std::int64_t(doc["version"]) != 1) return make_error(fmt::format(fmt::runtime("{}: a tuning file of another version"), where));
+    if (doc["format"].get(format) || format != "kevo-pipeline-tuning") return make_error(fmt::format("{}: not a kevo pipeline tuning file", where));
+    if (std::int64_t(doc["version"]) != 1) return make_error(fmt::format("{}: a tuning file of another version", where));
     file.gpu = std::string(std::string_view(doc["gpu"]));
     file.cuda = std::string(std::string_view(doc["cuda"]));
     std::size_t index = 0;
@@ -107,10 +105,10 @@ inline expected<TuningFile, Error> read_tuning_file(const std::filesystem::path&
       TuningEntry e;
       e.shape.dim = static_cast<int>(std::int64_t(entry["dim"]));
       const std::string_view dtype(entry["dtype"]);
-      if (dtype != "fp16" && dtype != "int8") return make_error(fmt::format(fmt::runtime("{}: entry {}: dtype '{}' is not fp16 or int8"), where, index, dtype));
+      if (dtype != "fp16" && dtype != "int8") return make_error(fmt::format("{}: entry {}: dtype '{}' is not fp16 or int8", where, index, dtype));
       e.shape.dtype = dtype == "fp16" ? EmbeddingType::fp16 : EmbeddingType::int8;
       auto decade = tuning_detail::pool_decade_from(std::string_view(entry["pool"]));
-      if (!decade) return make_error(fmt::format(fmt::runtime("{}: entry {}: {}"), where, index, decade.error().message));
+      if (!decade) return make_error(fmt::format("{}: entry {}: {}", where, index, decade.error().message));
       e.shape.pool_decade = *decade;
       e.default_seconds = double(entry["default_seconds"]);
       e.tuned_seconds = double(entry["tuned_seconds"]);
@@ -118,14 +116,14 @@ inline expected<TuningFile, Error> read_tuning_file(const std::filesystem::path&
       Knobs knobs;
       for (auto [name, value] : simdjson::dom::object(entry["policy"])) knobs[std::string(name)] = std::string(std::string_view(value));
       auto policy = policy_from_knobs(knobs);
-      if (!policy) return make_error(fmt::format(fmt::runtime("{}: entry {} ({}): {}"), where, index, to_string(e.shape), policy.error().message));
+      if (!policy) return make_error(fmt::format("{}: entry {} ({}): {}", where, index, to_string(e.shape), policy.error().message));
       e.policy = *policy;
       file.entries.push_back(std::move(e));
       ++index;
     }
     return file;
   } catch (const simdjson::simdjson_error& e) {  // a field missing or of the wrong type
-    return make_error(fmt::format(fmt::runtime("{}: malformed tuning file: {}"), where, e.what()));
+    return make_error(fmt::format("{}: malformed tuning file: {}", where, e.what()));
   }
 }
 
@@ -135,22 +133,22 @@ inline expected<TuningFile, Error> read_tuning_file(const std::filesystem::path&
 inline PolicyChoice choose_policy(const std::filesystem::path& path, const DeviceIdentity& device, const ShapeClass& shape,
                                   const PipelinePolicy& defaults) {
   auto fallback = [&](std::string why) {
-    return PolicyChoice{defaults, false, why, fmt::format(fmt::runtime("defaults ({}): {}"), why, to_string(defaults))};
+    return PolicyChoice{defaults, false, why, fmt::format("defaults ({}): {}", why, to_string(defaults))};
   };
   if (path.empty()) return fallback("no tuning file");
   auto file = read_tuning_file(path);
   if (!file) return fallback(file.error().message);
   if (file->gpu != device.gpu || file->cuda != device.cuda)
-    return fallback(fmt::format(fmt::runtime("{} was tuned on {} with CUDA {}, and this is {} with CUDA {}"), path.string(), file->gpu, file->cuda,
+    return fallback(fmt::format("{} was tuned on {} with CUDA {}, and this is {} with CUDA {}", path.string(), file->gpu, file->cuda,
                                 device.gpu, device.cuda));
   const TuningEntry* best = nullptr;
   for (const TuningEntry& e : file->entries)
     if (e.shape.dim == shape.dim && e.shape.dtype == shape.dtype &&
         (!best || std::abs(e.shape.pool_decade - shape.pool_decade) < std::abs(best->shape.pool_decade - shape.pool_decade)))
       best = &e;
-  if (!best) return fallback(fmt::format(fmt::runtime("{} has no entry for {}"), path.string(), to_string(shape)));
+  if (!best) return fallback(fmt::format("{} has no entry for {}", path.string(), to_string(shape)));
   return PolicyChoice{best->policy, true, {},
-                      fmt::format(fmt::runtime("tuned for {} on {} (CUDA {}, {}): {}"), to_string(best->shape), file->gpu, file->cuda, path.string(),
+                      fmt::format("tuned for {} on {} (CUDA {}, {}): {}", to_string(best->shape), file->gpu, file->cuda, path.string(),
                                   to_string(best->policy))};
 }
 
