@@ -16,8 +16,10 @@ nvidia-smi --query-gpu=name,compute_cap,driver_version,clocks.sm,clocks.mem --fo
 for problem in "${problems[@]}"; do
   name=$(basename "$problem")
   start=$(date +%s)
-  timeout ${SEARCH_TIMEOUT:-300} .carry/search/kevo-search "$problem" --budget "$budget" --jobs "${JOBS:-2}" --store "/tmp/$name.db" --json "$out/$name.json" \
-    --out "$out/$name.best.cu" 2>&1 | tee "$out/$name.log" | grep -E "new|best:|stopped|reference:|failures" | tail -25
+  # --time lets the search stop itself and race its best against the reference; timeout is the backstop.
+  search_time=${SEARCH_TIME:-240}
+  timeout $((search_time + 90)) .carry/search/kevo-search "$problem" --budget "$budget" --time "$search_time" --jobs "${JOBS:-2}" --store "/tmp/$name.db" --json "$out/$name.json" \
+    --out "$out/$name.best.cu" 2>&1 | tee "$out/$name.log" | grep -E "new|best:|stopped|reference|failures" | tail -25
   echo "$name: $(( $(date +%s) - start )) s" | tee -a "$out/times.txt"
 done
 [ -n "${SKIP_TORCH:-}" ] || python3 benchmarks/search/torch_peer.py 2>&1 | tee "$out/torch.log"

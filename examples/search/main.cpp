@@ -53,7 +53,8 @@ struct Options {
 
 constexpr const char* usage = R"(usage: kevo-search PROBLEM_DIR [options]
 
-Searches for a faster, verified implementation of the problem's kernel on this CPU.
+Searches for a faster, verified implementation of the problem's kernel on this machine's CPU or GPU
+(the problem's "target": cpu or cuda).
 
 options:
   --policy NAME     mcts (default), evolutionary, greedy, random
@@ -244,6 +245,8 @@ int search_main(int argc, char** argv) {
                 : fmt::format("{:.3f} ms on the timing shape", evaluator.reference_seconds() * 1e3);
       fmt::print("reference: {}; policy {}, memory {}, {} jobs, budget {}, store {}\n", reference, o.policy, o.memory, o.jobs,
                  o.budget, o.store.string());
+      if constexpr (requires { evaluator.reference_clock_note(); })
+        if (!evaluator.reference_clock_note().empty()) fmt::print("reference clock: {}\n", evaluator.reference_clock_note());
     }
 
     kevo::SearchArguments args{.jobs = o.jobs,

@@ -53,6 +53,7 @@ struct RunReport {
   double wall_seconds = 0, cpu_seconds = 0;      ///< the medians behind `seconds` (the larger of wall and CPU / cpus)
   double roofline_gbytes_per_s = 0, roofline_gflops = 0;  ///< where the checker measured the roofline in this run (the GPU)
   double round_trip_seconds = 0;                 ///< what the GPU checker took off each timed batch
+  double reference_in_process_seconds = 0;       ///< the GPU checker's own CUDA-event timing of the reference (its first run only)
   int samples = 0;
 };
 
@@ -143,6 +144,7 @@ inline RunReport interpret(const SandboxResult& checker, const SandboxResult& ru
     if (!doc["roofline_gbytes_per_s"].get_double().get(v)) report.roofline_gbytes_per_s = v;
     if (!doc["roofline_gflops"].get_double().get(v)) report.roofline_gflops = v;
     if (!doc["round_trip_seconds"].get_double().get(v)) report.round_trip_seconds = v;
+    if (!doc["reference_in_process_seconds"].get_double().get(v)) report.reference_in_process_seconds = v;
     if (std::int64_t n = 0; !doc["samples"].get_int64().get(n)) report.samples = static_cast<int>(n);
     return report;
   }

@@ -843,7 +843,8 @@ namespace detail {
 
 /// A runner's main for `p`, around a target's part: `includes`, and `helpers` that define
 /// `unsigned char* map_arena(int control, int fd, std::uint64_t bytes)` (nullptr: it has said why)
-/// and `std::string finish_calls()` (after a command's calls: empty, or the error to report).
+/// `void empty_command()` (a command with no calls: the checker measuring its round trip) and
+/// `std::string finish_calls()` (after a command's calls: empty, or the error to report).
 inline std::string runner_source_with(const Problem& p, std::string_view file_name, std::string_view includes, std::string_view helpers) {
   std::string shape_init, kernel_args;
   for (std::size_t i = 0; i < p.params.size(); ++i) shape_init += fmt::format("{}static_cast<long>(c.shape[{}])", i ? ", " : "", i);
@@ -916,6 +917,7 @@ int main(int argc, char** argv) {
     try {
       const Shape shape{@shape_init@};
       for (std::uint64_t call = 0; call < c.count && call < max_batch; ++call) kernel(shape@kernel_args@);
+      if (c.count == 0) empty_command();
       const std::string error = finish_calls();
       if (error.empty()) send_reply(control, reply_done, c.seq, "");
       else send_reply(control, reply_failed, c.seq, ("failed: " + error).c_str());
@@ -944,6 +946,7 @@ unsigned char* map_arena(int, int fd, std::uint64_t bytes) {
   return mapped == MAP_FAILED ? nullptr : static_cast<unsigned char*>(mapped);
 }
 
+void empty_command() {}
 std::string finish_calls() { return {}; }
 )");
 }

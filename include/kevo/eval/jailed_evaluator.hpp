@@ -177,6 +177,9 @@ class JailedEvaluator {
 
   /// Median time of the reference on the timing shape, measured by prepare().
   double reference_seconds() const { return reference_seconds_; }
+  /// How the reference's checked figure came about, where the clock has parts worth naming (the
+  /// GPU checker's round trip and its own CUDA-event timing of the reference); empty otherwise.
+  const std::string& reference_clock_note() const { return reference_clock_note_; }
   const Roofline& roofline() const { return roofline_; }
   const Problem& problem() const { return problem_; }
   const EvaluatorOptions& options() const { return options_; }
@@ -449,6 +452,10 @@ class JailedEvaluator {
                                     timing.message, timing.detail));
     reference_seconds_ = timing.seconds;
     round_trip_seconds_ = timing.round_trip_seconds;  // measured by the reference's run, trusted for every later one
+    if (timing.reference_in_process_seconds > 0)
+      reference_clock_note_ = fmt::format("checked in batches of calls, kevo's round trip of {:.0f} us taken off each batch; "
+                                          "the checker's own CUDA events time one call at {:.4g} ms",
+                                          timing.round_trip_seconds * 1e6, timing.reference_in_process_seconds * 1e3);
 
     std::unique_lock timing_lock(gate_);  // a probe is a timed run too
     auto roofline = Toolchain::roofline(options_.cache_dir, options_.compiler);
@@ -630,6 +637,7 @@ class JailedEvaluator {
   std::string compiler_identity_;
   std::filesystem::path problem_dir_;
   double reference_seconds_ = 0;
+  std::string reference_clock_note_;
   double round_trip_seconds_ = -1;  ///< the GPU checker's own round trip, from the reference's run (< 0: not yet measured)
   std::filesystem::path reference_build_;   // the reference as a candidate: the yardstick of compare_with_reference
   Roofline roofline_;
