@@ -5,11 +5,15 @@
 #include <catch2/catch.hpp>
 
 #include <kevo/eval/pipeline_evaluator.hpp>
+#include <kevo/eval/pipeline_tuning.hpp>
 #include <kevo/search_loop.hpp>
 #include <kevo/store/sqlite_store.hpp>
 
+#include <unistd.h>
+
 #include <atomic>
 #include <cmath>
+#include <filesystem>
 
 using namespace kevo;
 using namespace kevo::retrieval;
@@ -92,4 +96,53 @@ TEST_CASE("kevo's search loop tunes the pipeline: faster than the defaults withi
   CHECK(result->best_speedup > 1.2);  // the blocks_per_sm step alone is 1.32x
   CHECK(is_legal(*best));
   CHECK(best->scoring.stages != 4);  // never a policy that does not fit
+}
+
+// The device's timing function, as pipeline_bench.cuh reports it, over the same landscape.
+retrieval::PolicyTiming device_landscape(const PipelinePolicy& p, std::uint64_t seed) {
+  auto t = landscape(p, seed);
+  if (t) return {retrieval::PolicyTiming::Outcome::ok, *t, {}};
+  return {retrieval::PolicyTiming::Outcome::does_not_fit, 0, "needs 240 KB of shared memory"};
+}
+
+TEST_CASE("tune_pipeline writes the verified best to a tuning file, and the pipeline's chooser serves it", "[pipeline][tuning]") {
+  const auto dir = std::filesystem::temp_directory_path() / ("kevo-tuning-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  const auto file = dir / "tuning.json";
+  auto store = store::SqliteStore::open(":memory:").value();
+  auto tuned = eval::tune_pipeline(workload, eval::policy_timer(device_landscape), PipelinePolicy{}, store, {.budget = 40, .seed = 3});
+  REQUIRE(tuned);
+  INFO(to_string(tuned->entry.policy));
+  REQUIRE(tuned->search.verified);
+  CHECK(tuned->entry.tuned_seconds < tuned->entry.default_seconds);
+  CHECK(tuned->entry.policy.scoring.stages != 4);
+  CHECK(tuned->entry.evaluations == static_cast<int>(tuned->search.evaluations));
+
+  const DeviceIdentity h200{"NVIDIA H200", "13.0"};
+  REQUIRE(eval::record_tuning(file, h200, tuned->entry));
+  const PolicyChoice chosen = choose_policy(file, h200, workload.shape, PipelinePolicy{});
+  CHECK(chosen.tuned);
+  CHECK(chosen.policy == tuned->entry.policy);
+
+  // A second record for the same shape replaces the first; another device's file is refused.
+  retrieval::TuningEntry again = tuned->entry;
+  again.evaluations = 1;
+  REQUIRE(eval::record_tuning(file, h200, again));
+  auto read = read_tuning_file(file);
+  REQUIRE(read);
+  REQUIRE(read->entries.size() == 1);
+  CHECK(read->entries[0].evaluations == 1);
+  auto other = eval::record_tuning(file, {"NVIDIA H100 80GB HBM3", "13.0"}, again);
+  REQUIRE_FALSE(other);
+  CHECK_THAT(other.error().message, Catch::Contains("NVIDIA H200") && Catch::Contains("NVIDIA H100"));
+
+  // A policy whose answers differ, or a device error, is a named failure of that evaluation.
+  auto timer = eval::policy_timer([](const PipelinePolicy&, std::uint64_t) {
+    return retrieval::PolicyTiming{retrieval::PolicyTiming::Outcome::wrong_answer, 0, "rank 3 scored 0.5 where the defaults score 0.7"};
+  });
+  auto failed = timer(PipelinePolicy{}, 1);
+  REQUIRE_FALSE(failed);
+  CHECK(failed.error().kind == FailureKind::wrong_answer);
+  CHECK_THAT(failed.error().message, Catch::Contains("rank 3"));
+  std::filesystem::remove_all(dir);
 }

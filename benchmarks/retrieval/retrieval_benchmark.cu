@@ -19,6 +19,7 @@
 #include "kevo/retrieval/dispatch/cuda_backend.cuh"
 #include "kevo/retrieval/dispatch/fused_retrieval_pipeline.cuh"
 #include "kevo/retrieval/retrieval.hpp"
+#include "kevo/retrieval/tuning/pipeline_bench.cuh"  // the synthetic pool: targeting and embeddings
 
 using namespace kevo::retrieval;
 
@@ -201,68 +202,6 @@ __global__ void fill_spaced_slots(std::uint32_t* list, std::uint32_t count, std:
   for (std::uint32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < count; i += gridDim.x * blockDim.x) list[i] = i * step;
 }
 
-/// Counter-hash normal values: the embedding of (ad, k) for the device-filled pools.
-__device__ float hashed_normal(std::uint64_t seed, std::uint64_t ad, int k) {
-  std::uint64_t z = seed ^ (ad * 0x9e3779b97f4a7c15ull) ^ (static_cast<std::uint64_t>(k) * 0xbf58476d1ce4e5b9ull);
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  z ^= z >> 31;
-  const float u1 = (static_cast<float>(z >> 40) + 1.0f) * 0x1.0p-24f;
-  const float u2 = static_cast<float>((z >> 16) & 0xffffff) * 0x1.0p-24f;
-  return sqrtf(-2.0f * logf(u1)) * cospif(2.0f * u2);
-}
-
-/// Fills rows [0, n) with N(0, 1/d) values: fp16 directly, int8 quantized per row (warp per row).
-__global__ void fill_embeddings(void* rows, float* side_values, std::uint64_t n, int dim, bool int8, std::uint64_t seed) {
-  const std::uint64_t row = (static_cast<std::uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
-  const int lane = threadIdx.x % 32;
-  if (row >= n) return;
-  const float sigma = rsqrtf(static_cast<float>(dim));
-  float max_abs = 0.0f;
-  for (int k = lane; k < dim; k += 32) max_abs = fmaxf(max_abs, fabsf(hashed_normal(seed, row, k) * sigma));
-  for (int o = 16; o > 0; o /= 2) max_abs = fmaxf(max_abs, __shfl_xor_sync(0xffffffffu, max_abs, o));
-  const float scale = max_abs / 127.0f;
-  for (int k = lane; k < dim; k += 32) {
-    const float a = hashed_normal(seed, row, k) * sigma;
-    if (int8) static_cast<std::int8_t*>(rows)[row * dim + k] = static_cast<std::int8_t>(fminf(127.f, fmaxf(-127.f, rintf(a / scale))));
-    else static_cast<__half*>(rows)[row * dim + k] = __float2half_rn(a);
-  }
-  if (int8 && lane == 0) side_values[2 * row + 1] = scale;  // {bias, scale}: the upsert wrote the bias
-}
-
-/// Targeting, bias and liveness of ads [begin, end) of the workload, generated on all cores.
-PackedAds generate_targeting(const Workload& w, std::uint64_t begin, std::uint64_t end) {
-  const unsigned threads = std::max(1u, std::thread::hardware_concurrency());
-  std::vector<PackedAds> parts(threads);
-  std::vector<std::thread> pool;
-  const std::uint64_t step = (end - begin + threads - 1) / threads;
-  for (unsigned t = 0; t < threads; ++t)
-    pool.emplace_back([&, t] {
-      const std::uint64_t b = std::min(end, begin + t * step), e = std::min(end, b + step);
-      PackedAds& p = parts[t];
-      for (std::uint64_t i = b; i < e; ++i) {
-        p.ids.push_back(static_cast<std::uint32_t>(i));
-        p.bias.push_back(w.ad_bias(i));
-        p.live.push_back(w.ad_live(i) ? 1 : 0);
-        const std::vector<Clause> clauses = w.ad_targeting(i);
-        for (std::size_t c = 0; c < clauses.size(); ++c)
-          p.clauses.push_back(clause_bits::pack(clauses[c], c + 1 == clauses.size()));
-        p.clause_begin.push_back(static_cast<std::uint32_t>(p.clauses.size()));
-      }
-    });
-  for (auto& t : pool) t.join();
-  PackedAds all;
-  for (PackedAds& p : parts) {
-    const std::uint32_t base = static_cast<std::uint32_t>(all.clauses.size());
-    all.ids.insert(all.ids.end(), p.ids.begin(), p.ids.end());
-    all.bias.insert(all.bias.end(), p.bias.begin(), p.bias.end());
-    all.live.insert(all.live.end(), p.live.begin(), p.live.end());
-    all.clauses.insert(all.clauses.end(), p.clauses.begin(), p.clauses.end());
-    for (std::size_t i = 1; i < p.clause_begin.size(); ++i) all.clause_begin.push_back(base + p.clause_begin[i]);
-  }
-  return all;
-}
-
 struct Timer {
   cudaEvent_t a, b;
   Timer() {
@@ -350,27 +289,12 @@ Pool build_pool(const Workload& w, std::uint64_t n, std::uint64_t embedding_seed
   Pool pool;
   pool.n = n;
   pool.targeting = cache;
-  auto p = FusedRetrievalPipeline::create(w.schema(), w.model(), {.capacity = n, .clause_capacity = n * clauses_per_slot});
-  CHECK_OK(p);
-  pool.pipeline = std::move(*p);
-  const std::uint64_t batch = 1u << 20;
-  for (std::uint64_t b = 0, i = 0; b < n; b += batch, ++i) {
-    const std::uint64_t e = std::min(n, b + batch);
-    if (cache->size() <= i) cache->push_back(generate_targeting(w, b, e));
-    const PackedAds& ads = (*cache)[i];
-    CHECK_OK(pool.pipeline->index().upsert(ads));
-  }
-  auto& index = pool.pipeline->index();
-  CHECK_OK(index.synchronize());  // the upserts are applied before rows are written beside them
-  const bool int8 = w.schema().embedding_type == EmbeddingType::int8;
-  fill_embeddings<<<static_cast<unsigned>((n * 32 + 255) / 256), 256>>>(index.embeddings(), index.side_values(), n,
-                                                                         w.schema().dim, int8, embedding_seed);
-  KEVO_GPU_ASSERT(cudaGetLastError());
-  KEVO_GPU_ASSERT(cudaDeviceSynchronize());
   const auto a = std::chrono::steady_clock::now();
-  CHECK_OK(index.reindex());  // the upserts left some ads unindexed
-  std::printf("reindexed %llu ads in %.1f ms (%zu left to walk their clause runs)\n", static_cast<unsigned long long>(n),
-              std::chrono::duration<double>(std::chrono::steady_clock::now() - a).count() * 1e3, index.unindexed_count());
+  auto built = build_synthetic_pool(w, n, embedding_seed, cache, clauses_per_slot);
+  CHECK_OK(built);
+  pool.pipeline = std::move(built->pipeline);
+  std::printf("built a pool of %llu ads in %.1f ms (%zu left to walk their clause runs)\n", static_cast<unsigned long long>(n),
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - a).count() * 1e3, pool.pipeline->index().unindexed_count());
   pool.ensure_temp();
   return pool;
 }

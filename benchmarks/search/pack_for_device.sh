@@ -5,10 +5,10 @@
 # bubblewrap (the jail). The candidates themselves are compiled there, by nvcc, in the jail.
 # Run from the repository root after `cmake --preset release`.
 set -euo pipefail
-cmake --build build/release --target kevo-search test_eval_cuda_device -j2
+cmake --build build/release --target kevo-search test_eval_cuda_device kevo-tune-pipeline -j2
 mkdir -p .carry/search
-cp build/release/examples/search/kevo-search build/release/tests/device/test_eval_cuda_device "$(command -v bwrap)" .carry/search/
-ldd .carry/search/kevo-search .carry/search/test_eval_cuda_device .carry/search/bwrap | awk '/=> \// {print $3}' | sort -u |
+cp build/release/examples/search/kevo-search build/release/tests/device/test_eval_cuda_device build/release/examples/tune_pipeline/kevo-tune-pipeline "$(command -v bwrap)" .carry/search/
+ldd .carry/search/kevo-search .carry/search/test_eval_cuda_device .carry/search/kevo-tune-pipeline .carry/search/bwrap | awk '/=> \// {print $3}' | sort -u |
   grep -Ev '/(libc|libm|libstdc\+\+|libgcc_s|libdl|libpthread|librt)\.so' |
   while read -r lib; do cp -L "$lib" .carry/search/; done
 ls -la .carry/search

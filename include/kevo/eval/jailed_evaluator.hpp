@@ -28,10 +28,12 @@
 #include <fmt/format.h>
 #include <simdjson.h>
 
+#include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <cctype>
 #include <chrono>
 #include <cstdint>
@@ -73,6 +75,37 @@ struct EvaluatorOptions {
   std::size_t tmpfs_bytes = std::size_t{64} << 20;  ///< each of the candidate's /tmp, /var/tmp, /dev/shm, scratch
   bool machine_wide_gate = true;                  ///< also keep other kevo processes' compiles off timed runs
 };
+
+/// Removes the temporaries (`NAME.tmp-PID[-TID]`) that killed runs left in `directory`: those of a
+/// process not alive here, untouched for `grace`, and any untouched for a day (a reused PID). The
+/// grace spares a build in flight on another machine that shares the cache (an NFS home), whose
+/// PIDs mean nothing here: it touches its directory at least once per compile timeout. Returns how
+/// many went.
+inline std::size_t sweep_stale_temporaries(const std::filesystem::path& directory, std::chrono::seconds grace) {
+  namespace fs = std::filesystem;
+  std::size_t swept = 0;
+  std::error_code ec;
+  const auto now = fs::file_time_type::clock::now();
+  for (const auto& entry : fs::directory_iterator(directory, ec)) {
+    const std::string name = entry.path().filename().string();
+    const auto at = name.rfind(".tmp-");
+    if (at == std::string::npos) continue;
+    const std::string_view rest = std::string_view(name).substr(at + 5);
+    const std::string_view digits = rest.substr(0, rest.find('-'));
+    if (digits.empty() || digits.size() > 9 || digits.find_first_not_of("0123456789") != std::string_view::npos) continue;
+    const pid_t pid = static_cast<pid_t>(std::stol(std::string(digits)));
+    std::error_code time_ec;
+    const auto touched = fs::last_write_time(entry.path(), time_ec);
+    if (time_ec) continue;
+    const auto idle = now - touched;
+    const bool alive = pid > 0 && (::kill(pid, 0) == 0 || errno == EPERM);
+    if ((!alive && idle > grace) || idle > std::chrono::hours(24)) {
+      std::error_code remove_ec;
+      if (fs::remove_all(entry.path(), remove_ec) > 0 && !remove_ec) ++swept;
+    }
+  }
+  return swept;
+}
 
 /// What an evaluator has done so far; the cache's effect is visible here.
 struct EvaluatorStats {
@@ -397,6 +430,10 @@ class JailedEvaluator {
     std::error_code ec;
     fs::create_directories(problem_dir_ / "builds", ec);
     if (ec) return make_error(fmt::format("{}: cannot be created: {}", problem_dir_.string(), ec.message()));
+    // What killed runs left half-built. Each step of a build touches its directory within a compile timeout.
+    const auto grace = 2 * options_.compile_timeout + std::chrono::seconds(60);
+    sweep_stale_temporaries(problem_dir_, grace);
+    sweep_stale_temporaries(problem_dir_ / "builds", grace);
     if (!write_file_atomically(problem_dir_ / "kevo_problem.hpp", header) || !write_file_atomically(problem_dir_ / ("checker" + ext), checker) ||
         !write_file_atomically(problem_dir_ / ("runner" + ext), runner))
       return make_error(fmt::format("{}: cannot write the generated sources", problem_dir_.string()));

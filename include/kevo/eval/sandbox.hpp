@@ -7,9 +7,10 @@
 //   if (r.timed_out) ...; fmt::print("{}", r.stdout_text);
 //
 // How a run is contained (Linux):
-// - the child starts its own process group, dies with its parent (PR_SET_PDEATHSIG), and, where
-//   allowed, enters fresh PID and network namespaces behind a tiny reaper that is pid 1 there, so
-//   anything it forks dies with it;
+// - the child starts its own process group and, where allowed, enters fresh PID and network
+//   namespaces behind a tiny reaper that is pid 1 there, so anything it forks dies with it;
+// - when kevo dies (even of SIGKILL), the child kills its whole group (PR_SET_PDEATHSIG to a
+//   handler), so a compiler's own children (g++'s cc1plus and as) go too, not only the compiler;
 // - rlimits on CPU (soft below hard, so SIGXCPU names the cause), address space, file size,
 //   open files and processes (after dropping root to an unprivileged uid of the run's own, since
 //   root ignores NPROC), no core files, PR_SET_NO_NEW_PRIVS;
@@ -189,6 +190,7 @@ struct ChildPlan {
   int stderr_fd = -1;
   int status_fd = -1;
   const SandboxLimits* limits = nullptr;
+  pid_t parent = 0;  // kevo: when it dies, the run's whole group dies
   const char* working_directory = "/";
   bool drop_uid = false;
   uid_t run_uid = 65534;
@@ -220,8 +222,12 @@ struct ChildPlan {
   if (plan.drop_uid) {
     const uid_t uid = plan.run_uid;
     const gid_t gid = static_cast<gid_t>(uid);
+    const pid_t reaper = ::getppid();
     if (::setgroups(0, nullptr) != 0 || ::setresgid(gid, gid, gid) != 0 || ::setresuid(uid, uid, uid) != 0)
       fail_setup(plan.status_fd, 2);
+    // A change of uid clears the parent-death signal: set it again.
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (::getppid() != reaper) _exit(127);
   }
   if (::prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0) fail_setup(plan.status_fd, 3);
   if (::chdir(plan.working_directory) != 0) fail_setup(plan.status_fd, 4);
@@ -254,11 +260,34 @@ struct ChildPlan {
   _exit(0);
 }
 
-// The first child: its own process group, dies with its parent, tries the namespaces.
+// The signal the first child gets when kevo dies. Not SIGKILL: the first child must live long
+// enough to kill its group, or a compiler's children outlive it (the compiler alone would die).
+inline constexpr int parent_death_signal = SIGHUP;
+
+inline pid_t& own_group() {
+  static pid_t group = 0;  // set in the first child only, after it leads its own group
+  return group;
+}
+
+inline void kill_own_group(int) {
+  if (own_group() > 0) ::kill(-own_group(), SIGKILL);  // the run's group, never kevo's own
+  ::_exit(137);
+}
+
+// The first child: its own process group, takes the group down when kevo dies, tries the namespaces.
 [[noreturn]] inline void run_first_child(ChildPlan& plan, bool try_isolate) {
-  ::setpgid(0, 0);
+  if (::setpgid(0, 0) == 0) own_group() = ::getpid();
   if (plan.limits->unprivileged_uid == 0) plan.run_uid = static_cast<uid_t>(plan.limits->per_run_uid_base + static_cast<unsigned>(::getpid()));
-  ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+  struct sigaction on_parent_death {};
+  on_parent_death.sa_handler = kill_own_group;
+  ::sigaction(parent_death_signal, &on_parent_death, nullptr);
+  // The calling thread's mask is inherited (and kept across exec): a blocked signal here would
+  // never take the group down, and the program should start with none blocked anyway.
+  sigset_t none;
+  ::sigemptyset(&none);
+  ::sigprocmask(SIG_SETMASK, &none, nullptr);
+  ::prctl(PR_SET_PDEATHSIG, parent_death_signal);
+  if (::getppid() != plan.parent) kill_own_group(0);  // kevo died before the line above
   ::dup2(plan.stdin_fd, 0);
   ::dup2(plan.stdout_fd, 1);
   ::dup2(plan.stderr_fd, 2);
@@ -279,6 +308,7 @@ struct ChildPlan {
     const pid_t reaper = ::fork();
     if (reaper < 0) fail_setup(plan.status_fd, 0);
     if (reaper == 0) {
+      ::signal(parent_death_signal, SIG_DFL);  // pid 1 here: its death takes the namespace
       ::prctl(PR_SET_PDEATHSIG, SIGKILL);
       run_reaper(plan);
     }
@@ -353,6 +383,7 @@ inline SandboxResult run_sandboxed(const std::vector<std::string>& argv, const S
   plan.stderr_fd = err_pipe[1];
   plan.status_fd = status_pipe[1];
   plan.limits = &limits;
+  plan.parent = ::getpid();
   plan.working_directory = working_directory.c_str();
   plan.drop_uid = limits.drop_privileges && ::geteuid() == 0;
   plan.run_uid = static_cast<uid_t>(limits.unprivileged_uid);
