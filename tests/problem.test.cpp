@@ -103,6 +103,20 @@ TEST_CASE("a reference that does not compile fails prepare() with the file and t
   CHECK(contains(e.diagnostics.message, "does not compile"));
 }
 
+TEST_CASE("a reference that leaves an output element unwritten fails prepare(), naming the reference, not the seed") {
+  auto problem = kevo::load_problem(fixtures / "lazy_reference");
+  REQUIRE(problem);
+  kevo::eval::CpuEvaluatorOptions options;
+  options.cache_dir = std::filesystem::temp_directory_path() / "kevo-test-cache";
+  kevo::eval::CpuEvaluator evaluator(*problem, options);
+  auto ready = evaluator.prepare();
+  REQUIRE_FALSE(ready);
+  const std::string& message = ready.error().message;
+  INFO(message);
+  CHECK(contains(message, "lazy_reference"));
+  CHECK(contains(message, "the reference left 1 of 1 elements of out unwritten on shape N=1"));
+}
+
 TEST_CASE("a name that is not a plain file name is refused, since it names kevo's files") {
   // kevo-runs/<name>.db, .best.cpp and .html: "../../escaped" would write two directories above it.
   const auto dir = std::filesystem::temp_directory_path() / "kevo-test-unsafe-name";

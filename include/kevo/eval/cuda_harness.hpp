@@ -158,6 +158,11 @@ __global__ void compare_kernel(const unsigned char* expected, const unsigned cha
   }
 }
 
+__global__ void count_word_kernel(const unsigned char* p, long n, int kind, std::uint32_t word, unsigned long long* count) {
+  for (long i = blockIdx.x * static_cast<long>(blockDim.x) + threadIdx.x; i < n; i += static_cast<long>(gridDim.x) * blockDim.x)
+    if (load_word(p, i, kind) == word) atomicAdd(count, 1ull);
+}
+
 __global__ void checksum_kernel(const std::uint32_t* p, long words, unsigned long long* sum) {
   unsigned long long local = 0;
   for (long i = blockIdx.x * static_cast<long>(blockDim.x) + threadIdx.x; i < words; i += static_cast<long>(gridDim.x) * blockDim.x)
@@ -278,6 +283,8 @@ void fill_inputs(Tensors& t, const Shape& shape, const Tensors* pool, long at, s
   KEVO_CUDA_OK(cudaGetLastError());
 }
 
+unsigned long long* counters = nullptr;  // device: the checks' counts
+
 // The reference's outputs for `inputs`, into `out` (whose inputs become a copy of them).
 void run_reference(const Shape& shape, const Tensors& inputs, Tensors& out, double* seconds = nullptr) {
   std::vector<void*> pointers(tensor_count);
@@ -293,6 +300,20 @@ void run_reference(const Shape& shape, const Tensors& inputs, Tensors& out, doub
   const cudaError_t status = cudaDeviceSynchronize();
   if (seconds) *seconds = now() - t0;
   if (status != cudaSuccess) report_status("sandbox_error", std::string("the reference failed on the device: ") + cudaGetErrorString(status));
+  // A reference that leaves an output element unwritten makes every candidate that writes it
+  // "wrong": the problem is at fault, and says so before any candidate is blamed.
+  for (std::size_t i = 0; i < tensor_count; ++i) {
+    if (!tensors[i].output) continue;
+    const long n = tensors[i].size(shape);
+    unsigned long long left = 0;
+    KEVO_CUDA_OK(cudaMemset(counters, 0, sizeof left));
+    count_word_kernel<<<grid_for(n), 256>>>(out.data[i], n, tensors[i].kind, poison_of(tensors[i]), counters);
+    KEVO_CUDA_OK(cudaMemcpy(&left, counters, sizeof left, cudaMemcpyDeviceToHost));
+    if (left > 0)
+      report_status("sandbox_error", "the reference left " + std::to_string(left) + " of " + std::to_string(n) + " elements of " +
+                                         tensors[i].name + " unwritten on shape " + shape_text(shape) +
+                                         " (a reference must write every output element)");
+  }
 }
 
 // The reference timed inside the checker with CUDA events after an L2 flush (median of 5 calls):
@@ -307,8 +328,6 @@ void place(const Shape& shape, const Tensors& inputs, const std::vector<std::siz
     KEVO_CUDA_OK(cudaMemcpy(in_arena(offsets[i]), inputs.data[i], bytes, cudaMemcpyDeviceToDevice));
   }
 }
-
-unsigned long long* counters = nullptr;  // device
 
 std::string value_text(const TensorInfo& t, const unsigned char* device_element) {
   std::uint32_t word = 0;

@@ -572,6 +572,16 @@ Tensors reference_outputs(const Shape& shape, const Tensors& inputs, double* sec
   call_reference(shape, pointers.data());
   if (seconds) *seconds = now() - t0;
   for (std::size_t i = 0; i < tensor_count; ++i) t[i].resize(t[i].size() - guard_elements);
+  // A reference that leaves an output element unwritten makes every candidate that writes it
+  // "wrong": the problem is at fault, and says so before any candidate is blamed.
+  for (std::size_t i = 0; i < tensor_count; ++i) {
+    if (!tensors[i].output) continue;
+    const auto left = std::count(t[i].begin(), t[i].end(), poison);
+    if (left > 0)
+      report_status("sandbox_error", "the reference left " + std::to_string(left) + " of " + std::to_string(t[i].size()) + " elements of " +
+                                         tensors[i].name + " unwritten on shape " + shape_text(shape) +
+                                         " (a reference must write every output element)");
+  }
   return t;
 }
 

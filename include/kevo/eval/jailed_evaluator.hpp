@@ -511,6 +511,8 @@ class JailedEvaluator {
       if (status == "ok") return {};
       if (status == "loose_tolerance" && !verdict["detail"].get_string().get(detail))
         return make_error("the tolerance is too loose: " + std::string(detail));
+      if (!verdict["detail"].get_string().get(detail))
+        return make_error("the reference failed while the tolerance was checked: " + std::string(detail));
     }
     return make_error("the reference failed while the tolerance was checked: " + detail::tail(r.stderr_text + r.stdout_text + r.setup_error, 400));
   }
