@@ -84,12 +84,17 @@ TEST_CASE("a template that uses an undeclared knob names the template, its line 
   CHECK(contains(message, "'tile'"));
 }
 
+// The evaluator's options for these tests: a build cache of their own.
+kevo::eval::CpuEvaluatorOptions test_cache() {
+  kevo::eval::CpuEvaluatorOptions options;
+  options.cache_dir = std::filesystem::temp_directory_path() / "kevo-test-cache";
+  return options;
+}
+
 TEST_CASE("a reference that does not compile fails prepare() with the file and the compiler's error") {
   auto problem = kevo::load_problem(fixtures / "broken_reference");
   REQUIRE(problem);  // loading reads the files; compiling is prepare()'s job
-  kevo::eval::CpuEvaluatorOptions options;
-  options.cache_dir = std::filesystem::temp_directory_path() / "kevo-test-cache";
-  kevo::eval::CpuEvaluator evaluator(*problem, options);
+  kevo::eval::CpuEvaluator evaluator(*problem, test_cache());
   auto ready = evaluator.prepare();
   REQUIRE_FALSE(ready);
   const std::string& message = ready.error().message;
@@ -106,9 +111,7 @@ TEST_CASE("a reference that does not compile fails prepare() with the file and t
 TEST_CASE("a reference that leaves an output element unwritten fails prepare(), naming the reference, not the seed") {
   auto problem = kevo::load_problem(fixtures / "lazy_reference");
   REQUIRE(problem);
-  kevo::eval::CpuEvaluatorOptions options;
-  options.cache_dir = std::filesystem::temp_directory_path() / "kevo-test-cache";
-  kevo::eval::CpuEvaluator evaluator(*problem, options);
+  kevo::eval::CpuEvaluator evaluator(*problem, test_cache());
   auto ready = evaluator.prepare();
   REQUIRE_FALSE(ready);
   const std::string& message = ready.error().message;

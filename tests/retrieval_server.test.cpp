@@ -14,67 +14,15 @@
 
 #include "kevo/retrieval/retrieval.hpp"
 #include "kevo/retrieval/serving.hpp"
+#include "support/serving_client.hpp"
 
 using namespace kevo::retrieval;
+using namespace kevo::test;
 namespace beast = boost::beast;
 namespace http = beast::http;
 namespace asio = boost::asio;
 
 namespace {
-
-/// A server on 127.0.0.1 with an ephemeral port, on its own thread, stopped at scope exit.
-struct RunningServer {
-  asio::io_context io;
-  RetrievalHttpServer server;
-  std::thread thread;
-  RunningServer(RetrievalBackend& backend, ServingOptions options = {.io_timeout = std::chrono::milliseconds(3000)})
-      : server(io, backend, {asio::ip::make_address("127.0.0.1"), 0}, options) {
-    server.start();
-    thread = std::thread([this] { io.run(); });
-  }
-  ~RunningServer() {
-    asio::post(io, [this] { server.stop(); io.stop(); });
-    thread.join();
-  }
-};
-
-struct Reply {
-  unsigned status = 0;
-  std::string body;
-};
-
-/// One request on a fresh connection, with a timeout on connect, write and read.
-Reply call(unsigned short port, http::verb method, const std::string& target, const std::string& body) {
-  asio::io_context io;
-  beast::tcp_stream stream(io);
-  stream.expires_after(std::chrono::seconds(5));
-  stream.connect(asio::ip::tcp::endpoint(asio::ip::make_address("127.0.0.1"), port));
-  http::request<http::string_body> request(method, target, 11);
-  request.set(http::field::host, "127.0.0.1");
-  request.set(http::field::content_type, "application/json");
-  request.body() = body;
-  request.prepare_payload();
-  stream.expires_after(std::chrono::seconds(5));
-  http::write(stream, request);
-  beast::flat_buffer buffer;
-  http::response<http::string_body> response;
-  stream.expires_after(std::chrono::seconds(30));
-  http::read(stream, buffer, response);
-  beast::error_code ignored;
-  stream.socket().shutdown(asio::ip::tcp::socket::shutdown_both, ignored);
-  return {static_cast<unsigned>(response.result_int()), response.body()};
-}
-
-std::string search_body(const Request& r) {
-  std::string features, query;
-  for (float x : r.features) features += fmt::format("{}{}", features.empty() ? "" : ",", x);
-  for (const CategoryQuery& q : r.query) {
-    std::string values;
-    for (auto v : q.values) values += fmt::format("{}{}", values.empty() ? "" : ",", v);
-    query += fmt::format("{}{{\"category\":{},\"values\":[{}]}}", query.empty() ? "" : ",", q.category, values);
-  }
-  return fmt::format("{{\"features\":[{}],\"query\":[{}],\"k\":{},\"routing\":{}}}", features, query, r.k, r.routing);
-}
 
 std::vector<ScoredAd> parse_results(const std::string& body) {
   simdjson::ondemand::parser parser;

@@ -30,8 +30,10 @@
 
 #include "kevo/retrieval/retrieval.hpp"
 #include "kevo/retrieval/serving.hpp"
+#include "support/serving_client.hpp"
 
 using namespace kevo::retrieval;
+using namespace kevo::test;
 namespace beast = boost::beast;
 namespace http = beast::http;
 namespace asio = boost::asio;
@@ -40,76 +42,7 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
-/// A server on 127.0.0.1 with an ephemeral port, its I/O on `io_threads` threads, stopped at scope exit.
-struct RunningServer {
-  asio::io_context io;
-  RetrievalHttpServer server;
-  std::vector<std::thread> threads;
-  RunningServer(RetrievalBackend& backend, ServingOptions options, unsigned io_threads = 1)
-      : server(io, backend, {asio::ip::make_address("127.0.0.1"), 0}, options) {
-    server.start();
-    for (unsigned t = 0; t < io_threads; ++t) threads.emplace_back([this] { io.run(); });
-  }
-  ~RunningServer() {
-    asio::post(io, [this] { server.stop(); io.stop(); });
-    for (auto& t : threads) t.join();
-  }
-};
-
 ServingOptions quick() { return {.io_timeout = milliseconds(3000)}; }
-
-/// One keep-alive connection; each exchange has a timeout.
-struct Client {
-  asio::io_context io;
-  beast::tcp_stream stream{io};
-  beast::flat_buffer buffer;
-  explicit Client(unsigned short port) {
-    stream.expires_after(std::chrono::seconds(5));
-    stream.connect(asio::ip::tcp::endpoint(asio::ip::make_address("127.0.0.1"), port));
-  }
-  http::response<http::string_body> send(http::verb method, const std::string& target, const std::string& body,
-                                         std::chrono::seconds read_timeout = std::chrono::seconds(30)) {
-    http::request<http::string_body> request(method, target, 11);
-    request.set(http::field::host, "127.0.0.1");
-    request.body() = body;
-    if (!body.empty() || method == http::verb::post) request.prepare_payload();
-    stream.expires_after(std::chrono::seconds(5));
-    http::write(stream, request);
-    return receive(method == http::verb::head, read_timeout);
-  }
-  http::response<http::string_body> receive(bool head = false, std::chrono::seconds timeout = std::chrono::seconds(30)) {
-    http::response_parser<http::string_body> parser;
-    parser.body_limit(std::numeric_limits<std::uint64_t>::max());
-    parser.skip(head);  // an answer to HEAD has no body, whatever its Content-Length says
-    stream.expires_after(timeout);
-    http::read(stream, buffer, parser);
-    return parser.release();
-  }
-};
-
-struct Reply {
-  unsigned status = 0;
-  std::string body;
-  std::string retry_after;
-};
-
-/// One request on a fresh connection.
-Reply call(unsigned short port, http::verb method, const std::string& target, const std::string& body) {
-  Client c(port);
-  auto r = c.send(method, target, body);
-  return {static_cast<unsigned>(r.result_int()), r.body(), std::string(r[http::field::retry_after])};
-}
-
-std::string search_body(const Request& r) {
-  std::string features, query;
-  for (float x : r.features) features += fmt::format("{}{}", features.empty() ? "" : ",", x);
-  for (const CategoryQuery& q : r.query) {
-    std::string values;
-    for (auto v : q.values) values += fmt::format("{}{}", values.empty() ? "" : ",", v);
-    query += fmt::format("{}{{\"category\":{},\"values\":[{}]}}", query.empty() ? "" : ",", q.category, values);
-  }
-  return fmt::format("{{\"features\":[{}],\"query\":[{}],\"k\":{},\"routing\":{}}}", features, query, r.k, r.routing);
-}
 
 std::string ads_body(const Workload& w, std::uint32_t first, std::size_t count) {
   std::string out = "{\"ads\":[";
