@@ -7,77 +7,42 @@
 
 #include <kevo/eval/pipeline_tuning.hpp>
 
+#include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
-#include <charconv>
 #include <cstdio>
 #include <filesystem>
 #include <string>
-#include <string_view>
 
 namespace {
-
-constexpr const char* usage = R"(usage: kevo-tune-pipeline [options]
-
-Tunes the retrieval pipeline's kernel policies on this GPU with kevo's search: each candidate policy
-runs the pipeline on a synthetic pool, its answers checked against the default policy's, and the
-verified best is written to the tuning file the pipeline serves with.
-
-options:
-  --ads N           ads in the pool (default 100000000)
-  --dim D           embedding width (default 128)
-  --dtype T         fp16 (default) or int8
-  --requests KIND   typical (default), broad or narrow
-  --k K             results a search (default 1000)
-  --batch N         1 (default): searches one by one; more: batches of N (tunes batched scoring)
-  --budget N        policies to evaluate (default 40)
-  --seed S          random seed (default 1)
-  --store PATH      SQLite store (default kevo-runs/pipeline.db)
-  --out PATH        the tuning file to add this shape's entry to (default kevo-tuning.json)
-)";
 
 struct Options {
   kevo_tune::DeviceTimerOptions device;
   std::string dtype = "fp16";
   std::size_t budget = 40;
   std::uint64_t seed = 1;
-  std::filesystem::path store = "kevo-runs/pipeline.db";
-  std::filesystem::path out = "kevo-tuning.json";
+  std::string store = "kevo-runs/pipeline.db";
+  std::string out = "kevo-tuning.json";
 };
 
-template <class T>
-bool parse_number(std::string_view text, T& out) {
-  auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), out);
-  return ec == std::errc() && end == text.data() + text.size();
-}
-
-kevo::expected<Options, kevo::Error> parse_arguments(int argc, char** argv) {
-  Options o;
-  for (int i = 1; i < argc; ++i) {
-    const std::string_view arg = argv[i];
-    if (arg == "--help" || arg == "-h") return kevo::make_error("");
-    if (!arg.starts_with("--")) return kevo::make_error(fmt::format("unexpected argument '{}'", arg));
-    if (i + 1 >= argc) return kevo::make_error(fmt::format("{} needs a value", arg));
-    const std::string_view value = argv[++i];
-    bool ok = true;
-    if (arg == "--ads") ok = parse_number(value, o.device.ads) && o.device.ads > 0;
-    else if (arg == "--dim") ok = parse_number(value, o.device.dim) && o.device.dim > 0;
-    else if (arg == "--dtype") {
-      ok = value == "fp16" || value == "int8";
-      o.dtype = value;
-    }
-    else if (arg == "--requests") o.device.request_kind = value;
-    else if (arg == "--k") ok = parse_number(value, o.device.k) && o.device.k > 0;
-    else if (arg == "--batch") ok = parse_number(value, o.device.batch) && o.device.batch > 0;
-    else if (arg == "--budget") ok = parse_number(value, o.budget) && o.budget > 0;
-    else if (arg == "--seed") ok = parse_number(value, o.seed);
-    else if (arg == "--store") o.store = value;
-    else if (arg == "--out") o.out = value;
-    else return kevo::make_error(fmt::format("unknown option {}", arg));
-    if (!ok) return kevo::make_error(fmt::format("{} does not take '{}'", arg, value));
-  }
-  o.device.int8 = o.dtype == "int8";
-  return o;
+// The command line, with CLI11: --help, unknown flags and bad values are its job.
+void describe(CLI::App& app, Options& o) {
+  app.description(
+      "Tunes the retrieval pipeline's kernel policies on this GPU with kevo's search: each candidate policy runs the pipeline on a "
+      "synthetic pool, its answers checked against the default policy's, and the verified best is written to the tuning file the "
+      "pipeline serves with.");
+  app.add_option("--ads", o.device.ads, "ads in the pool")->capture_default_str()->check(CLI::Range(std::uint64_t{1}, std::uint64_t{1} << 32));
+  app.add_option("--dim", o.device.dim, "embedding width")->capture_default_str()->check(CLI::Range(1, 1024));
+  app.add_option("--dtype", o.dtype, "embedding type")->capture_default_str()->check(CLI::IsMember({"fp16", "int8"}));
+  app.add_option("--requests", o.device.request_kind, "request kind")->capture_default_str()->check(CLI::IsMember({"typical", "broad", "narrow"}));
+  app.add_option("--k", o.device.k, "results a search")->capture_default_str()->check(CLI::Range(1, 4096));
+  app.add_option("--batch", o.device.batch, "1: searches one by one; more: batches of that many (tunes batched scoring)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 64));
+  app.add_option("--budget", o.budget, "policies to evaluate")->capture_default_str()->check(CLI::Range(std::size_t{1}, std::size_t{100000}));
+  app.add_option("--seed", o.seed, "random seed")->capture_default_str();
+  app.add_option("--store", o.store, "SQLite store")->capture_default_str();
+  app.add_option("--out", o.out, "the tuning file to add this shape's entry to")->capture_default_str();
 }
 
 int fail(const std::string& message) {
@@ -88,22 +53,23 @@ int fail(const std::string& message) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  auto options = parse_arguments(argc, argv);
-  if (!options) {
-    if (options.error().message.empty()) {
-      std::fputs(usage, stdout);
-      return 0;
-    }
-    std::fprintf(stderr, "kevo-tune-pipeline: %s\n\n%s", options.error().message.c_str(), usage);
-    return 2;
+  Options o;
+  CLI::App app{"", "kevo-tune-pipeline"};
+  describe(app, o);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    if (e.get_exit_code() != 0) std::fprintf(stderr, "kevo-tune-pipeline: %s\n", e.what());
+    else app.exit(e);  // --help
+    return e.get_exit_code() == 0 ? 0 : 2;
   }
-  const Options& o = *options;
+  o.device.int8 = o.dtype == "int8";
   std::string error;
   if (!kevo_tune::device_present(error)) return fail(error);
-  if (o.store.has_parent_path()) {
+  if (const std::filesystem::path store = o.store; store.has_parent_path()) {
     std::error_code ec;
-    std::filesystem::create_directories(o.store.parent_path(), ec);
-    if (ec) return fail(fmt::format("--store {}: {}", o.store.string(), ec.message()));
+    std::filesystem::create_directories(store.parent_path(), ec);
+    if (ec) return fail(fmt::format("--store {}: {}", o.store, ec.message()));
   }
   auto store = kevo::store::SqliteStore::open(o.store);
   if (!store) return fail(store.error().message);
@@ -122,7 +88,7 @@ int main(int argc, char** argv) {
       .k = o.device.k};
   fmt::print("{} with CUDA {}; tuning {} ({} requests a seed{}), budget {}, store {}\n", identity.gpu, identity.cuda,
              kevo::retrieval::to_string(workload.shape), o.device.request_kind,
-             o.device.batch > 1 ? fmt::format(", batches of {}", o.device.batch) : std::string(), o.budget, o.store.string());
+             o.device.batch > 1 ? fmt::format(", batches of {}", o.device.batch) : std::string(), o.budget, o.store);
 
   auto on_progress = [&](const kevo::Progress& p) {
     const kevo::Evaluation& e = *p.evaluation;
@@ -142,6 +108,6 @@ int main(int argc, char** argv) {
              tuned->search.verified ? "" : "not ", entry.evaluations);
   fmt::print("policy: {}\n", kevo::retrieval::to_string(entry.policy));
   if (auto written = kevo::eval::record_tuning(o.out, identity, entry); !written) return fail(written.error().message);
-  fmt::print("wrote {} (the pipeline serves it through tuned_policies(\"{}\"))\n", o.out.string(), o.out.string());
+  fmt::print("wrote {} (the pipeline serves it through tuned_policies(\"{}\"))\n", o.out, o.out);
   return 0;
 }
