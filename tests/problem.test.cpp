@@ -5,6 +5,9 @@
 
 #include <catch2/catch.hpp>
 
+#include <unistd.h>
+
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -149,5 +152,24 @@ TEST_CASE("a name that is not a plain file name is refused, since it names kevo'
   CHECK(identity.size() == 16);
   std::ofstream(dir / "kernel.cpp.tmpl", std::ios::app) << "\n// changed\n";
   CHECK(kevo::load_problem(dir)->identity() != identity);
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("the best kernel as kevo-search writes it compiles on its own, outside the build cache") {
+  auto problem = kevo::load_problem(fixtures / "axpy");
+  REQUIRE(problem);
+  const std::string source = problem->render(problem->default_knobs());
+  const auto dir = std::filesystem::temp_directory_path() / ("kevo-test-standalone-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  auto compiles = [&](const std::string& text) {
+    std::ofstream(dir / "best.cpp") << text;
+    const std::string command = "g++ -std=c++20 -c -o " + (dir / "best.o").string() + " " + (dir / "best.cpp").string() + " 2>/dev/null";
+    return std::system(command.c_str()) == 0;
+  };
+  CHECK_FALSE(compiles(source));  // as the cache holds it: kevo_problem.hpp is not here
+  const std::string standalone = kevo::eval::standalone_source(*problem, source);
+  CHECK(standalone.find("#include \"kevo_problem.hpp\"") == std::string::npos);
+  CHECK(standalone.find("struct Shape") != std::string::npos);
+  CHECK(compiles(standalone));
   std::filesystem::remove_all(dir);
 }

@@ -281,7 +281,7 @@ int search_main(int argc, char** argv) {
       out << "// kevo-search: best kernel for " << problem->name << ", node " << result->best_key
           << " of run " << result->run_id << ", knobs: " << kevo::to_string(result->best_candidate->knobs)
           << "\n// " << fmt::format("{:.2f}x over the reference ({})", result->verified_speedup, result->verification_message)
-          << "\n" << result->best_candidate->source;
+          << "\n" << kevo::eval::standalone_source(*problem, result->best_candidate->source);
       if (!out) fmt::print(stderr, "kevo-search: {}: cannot be written\n", o.out.string());
     }
     if (!o.json.empty()) {

@@ -63,7 +63,7 @@ inline std::string knobs_to_json(const Knobs& knobs) {
 
 inline Knobs knobs_from_json(std::string_view text) {
   Knobs knobs;
-  simdjson::dom::parser parser;
+  thread_local simdjson::dom::parser parser;  // one per thread, not per row: a store reads thousands
   simdjson::dom::object object;
   if (parser.parse(text.data(), text.size()).get(object)) return knobs;
   for (auto [key, value] : object) {
