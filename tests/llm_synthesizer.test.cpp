@@ -184,11 +184,17 @@ TEST_CASE("the synthesizer turns answers into candidates and failures into reada
   ScriptedCompleter completer;
   completer.answers.push_back(answer("Unrolled.\n```cpp\n#include \"kevo_problem.hpp\"\nvoid kernel() {}\n```\n"));
   completer.answers.push_back(answer("Thinking about it, the best", "length"));
-  completer.answers.push_back(net::make_llm_error(net::LlmErrorKind::budget_exhausted, "token budget exhausted (10 of 10 tokens used)"));
+  completer.answers.push_back(answer("Let me think again about the best", "length"));  // asked once more, with the reason
   std::vector<std::string> logged;
+  std::vector<std::string> failures;
   synth::LlmSynthesizer synth(std::move(completer), {.max_tokens = 1000,
+                                                     .max_consecutive_failed_generations = 1,  // stop at the first failure
                                                      .on_exchange = [&](const synth::Prompt& prompt, std::string_view a) {
                                                        logged.push_back(prompt.user + "\n---\n" + std::string(a));
+                                                     },
+                                                     .on_failure = [&](synth::AnswerFault f, std::string_view reason) {
+                                                       CHECK(f == synth::AnswerFault::no_code);
+                                                       failures.emplace_back(reason);
                                                      }});
   auto first = synth.generate(r);
   REQUIRE(first);
@@ -197,17 +203,25 @@ TEST_CASE("the synthesizer turns answers into candidates and failures into reada
   CHECK(synth.completer().requests.at(0).max_tokens == 1000);
   CHECK(contains(synth.completer().requests.at(0).messages.at(0).content, "# Problem: cpu_scoring"));
 
-  auto second = synth.generate(r);
+  auto second = synth.generate(r);  // no code, twice: a failed generation, and the limit of one in a row
   REQUIRE_FALSE(second);
-  CHECK(contains(second.error().message, "no fenced code block"));
-  CHECK(contains(second.error().message, "stopped at max_tokens"));
-  CHECK_FALSE(synth.budget_exhausted());
+  CHECK(contains(second.error().message, "the model answers without code"));
+  REQUIRE(failures.size() == 1);
+  CHECK(contains(failures[0], "no fenced code block"));
+  CHECK(contains(failures[0], "stopped at max_tokens"));
+  CHECK(contains(synth.completer().requests.at(2).messages.at(2).content, "held no usable code"));
+  CHECK(synth.budget_exhausted());
+  CHECK(synth.failures().summary() == "1 generation failed: 1 no code");
+  CHECK(logged.size() == 3);
 
-  auto third = synth.generate(r);
+  ScriptedCompleter spent;
+  spent.answers.push_back(net::make_llm_error(net::LlmErrorKind::budget_exhausted, "token budget exhausted (10 of 10 tokens used)"));
+  synth::LlmSynthesizer out_of_tokens(std::move(spent));
+  auto third = out_of_tokens.generate(r);
   REQUIRE_FALSE(third);
   CHECK(contains(third.error().message, "budget_exhausted"));
-  CHECK(synth.budget_exhausted());
-  CHECK(logged.size() == 3);
+  CHECK(out_of_tokens.budget_exhausted());
+  CHECK(out_of_tokens.failures().total == 0);  // a spent budget is not the model's failure
 }
 
 TEST_CASE("with an LLM configured, the LLM writes the skill summary; without a usable answer the distilled one stays") {
@@ -248,7 +262,8 @@ TEST_CASE("code the search has already seen is sent back to the model once, in t
   r.parent = attempt(0, p.render(p.default_knobs()), ok(1.0, Bottleneck::compute), p.default_knobs());
   ScriptedCompleter completer;
   const std::string a = "A.\n```cpp\nvoid kernel() { /* a */ }\n```\n", b = "B.\n```cpp\nvoid kernel() { /* b */ }\n```\n";
-  for (const auto& text : {a, a, b, a, a}) completer.answers.push_back(answer(text));
+  const std::string c = "C.\n```cpp\nvoid kernel() { /* c */ }\n```\n";
+  for (const auto& text : {a, a, b, a, a, c}) completer.answers.push_back(answer(text));
   synth::LlmSynthesizer synth(std::move(completer));
   synth.remember(*r.parent.candidate);
 
@@ -262,10 +277,49 @@ TEST_CASE("code the search has already seen is sent back to the model once, in t
   REQUIRE(retry.messages.size() == 3);
   CHECK(retry.messages[1].role == "assistant");
   CHECK(contains(retry.messages[2].content, "already evaluated"));
-  auto third = synth.generate(r);  // a twice: one retry only, then the repeat goes to the loop
+  auto third = synth.generate(r);  // a twice: one re-ask only, then a failed generation, and a fresh conversation
   REQUIRE(third);
-  CHECK(contains(third->source, "/* a */"));
-  CHECK(synth.completer().requests.size() == 5);
+  CHECK(contains(third->source, "/* c */"));
+  CHECK(synth.completer().requests.size() == 6);
+  CHECK(synth.completer().requests.at(5).messages.size() == 1);
+  CHECK(synth.failures()[synth::AnswerFault::repeat] == 1);
+}
+
+TEST_CASE("an answer identical to the parent, or edits that do not apply, are sent back once with the reason") {
+  const Problem& p = scoring_problem();
+  GenerationRequest r;
+  r.problem = &p;
+  const std::string parent = p.render(p.default_knobs());
+  r.parent = attempt(0, parent, ok(1.0, Bottleneck::compute), p.default_knobs());
+  ScriptedCompleter completer;
+  completer.answers.push_back(answer("Here it is.\n```cpp\n" + parent + "\n```\n"));
+  completer.answers.push_back(answer("Changed.\n```cpp\nvoid kernel() { /* changed */ }\n```\n"));
+  completer.answers.push_back(answer("<<<<<<< SEARCH\nno such line\n=======\nint x;\n>>>>>>> REPLACE\n"));
+  completer.answers.push_back(answer("Whole file.\n```cpp\nvoid kernel() { /* whole */ }\n```\n"));
+  synth::LlmSynthesizer synth(std::move(completer));
+  auto first = synth.generate(r);
+  REQUIRE(first);
+  CHECK(contains(first->source, "/* changed */"));
+  CHECK(contains(synth.completer().requests.at(1).messages.at(2).content, "identical to the current implementation"));
+  auto second = synth.generate(r);
+  REQUIRE(second);
+  CHECK(contains(second->source, "/* whole */"));
+  CHECK(contains(synth.completer().requests.at(3).messages.at(2).content, "could not be applied"));
+  CHECK(contains(synth.completer().requests.at(3).messages.at(2).content, "no such line"));
+  CHECK(synth.failures().total == 0);
+}
+
+TEST_CASE("a failed generation is not shown to later prompts as code that was tried") {
+  const Problem& p = scoring_problem();
+  GenerationRequest r;
+  r.problem = &p;
+  r.memory_mode = MemoryMode::combined;
+  const std::string parent = p.render(p.default_knobs());
+  r.parent = attempt(0, parent, ok(1.0, Bottleneck::compute), p.default_knobs());
+  r.siblings.push_back(attempt(1, "", failed(FailureKind::generation_failed, "LLM answer unusable: the answer is empty", "")));
+  const synth::Prompt prompt = synth::build_prompt(r);
+  CHECK_FALSE(contains(prompt.user, "avoid these mistakes"));
+  CHECK_FALSE(contains(prompt.user, "changed lines"));
 }
 
 TEST_CASE("request bodies follow each wire format") {

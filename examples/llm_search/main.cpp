@@ -23,9 +23,11 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <charconv>
 #include <cstdlib>
 #include <filesystem>
+#include <functional>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -47,7 +49,11 @@ environment or the flags (flags win):
 Without a base URL and model, it falls back to the offline template synthesizer.
 
 options:
-  --budget N          candidates to evaluate (default 20)
+  --budget N          candidates to evaluate (default 20); generations that give nothing to evaluate
+                      (code identical to the parent, no code, edits that do not apply, failed
+                      requests) do not count: they have their own cap
+  --max-failed-generations N  stop once this many generations failed (default: twice --budget);
+                      the summary counts them by fault, and the stop names the commonest
   --jobs N            generations and evaluations in flight (default 2)
   --policy NAME       mcts (default), evolutionary, greedy, random
   --memory NAME       adaptive (default), combined, trajectory, siblings, fresh
@@ -61,7 +67,8 @@ options:
   --price IN OUT      US dollars per million input and output tokens, to report and cap cost
   --cost-budget USD   stop the search once this much is spent (needs --price)
   --ca-file PATH      extra trusted certificates (PEM) for a self-hosted HTTPS server
-  --timeout SECONDS   per LLM request, retries included (default 300)
+  --timeout SECONDS   per LLM request, retries included (default 120: a long chat completion
+                      takes a minute or two); Ctrl-C cancels requests in flight at once
   --knowledge DIR     knowledge folder (default: the shipped knowledge/)
   --knowledge-db PATH where knowledge and learned skills persist (default kevo-runs/knowledge.db)
   --store PATH        SQLite store of the search (default kevo-runs/PROBLEM.llm.db)
@@ -72,9 +79,9 @@ options:
 struct Options {
   fs::path problem_dir;
   std::string base_url, model, api_key_env, wire = "openai";
-  std::size_t budget = 20, jobs = 2, max_tokens = 8192;
+  std::size_t budget = 20, jobs = 2, max_tokens = 8192, max_failed_generations = 0;
   std::uint64_t token_budget = 0, seed = 1;
-  double timeout_seconds = 300;
+  double timeout_seconds = 120;
   std::string policy = "mcts", memory = "adaptive";
   fs::path knowledge_dir = KEVO_KNOWLEDGE_DIR, knowledge_db, store;
   std::string max_tokens_field = "max_tokens", ca_file;
@@ -131,6 +138,7 @@ kevo::expected<Options, kevo::Error> parse_arguments(int argc, char** argv) {
       else o.store = *v;
     } else if (arg == "--budget") ok = number(o.budget);
     else if (arg == "--jobs") ok = number(o.jobs) && o.jobs > 0;
+    else if (arg == "--max-failed-generations") ok = number(o.max_failed_generations) && o.max_failed_generations > 0;
     else if (arg == "--max-tokens") ok = number(o.max_tokens);
     else if (arg == "--token-budget") ok = number(o.token_budget);
     else if (arg == "--timeout") ok = number(o.timeout_seconds);
@@ -174,9 +182,11 @@ std::optional<int> make_parent(std::string_view flag, const fs::path& path) {
               2);
 }
 
-/// Runs one search with the given synthesizer and retriever, and prints how it went.
+/// Runs one search with the given synthesizer and retriever, and prints how it went. `redact`
+/// takes the API key out of every line printed.
 template <class Synth, class Retriever>
-int search(const Options& o, const kevo::Problem& problem, Synth synth, Retriever retriever) {
+int search(const Options& o, const kevo::Problem& problem, Synth synth, Retriever retriever,
+           std::function<std::string(std::string)> redact = [](std::string s) { return s; }) {
   auto policy = kevo::search::make_policy(o.policy);
   if (!policy) return fail(policy.error().message);
   auto memory = kevo::memory::make_memory(o.memory);
@@ -196,8 +206,8 @@ int search(const Options& o, const kevo::Problem& problem, Synth synth, Retrieve
     const kevo::Evaluation& e = *p.evaluation;
     const std::string outcome = e.ok() ? fmt::format("{:6.2f}x {}-bound", e.speedup, kevo::to_string(e.diagnostics.bottleneck))
                                        : fmt::format("{} ({:.70})", kevo::to_string(e.failure), e.diagnostics.message);
-    fmt::print("[{:3}/{}] best {:6.2f}x{} node {:3}: {}  <- {:.80}\n", p.evaluations - 1, o.budget, p.best_speedup,
-               p.new_best ? " (new)" : "      ", p.node_key, outcome, p.candidate->origin);
+    fmt::print("{}", redact(fmt::format("[{:3}/{}] best {:6.2f}x{} node {:3}: {}  <- {:.80}\n", p.evaluations - 1, o.budget,
+                                        p.best_speedup, p.new_best ? " (new)" : "      ", p.node_key, outcome, p.candidate->origin)));
     std::fflush(stdout);
   };
   const kevo::Candidate seed = kevo::synth::TemplateSynthesizer(problem).seed();
@@ -206,8 +216,20 @@ int search(const Options& o, const kevo::Problem& problem, Synth synth, Retrieve
       loop(problem, std::move(synth), *policy, *memory, evaluator, retriever, *store, args);
   auto result = loop.run(seed);
   if (!result) return fail(result.error().message);
-  fmt::print("stopped: {} after {} evaluations in {:.1f} s\n", kevo::to_string(result->stopped_because), result->evaluations,
-             result->elapsed_seconds);
+  // Why it stopped, in words, where the synthesizer knows more than the loop ("the model repeats the parent").
+  std::string why;
+  if constexpr (requires { loop.synthesizer().exhaustion(); }) {
+    if (result->stopped_because == kevo::StopReason::synthesizer_exhausted)
+      if (auto exhaustion = loop.synthesizer().exhaustion()) why = " (" + *exhaustion + ")";
+  }
+  if (why.empty() && result->stopped_because == kevo::StopReason::synthesizer_exhausted)
+    why = fmt::format(" ({} generations failed)", result->failures[kevo::FailureKind::generation_failed]);
+  // Evaluations, the seed included; a generation that gave nothing to evaluate is not one.
+  const std::size_t evaluated = result->evaluations - result->failures[kevo::FailureKind::generation_failed];
+  fmt::print("{}", redact(fmt::format("stopped: {}{} after {} evaluations in {:.1f} s\n", kevo::to_string(result->stopped_because), why,
+                                      evaluated, result->elapsed_seconds)));
+  if constexpr (requires { loop.synthesizer().failures(); })
+    fmt::print("{}\n", loop.synthesizer().failures().summary());
   if constexpr (requires { loop.synthesizer().completer().usage(); })
     fmt::print("LLM usage: {}\n", kevo::net::to_string(loop.synthesizer().completer().usage()));
   fmt::print("best: {:.2f}x over reference, node {} ({})\n", result->verified ? result->verified_speedup : result->best_speedup,
@@ -274,14 +296,24 @@ int llm_search_main(int argc, char** argv) {
   client_options.ca_file = o.ca_file;
   client_options.pricing = {.input_per_million = o.price_input, .output_per_million = o.price_output};
   client_options.budget.max_cost_usd = o.cost_budget;
-  client_options.log = [](std::string_view line) { fmt::print(stderr, "llm: {}\n", line); };
+  client_options.log = [](std::string_view line) { fmt::print(stderr, "llm: {}\n", line); };  // the client redacts these
   auto llm = kevo::net::BlockingLlmClient::create(client_options);
   if (!llm) return fail(llm.error().message);
   fmt::print("LLM: {} at {} ({} wire format)\n", o.model, o.base_url, kevo::net::to_string(*wire));
 
+  // Ctrl-C: the loop stops launching work, and this cancels the requests in flight, so the summary
+  // comes within a second rather than after a hung request's timeout.
+  kevo::net::CancelOnInterrupt cancel_on_interrupt([client = *llm]() mutable { client.cancel(); });
+
   std::mutex log_mutex;  // generations run concurrently
   kevo::synth::LlmSynthesizerOptions synth_options{.max_tokens = o.max_tokens};
+  synth_options.max_failed_generations = o.max_failed_generations ? o.max_failed_generations : 2 * std::max<std::size_t>(o.budget, 1);
   if (!o.send_temperature) synth_options.temperature.reset();
+  synth_options.on_failure = [&](kevo::synth::AnswerFault, std::string_view reason) {
+    std::lock_guard lock(log_mutex);
+    fmt::print("generation failed (not counted against the budget): {}\n", kevo::synth::detail::one_line(reason, 160));
+    std::fflush(stdout);
+  };
   if (o.log_prompts)
     synth_options.on_exchange = [&](const kevo::synth::Prompt& prompt, std::string_view answer) {
       std::lock_guard lock(log_mutex);
@@ -289,7 +321,8 @@ int llm_search_main(int argc, char** argv) {
                  answer.empty() ? "(no answer)" : answer);
     };
   kevo::knowledge::LlmSkillWriter skills(*knowledge, *llm);
-  const int status = search(o, *problem, kevo::synth::LlmSynthesizer(*llm, synth_options), skills);
+  const int status = search(o, *problem, kevo::synth::LlmSynthesizer(*llm, synth_options), skills,
+                            [client = *llm](std::string text) { return client.redact(std::move(text)); });
   fmt::print("knowledge: {} learned skills now in {}\n", knowledge->size("skill"), knowledge_db.string());
   return status;
 }

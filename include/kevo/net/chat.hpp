@@ -76,6 +76,7 @@ enum class LlmErrorKind : std::uint8_t {
   malformed_response,  ///< the body is not the JSON the wire format promises
   empty_response,      ///< a valid body with no answer in it (no choices, no text)
   response_too_large,  ///< the body passed the configured size limit
+  cancelled,           ///< the client was cancelled (Ctrl-C): the search is stopping
 };
 
 inline constexpr std::string_view to_string(LlmErrorKind k) {
@@ -89,6 +90,7 @@ inline constexpr std::string_view to_string(LlmErrorKind k) {
     case LlmErrorKind::malformed_response: return "malformed_response";
     case LlmErrorKind::empty_response: return "empty_response";
     case LlmErrorKind::response_too_large: return "response_too_large";
+    case LlmErrorKind::cancelled: return "cancelled";
   }
   return "?";
 }

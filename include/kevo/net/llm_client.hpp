@@ -1,9 +1,11 @@
 // kevo/net/llm_client.hpp: an asynchronous LLM client over Boost.Beast (HTTPS through OpenSSL,
 // certificates and host names verified) for OpenAI-compatible Chat Completions and Anthropic
 // Messages. Every operation and every request has a deadline; 429/5xx/529 and connection resets
-// are retried with bounded, jittered exponential backoff that honours Retry-After; a cap bounds the
-// requests in flight; tokens and cost are metered against a budget. The API key comes from an
-// environment variable that the caller names; it is sent only as a header and never logged.
+// are retried with bounded, jittered exponential backoff that honours Retry-After, for the whole
+// endpoint (RateGate); a cap bounds the requests in flight; tokens and cost are metered against a
+// budget; cancel() ends the requests in flight at once (Ctrl-C, through CancelOnInterrupt). The API
+// key comes from an environment variable that the caller names; it is sent only as a header, and
+// redacted from logs, errors, request bodies and answers.
 //
 //   boost::asio::io_context io;
 //   auto client = kevo::net::LlmClient::create(io.get_executor(), {.base_url = "http://127.0.0.1:8000/v1", .model = "m"});
@@ -23,9 +25,13 @@
 
 #include <boost/asio/as_tuple.hpp>
 #include <boost/asio/awaitable.hpp>
+#include <boost/asio/bind_cancellation_slot.hpp>
+#include <boost/asio/cancellation_signal.hpp>
 #include <boost/asio/co_spawn.hpp>
+#include <boost/asio/dispatch.hpp>
 #include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/io_context.hpp>
+#include <boost/asio/signal_set.hpp>
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/ssl.hpp>
 #include <boost/asio/steady_timer.hpp>
@@ -38,7 +44,9 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <atomic>
 #include <charconv>
+#include <csignal>
 #include <chrono>
 #include <cstdlib>
 #include <ctime>
@@ -47,11 +55,14 @@
 #include <functional>
 #include <iomanip>
 #include <locale>
+#include <map>
+#include <mutex>
 #include <sstream>
 #include <future>
 #include <memory>
 #include <optional>
 #include <random>
+#include <set>
 #include <string>
 #include <thread>
 
@@ -67,8 +78,39 @@ using std::chrono::milliseconds;
 struct Timeouts {
   milliseconds connect{10'000};
   milliseconds write{30'000};
-  milliseconds read{300'000};      ///< generous: a long answer is generated before the first byte
-  milliseconds request{600'000};
+  milliseconds read{120'000};      ///< a whole chat completion is generated before the first byte: a long answer takes a minute or two
+  milliseconds request{180'000};   ///< the read and room for one retry
+};
+
+/// When an endpoint may next be asked. One per endpoint in the process: a 429 with Retry-After
+/// holds back every request to that endpoint, from any generation and any client, not only the
+/// retry of the request that got it.
+class RateGate {
+ public:
+  using Clock = std::chrono::steady_clock;
+
+  static std::shared_ptr<RateGate> for_endpoint(const std::string& key) {
+    static std::mutex mutex;
+    static std::map<std::string, std::weak_ptr<RateGate>> gates;  // weak: a gate lives as long as a client uses it
+    std::lock_guard lock(mutex);
+    auto& slot = gates[key];
+    if (auto gate = slot.lock()) return gate;
+    auto gate = std::make_shared<RateGate>();
+    slot = gate;
+    return gate;
+  }
+  void hold_until(Clock::time_point t) {
+    std::lock_guard lock(mutex_);
+    not_before_ = std::max(not_before_, t);
+  }
+  Clock::time_point open_at() const {
+    std::lock_guard lock(mutex_);
+    return not_before_;
+  }
+
+ private:
+  mutable std::mutex mutex_;
+  Clock::time_point not_before_{};
 };
 
 /// Which failures are retried and how long to wait between attempts.
@@ -136,23 +178,58 @@ class LlmClient {
   /// Sends `request`; calls `handler(Result)` once, on the client's strand.
   template <class Handler>
   void async_complete(ChatRequest request, Handler handler) {
-    asio::co_spawn(state_->strand, run(state_, std::move(request)),
-                   [handler = std::move(handler)](std::exception_ptr failure, Result result) mutable {
-                     if (failure) {
-                       std::string what = "unknown exception";
-                       try {
-                         std::rethrow_exception(failure);
-                       } catch (const std::exception& e) {
-                         what = e.what();
-                       } catch (...) {
+    auto state = state_;
+    auto cancel = std::make_shared<asio::cancellation_signal>();
+    asio::dispatch(state->strand, [state, cancel, request = std::move(request), handler = std::move(handler)]() mutable {
+      state->cancel_signals.insert(cancel);
+      asio::co_spawn(state->strand, run(state, std::move(request)),
+                     asio::bind_cancellation_slot(cancel->slot(), [state, cancel, handler = std::move(handler)](
+                                                                       std::exception_ptr failure, Result result) mutable {
+                       state->cancel_signals.erase(cancel);
+                       if (state->cancelled) {
+                         state->meter.record_failure();
+                         handler(Result(make_llm_error(LlmErrorKind::cancelled, "the LLM request was cancelled")));
+                         return;
                        }
-                       handler(Result(make_llm_error(LlmErrorKind::transport, "LLM request failed: " + what)));
-                       return;
-                     }
-                     handler(std::move(result));
-                   });
+                       finish(std::move(handler), std::move(failure), std::move(result));
+                     }));
+    });
   }
 
+  /// Cancels every request in flight within moments, and refuses later ones (Ctrl-C: the search is
+  /// stopping and should not wait out a hung request). Thread-safe; the client stays cancelled.
+  void cancel() {
+    state_->cancelled = true;
+    auto state = state_;
+    asio::dispatch(state->strand, [state] {
+      for (const auto& signal : state->cancel_signals) signal->emit(asio::cancellation_type::terminal);
+      for (const auto& waiter : state->waiters) waiter->timer.cancel();
+    });
+  }
+  bool cancelled() const { return state_->cancelled; }
+
+  /// `text` without the API key: for any text that may have passed through a model or a candidate
+  /// (an answer that quotes the key, a log line) before it is stored, printed or sent.
+  std::string redact(std::string text) const { return state_->redact(std::move(text)); }
+
+ private:
+  template <class Handler>
+  static void finish(Handler handler, std::exception_ptr failure, Result result) {
+    if (failure) {
+      std::string what = "unknown exception";
+      try {
+        std::rethrow_exception(failure);
+      } catch (const std::exception& e) {
+        what = e.what();
+      } catch (...) {
+      }
+      handler(Result(make_llm_error(LlmErrorKind::transport, "LLM request failed: " + what)));
+      return;
+    }
+    handler(std::move(result));
+  }
+
+ public:
   /// The same, for callers that are coroutines themselves.
   asio::awaitable<Result> complete(ChatRequest request) {
     co_return co_await asio::co_spawn(state_->strand, run(state_, std::move(request)), asio::use_awaitable);
@@ -209,6 +286,9 @@ class LlmClient {
     std::mt19937_64 rng;
     std::size_t in_flight = 0;
     std::deque<std::shared_ptr<Waiter>> waiters;
+    std::shared_ptr<RateGate> gate = RateGate::for_endpoint(fmt::format("{}://{}:{}", endpoint.tls ? "https" : "http", endpoint.host, endpoint.port));
+    std::set<std::shared_ptr<asio::cancellation_signal>> cancel_signals;  // one per request in flight
+    std::atomic<bool> cancelled{false};
 
     /// Removes the key from text that came back from the server (some echo it in error bodies).
     std::string redact(std::string text) const {
@@ -289,21 +369,38 @@ class LlmClient {
     const auto& o = s.options;
     const auto started = Clock::now();
     const auto deadline = started + o.timeouts.request;
+    if (s.cancelled) co_return Result(make_llm_error(LlmErrorKind::cancelled, "the LLM request was cancelled"));
     if (auto why = s.meter.exhaustion()) co_return fail(s, LlmErrorKind::budget_exhausted, *why, 0, 0);
 
-    if (!co_await acquire_slot(state, deadline))
+    if (!co_await acquire_slot(state, deadline)) {
+      if (s.cancelled) co_return Result(make_llm_error(LlmErrorKind::cancelled, "the LLM request was cancelled"));
       co_return fail(s, LlmErrorKind::timeout,
                      fmt::format("no request slot became free within the request timeout ({} in flight at most)", o.max_in_flight), 0, 0);
+    }
     struct SlotGuard {
       State* s;
       ~SlotGuard() { release_slot(*s); }
     } guard{&s};
 
-    const std::string body = encode_request(o.wire_format, o.model, request, o.max_tokens_field);
+    // The key never travels in a body: a prompt may quote it (a candidate that read it, an answer that echoed it).
+    const std::string body = s.redact(encode_request(o.wire_format, o.model, request, o.max_tokens_field));
     const std::string path = s.endpoint.request_path(o.wire_format);
     std::string last_problem;
     for (int attempt = 1;; ++attempt) {
+      // The endpoint's gate: a Retry-After that another request got holds this one back too.
+      if (const auto open_at = s.gate->open_at(); open_at > Clock::now()) {
+        const auto wait = std::chrono::duration_cast<milliseconds>(open_at - Clock::now());
+        if (open_at >= deadline)
+          co_return fail(s, LlmErrorKind::retries_exhausted,
+                         fmt::format("the endpoint asked to wait {} ms (Retry-After), past the request timeout{}{}", wait.count(),
+                                     last_problem.empty() ? "" : "; last: ", last_problem),
+                         0, attempt - 1);
+        asio::steady_timer hold(s.strand, open_at);
+        co_await hold.async_wait(with_error);
+        if (s.cancelled) co_return Result(make_llm_error(LlmErrorKind::cancelled, "the LLM request was cancelled"));
+      }
       Exchange x = co_await exchange(state, body, path, deadline);
+      if (s.cancelled) co_return Result(make_llm_error(LlmErrorKind::cancelled, "the LLM request was cancelled"));
       std::optional<milliseconds> delay;
       if (x.error) {
         const std::string what = fmt::format("{} to {}:{} failed: {}", x.stage, s.endpoint.host, s.endpoint.port, x.error.message());
@@ -321,11 +418,14 @@ class LlmClient {
         if (!decoded) co_return fail(s, decoded.error().kind, decoded.error().message, static_cast<int>(x.status), attempt);
         decoded->http_status = static_cast<int>(x.status);
         decoded->attempts = attempt;
+        decoded->text = s.redact(std::move(decoded->text));  // an answer that quotes the key must not carry it into the search
         s.meter.record(decoded->usage);
         co_return std::move(decoded);
       } else if (retryable_status(x.status)) {
         last_problem = fmt::format("HTTP {}: {}", x.status, s.decoder.error_message(x.body));
         if (x.retry_after) delay = std::min(*x.retry_after, o.retry.max_retry_after);
+        // Rate limited: the whole endpoint waits, so the next generation does not hit it again at once.
+        if (x.status == 429 || (x.retry_after && x.status == 503)) s.gate->hold_until(Clock::now() + delay.value_or(backoff(s, attempt)));
       } else {
         co_return fail(s, LlmErrorKind::http_status, fmt::format("HTTP {}: {}", x.status, s.decoder.error_message(x.body)),
                        static_cast<int>(x.status), attempt);
@@ -344,6 +444,7 @@ class LlmClient {
       s.meter.record_retry();
       asio::steady_timer pause(s.strand, *delay);
       co_await pause.async_wait(with_error);
+      if (s.cancelled) co_return Result(make_llm_error(LlmErrorKind::cancelled, "the LLM request was cancelled"));
     }
   }
 
@@ -506,6 +607,12 @@ class BlockingLlmClient {
     return result.get();
   }
 
+  /// Cancels the requests in flight (their complete() returns LlmErrorKind::cancelled within
+  /// moments) and every later one. Thread-safe, and safe from any thread but a signal handler.
+  void cancel() { client_->cancel(); }
+  bool cancelled() const { return client_->cancelled(); }
+  std::string redact(std::string text) const { return client_->redact(std::move(text)); }
+
   UsageReport usage() const { return client_->usage(); }
   std::optional<std::string> budget_exhaustion() const { return client_->budget_exhaustion(); }
   bool budget_exhausted() const { return client_->budget_exhausted(); }
@@ -530,5 +637,34 @@ class BlockingLlmClient {
 };
 
 static_assert(ChatCompleter<BlockingLlmClient>);
+
+/// Calls `cancel` on the first SIGINT or SIGTERM, from a thread of its own, so that Ctrl-C does not
+/// wait out a hung request (give it BlockingLlmClient::cancel). It listens beside the search loop's
+/// own handler (Asio hands a signal to every set that waits for it), and lets go of the signals
+/// after the first, so that a second one ends the process.
+class CancelOnInterrupt {
+ public:
+  explicit CancelOnInterrupt(std::function<void()> cancel) : cancel_(std::move(cancel)) {
+    signals_.async_wait([this](const beast::error_code& ec, int) {
+      if (ec) return;
+      cancel_();
+      beast::error_code ignored;
+      signals_.clear(ignored);
+    });
+    thread_ = std::thread([this] { io_.run(); });
+  }
+  ~CancelOnInterrupt() {
+    io_.stop();
+    thread_.join();
+  }
+  CancelOnInterrupt(const CancelOnInterrupt&) = delete;
+  CancelOnInterrupt& operator=(const CancelOnInterrupt&) = delete;
+
+ private:
+  asio::io_context io_;
+  asio::signal_set signals_{io_, SIGINT, SIGTERM};
+  std::function<void()> cancel_;
+  std::thread thread_;
+};
 
 }  // namespace kevo::net

@@ -396,7 +396,9 @@ inline Prompt build_prompt(const GenerationRequest& r, const PromptOptions& opti
     std::string faster, slower, failed;
     std::size_t n_faster = 0, n_slower = 0, n_failed = 0;
     for (const Attempt& s : r.siblings) {
-      if (!s.candidate) continue;
+      // A generation that failed left no code: a diff against it would quote the parent's lines as
+      // removed, as if that had been tried.
+      if (!s.candidate || s.evaluation.failure == FailureKind::generation_failed || s.candidate->source.empty()) continue;
       const std::string change = describe_change(r.parent.candidate.get(), *s.candidate, options.max_changed_lines);
       const std::string line = fmt::format("- node {}: {}{}\n", s.node, describe_result(s.evaluation), change.empty() ? "" : "; " + change);
       if (!s.evaluation.ok()) {
@@ -555,6 +557,41 @@ inline std::optional<std::pair<std::size_t, std::size_t>> locate(std::string_vie
 }
 
 }  // namespace detail
+
+/// Why an answer gave nothing to evaluate; the synthesizer re-asks for some and counts them all.
+enum class AnswerFault : std::uint8_t {
+  identical_to_parent,  ///< the code, or the parent after the edits, is the parent
+  repeat,               ///< code the search has already evaluated
+  no_code,              ///< empty, a refusal, or prose without a code block
+  edits_do_not_apply,   ///< a SEARCH text is not in the parent
+  malformed,            ///< broken edit markers, an unclosed block, over a size limit
+  request_failed,       ///< no answer at all: the request failed
+};
+inline constexpr std::size_t answer_fault_count = 6;
+
+/// How the summary line names each fault ("9 identical to the parent, 5 no code").
+inline constexpr std::string_view to_string(AnswerFault f) {
+  switch (f) {
+    case AnswerFault::identical_to_parent: return "identical to the parent";
+    case AnswerFault::repeat: return "repeats of code already tried";
+    case AnswerFault::no_code: return "no code";
+    case AnswerFault::edits_do_not_apply: return "edits that did not apply";
+    case AnswerFault::malformed: return "malformed";
+    case AnswerFault::request_failed: return "requests failed";
+  }
+  return "?";
+}
+
+/// The fault behind an extract_code() error, read from the messages extract_code writes (below).
+inline AnswerFault answer_fault(std::string_view message) {
+  auto has = [&](std::string_view part) { return message.find(part) != std::string_view::npos; };
+  if (has("identical to the current implementation") || has("leave the current implementation unchanged"))
+    return AnswerFault::identical_to_parent;
+  if (has("does not apply") || has("no parent source")) return AnswerFault::edits_do_not_apply;
+  if (has("no fenced code block") || has("the answer is empty") || has("code block is empty") || has("the model declined"))
+    return AnswerFault::no_code;
+  return AnswerFault::malformed;
+}
 
 /// The candidate source in an answer: SEARCH/REPLACE edits applied to `parent_source`, or the
 /// largest fenced code block as a whole-file rewrite. Every malformed answer is an error whose
