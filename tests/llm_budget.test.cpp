@@ -12,6 +12,7 @@
 
 #include <catch2/catch.hpp>
 #include <support/fake_llm_server.hpp>
+#include <support/variant_evaluator.hpp>
 
 #include <atomic>
 #include <chrono>
@@ -53,24 +54,7 @@ double seconds_since(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
 }
 
-/// Judges candidates without compiling them: "Variant N" runs at 1 + N/4 times the reference.
-struct VariantEvaluator {
-  Evaluation evaluate(const Candidate& c, std::uint64_t) {
-    Evaluation e;
-    e.speedup = speedup_of(c);
-    e.seconds = 1 / e.speedup;
-    e.reference_seconds = 1;
-    e.diagnostics.bottleneck = Bottleneck::memory;
-    return e;
-  }
-  expected<Comparison, Error> compare(const Candidate& a, const Candidate& b, std::uint64_t) {
-    return Comparison{1 / speedup_of(a), 1 / speedup_of(b)};
-  }
-  static double speedup_of(const Candidate& c) {
-    const std::size_t at = c.source.find("Variant ");
-    return at == std::string::npos ? 1.0 : 1.0 + std::atoi(c.source.c_str() + at + 8) / 4.0;
-  }
-};
+using kevo::test::VariantEvaluator;
 
 /// A model that changes the parent: its code plus a numbered comment (with `extra` in it).
 Reply variant(const Received& r, int n, std::string_view extra = "") {

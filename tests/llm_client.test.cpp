@@ -18,6 +18,7 @@
 #include <boost/beast/http.hpp>
 #include <catch2/catch.hpp>
 #include <support/fake_llm_server.hpp>
+#include <support/variant_evaluator.hpp>
 #include <openssl/evp.h>
 #include <openssl/pem.h>
 #include <openssl/x509v3.h>
@@ -601,31 +602,7 @@ TEST_CASE("the LLM synthesizer over HTTP: candidates from recorded answers, fail
 
 namespace {
 
-/// Judges LLM candidates without compiling them: "Variant N" runs at 1 + N/4 times the
-/// reference; code mentioning scratch_total "does not compile".
-struct VariantEvaluator {
-  Evaluation evaluate(const Candidate& c, std::uint64_t) {
-    Evaluation e;
-    if (contains(c.source, "scratch_total")) {
-      e.failure = FailureKind::compile_error;
-      e.diagnostics.message = "does not compile";
-      e.diagnostics.detail = "candidate.cpp:9:3: error: 'scratch_total' was not declared in this scope\n";
-      return e;
-    }
-    e.speedup = speedup_of(c);
-    e.seconds = 1 / e.speedup;
-    e.reference_seconds = 1;
-    e.diagnostics.bottleneck = Bottleneck::memory;
-    return e;
-  }
-  expected<Comparison, Error> compare(const Candidate& a, const Candidate& b, std::uint64_t) {
-    return Comparison{1 / speedup_of(a), 1 / speedup_of(b)};
-  }
-  static double speedup_of(const Candidate& c) {
-    const std::size_t at = c.source.find("Variant ");
-    return at == std::string::npos ? 1.0 : 1.0 + std::atoi(c.source.c_str() + at + 8) / 4.0;
-  }
-};
+using kevo::test::VariantEvaluator;
 
 }  // namespace
 
