@@ -6,7 +6,10 @@
 //   3. the same batch on memory from the driver's VMM API (cuMemCreate, as the checker's arena),
 //      at the minimum and at the recommended granularity;
 //   4. the batch in a second process that maps that memory from a file descriptor (the runner),
-//      timed by this process's wall clock over the socket (the checker) and by the child's events.
+//      timed by this process's wall clock over the socket (the checker) and by the child's events;
+//   5. the same after this process has rewritten the slots and run kernels of its own (as the
+//      checker does between batches), with and without the child touching every page of its
+//      slots first (is the gap the child's cold address translation after a context switch?).
 // Build and run on the device: nvcc -O3 -arch=native -o /tmp/clock_check benchmarks/search/clock_check.cu -lcuda && /tmp/clock_check
 #include <cuda.h>
 #include <cuda_runtime.h>
@@ -65,6 +68,14 @@ __global__ void __launch_bounds__(threads) softmax(const float* x, float* y, lon
   for (long c = threadIdx.x; c < C; c += threads) sum += expf(in[c] - max);
   sum = block_reduce(sum, [](float a, float b) { return a + b; }, scratch);
   for (long c = threadIdx.x; c < C; c += threads) out[c] = expf(in[c] - max) / sum;
+}
+
+// One load per 64 KB: the pages' address translations, without the data.
+__global__ void touch_pages(const unsigned char* p, std::size_t bytes, unsigned* sink) {
+  unsigned acc = 0;
+  for (std::size_t i = (blockIdx.x * std::size_t(blockDim.x) + threadIdx.x) << 16; i < bytes; i += (std::size_t(gridDim.x) * blockDim.x) << 16)
+    acc += p[i];
+  if (acc == 0xdeadbeef) *sink = acc;
 }
 
 __global__ void fill(float* p, long n, unsigned seed) {
@@ -187,6 +198,8 @@ int receive_fd(int sock, std::uint64_t& bytes) {
   unsigned char* base = vmm_map(handle, bytes);
   unsigned char* own = nullptr;  // the same layout in memory of the child's own
   CHECK(cudaMalloc(&own, bytes));
+  unsigned* sink = nullptr;
+  CHECK(cudaMalloc(&sink, sizeof(unsigned)));
   fill_slots(own, batch);
   cudaEvent_t start, stop;
   CHECK(cudaEventCreate(&start));
@@ -194,6 +207,13 @@ int receive_fd(int sock, std::uint64_t& bytes) {
   for (;;) {
     int command = 0;
     if (::recv(sock, &command, sizeof command, 0) != sizeof command || command == 0) std::_Exit(0);
+    if (command == 200) {  // touch every page of the shared slots, untimed
+      touch_pages<<<1024, 256>>>(base, bytes, sink);
+      CHECK(cudaDeviceSynchronize());
+      double none = 0;
+      ::send(sock, &none, sizeof none, 0);
+      continue;
+    }
     unsigned char* where = command > 0 ? base : own;
     const int count = std::abs(command) == 100 ? 0 : std::abs(command);
     CHECK(cudaEventRecord(start));
@@ -284,6 +304,39 @@ int main() {
   wall = remote(-batch, child_events);
   say("4c. child process on its own cudaMalloc memory, batch of 8: parent's wall / 8", wall / batch);
   say("4c. the same batch, the child's own events / 8", child_events / batch);
+  // 5. As the checker: between batches this process rewrites the slots through its own mapping and
+  // runs kernels of its own, then flushes; the child's batch follows.
+  auto remote_after_checker_work = [&](bool warm, double& child) {
+    std::vector<double> walls, events;
+    for (int r = 0; r < repetitions; ++r) {
+      for (int k = 0; k < batch; ++k) {
+        CHECK(cudaMemcpy(x_of(arena, k), x_of(arena, (k + 1) % batch), tensor_bytes, cudaMemcpyDeviceToDevice));
+        CHECK(cudaMemset(y_of(arena, k), 0xff, tensor_bytes));
+      }
+      fill_slots(arena, batch);
+      flush();
+      CHECK(cudaDeviceSynchronize());
+      double seconds = 0;
+      if (warm) {
+        const int touch = 200;
+        ::send(sock, &touch, sizeof touch, 0);
+        if (::recv(sock, &seconds, sizeof seconds, MSG_WAITALL) != sizeof seconds) std::exit(4);
+      }
+      const double t0 = now();
+      ::send(sock, &batch, sizeof batch, 0);
+      if (::recv(sock, &seconds, sizeof seconds, MSG_WAITALL) != sizeof seconds) std::exit(4);
+      walls.push_back(now() - t0);
+      events.push_back(seconds);
+    }
+    child = median(events);
+    return median(walls);
+  };
+  wall = remote_after_checker_work(false, child_events);
+  say("5a. after this process's own copies and kernels: the child's events / 8", child_events / batch);
+  say("5a. the same: the wall clock less the round trip, / 8", (wall - empty) / batch);
+  wall = remote_after_checker_work(true, child_events);
+  say("5b. the same, the child touching its slots' pages first (untimed): its events / 8", child_events / batch);
+  say("5b. the same: the wall clock / 8 (no switch of context left in it)", wall / batch);
   int quit = 0;
   ::send(sock, &quit, sizeof quit, 0);
   ::waitpid(pid, nullptr, 0);
