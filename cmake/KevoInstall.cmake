@@ -1,7 +1,7 @@
 include(CMakePackageConfigHelpers)
 set(KEVO_CMAKE_DIR ${CMAKE_INSTALL_DATADIR}/cmake/kevo)
 
-install(TARGETS kevo kevo_cuda EXPORT kevoTargets)
+install(TARGETS kevo_core kevo kevo_cuda EXPORT kevoTargets)
 install(DIRECTORY include/kevo DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
 install(DIRECTORY knowledge DESTINATION ${CMAKE_INSTALL_DATADIR}/kevo OPTIONAL)
 install(DIRECTORY problems DESTINATION ${CMAKE_INSTALL_DATADIR}/kevo)

@@ -4,6 +4,7 @@
 // candidate proves the jail held by exiting with a code that names the errno (101 EPERM, 102
 // ENOENT, 113 EACCES, 128 ENOSPC, 230 EROFS: see prove()), and where the call succeeds it answers
 // correctly through reference(): a jail that lets the attack through turns the test red.
+#include <kevo/problem_loader.hpp>
 #include <kevo/eval/cpu_evaluator.hpp>
 
 #include <catch2/catch.hpp>

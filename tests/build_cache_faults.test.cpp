@@ -1,6 +1,7 @@
 // The build cache and its compiles, as a new user found them going wrong (issue 22): a `kill -9`
 // of kevo left compilers running (cc1plus outlived g++), and the half-built `*.tmp-PID-TID`
 // directories of killed runs stayed in the cache for good. Real compilers, real signals.
+#include <kevo/problem_loader.hpp>
 #include <kevo/eval/cpu_evaluator.hpp>
 #include <kevo/eval/sandbox.hpp>
 

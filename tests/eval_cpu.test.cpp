@@ -1,6 +1,7 @@
 // CpuEvaluator on the shipped problems: defaults are correct, the reference-equivalent runs at
 // speedup ~1, builds are cached, compare() re-times fairly, the roofline is cached and the
 // bottleneck classification is sensible.
+#include <kevo/problem_loader.hpp>
 #include <kevo/eval/cpu_evaluator.hpp>
 
 #include <catch2/catch.hpp>

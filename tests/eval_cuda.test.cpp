@@ -2,6 +2,7 @@
 // reference compile with nvcc inside the jail, a candidate compiles with ptxas's notes in its
 // diagnostics, compile errors and screen refusals are named, and without a GPU prepare() says so
 // instead of failing later. The device half is tests/device/eval_cuda_device.cpp.
+#include <kevo/problem_loader.hpp>
 #include <kevo/eval/cuda_evaluator.hpp>
 
 #include <catch2/catch.hpp>

@@ -3,10 +3,11 @@
 // only fails stops the search with a named reason; a Retry-After holds back the whole endpoint; the
 // API key never reaches the store or a prompt; Ctrl-C cancels a hung request within a second.
 #pragma GCC diagnostic ignored "-Wmissing-field-initializers"  // designated initializers name only what matters
+#include <kevo/problem_loader.hpp>
 #include <kevo/memory/operators.hpp>
 #include <kevo/net/llm_client.hpp>
 #include <kevo/search/greedy.hpp>
-#include <kevo/search_loop.hpp>
+#include <kevo/default_search_loop.hpp>
 #include <kevo/store/sqlite_store.hpp>
 #include <kevo/synth/llm_synthesizer.hpp>
 

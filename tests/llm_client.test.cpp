@@ -2,12 +2,13 @@
 // ephemeral port, in a thread of this process, replays recorded exchanges (tests/data/llm/) and
 // injects faults. Each fault must end in its documented, bounded outcome.
 #pragma GCC diagnostic ignored "-Wmissing-field-initializers"  // designated initializers name only what matters
+#include <kevo/problem_loader.hpp>
 #include <kevo/knowledge/knowledge_base.hpp>
 #include <kevo/knowledge/llm_skill_writer.hpp>
 #include <kevo/memory/operators.hpp>
 #include <kevo/net/llm_client.hpp>
 #include <kevo/search/greedy.hpp>
-#include <kevo/search_loop.hpp>
+#include <kevo/default_search_loop.hpp>
 #include <kevo/store/sqlite_store.hpp>
 #include <kevo/synth/llm_synthesizer.hpp>
 

@@ -1,6 +1,7 @@
 // The LLM synthesizer without a network: the adaptive prompt and the extraction of candidates from
 // answers, well-formed and malformed. The HTTP path is covered by llm_client.test.cpp.
 #pragma GCC diagnostic ignored "-Wmissing-field-initializers"  // designated initializers name only what matters
+#include <kevo/problem_loader.hpp>
 #include <kevo/knowledge/knowledge_base.hpp>
 #include <kevo/knowledge/llm_skill_writer.hpp>
 #include <kevo/synth/llm_synthesizer.hpp>

@@ -6,7 +6,7 @@
 
 #include <kevo/eval/pipeline_evaluator.hpp>
 #include <kevo/eval/pipeline_tuning.hpp>
-#include <kevo/search_loop.hpp>
+#include <kevo/default_search_loop.hpp>
 #include <kevo/store/sqlite_store.hpp>
 
 #include <unistd.h>

@@ -1,7 +1,7 @@
 // Problem directories: the shipped problems load; malformed ones fail with errors that name the
 // file and the field at fault.
 #include <kevo/eval/cpu_evaluator.hpp>
-#include <kevo/problem.hpp>
+#include <kevo/problem_loader.hpp>
 
 #include <catch2/catch.hpp>
 

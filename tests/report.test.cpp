@@ -1,6 +1,6 @@
 // The HTML report, drawn from a real store after a real (synthetic-landscape) search.
 #include <kevo/report/html_report.hpp>
-#include <kevo/search_loop.hpp>
+#include <kevo/default_search_loop.hpp>
 #include <kevo/store/sqlite_store.hpp>
 
 #include "support/synthetic_evaluator.hpp"

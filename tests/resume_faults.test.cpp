@@ -3,7 +3,7 @@
 // the real SQLite store, with the synthetic landscape standing in for the compiler.
 #include <kevo/search/greedy.hpp>
 #include <kevo/search/mcts.hpp>
-#include <kevo/search_loop.hpp>
+#include <kevo/default_search_loop.hpp>
 #include <kevo/store/sqlite_store.hpp>
 
 #include "support/synthetic_evaluator.hpp"

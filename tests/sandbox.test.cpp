@@ -1,5 +1,6 @@
 // The sandbox: every way a candidate can misbehave costs one evaluation, with the right
 // FailureKind and a message a person can act on; the next good candidate still succeeds.
+#include <kevo/problem_loader.hpp>
 #include <kevo/eval/cpu_evaluator.hpp>
 #include <kevo/eval/sandbox.hpp>
 

@@ -3,7 +3,7 @@
 // clang cannot parse or is missing, the screen falls back with a note instead of refusing.
 #include <kevo/eval/harness.hpp>
 #include <kevo/eval/screening.hpp>
-#include <kevo/problem.hpp>
+#include <kevo/problem_loader.hpp>
 
 #include <catch2/catch.hpp>
 

@@ -4,7 +4,7 @@
 #include <kevo/search/greedy.hpp>
 #include <kevo/search/mcts.hpp>
 #include <kevo/search/random.hpp>
-#include <kevo/search_loop.hpp>
+#include <kevo/default_search_loop.hpp>
 #include <kevo/store/sqlite_store.hpp>
 
 #include "support/synthetic_evaluator.hpp"

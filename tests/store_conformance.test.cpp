@@ -2,7 +2,7 @@
 // that ctest's `postgres` fixture starts (tests/support/postgres_server.sh) and names in
 // KEVO_TEST_POSTGRES. Each test works in its own store (a file, or a schema of its own), so the
 // tests run in parallel.
-#include <kevo/search_loop.hpp>
+#include <kevo/default_search_loop.hpp>
 #include <kevo/store/sqlite_store.hpp>
 #if KEVO_TEST_HAVE_POSTGRES
 #include <kevo/store/postgres_store.hpp>

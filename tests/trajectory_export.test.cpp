@@ -2,7 +2,7 @@
 // parsed back and checked against what the store holds; bad input refused in one line; and, where
 // the build has it, the kevo-export command line end to end.
 #include <kevo/search/greedy.hpp>
-#include <kevo/search_loop.hpp>
+#include <kevo/default_search_loop.hpp>
 #include <kevo/store/sqlite_store.hpp>
 #include <kevo/store/trajectory_export.hpp>
 

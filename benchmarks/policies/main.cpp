@@ -8,6 +8,7 @@
 // so they search one landscape and its noise cannot favour one of them.
 // Part 2 measures the loop itself: its overhead per evaluation, the cost of a policy decision,
 // and the memory a tree of 100,000 nodes takes, since searches run for days at scale.
+#include <kevo/problem_loader.hpp>
 #include <kevo/detail/sqlite.hpp>
 #include <kevo/eval/cpu_evaluator.hpp>
 #include <kevo/kevo.hpp>

@@ -8,7 +8,7 @@
 //   kevo-loopback-llm problems/cpu_scoring --port 8765 &
 //   KEVO_LLM_BASE_URL=http://127.0.0.1:8765/v1 KEVO_LLM_MODEL=loopback kevo-llm-search problems/cpu_scoring --log-prompts
 #include <kevo/detail/json_writer.hpp>
-#include <kevo/problem.hpp>
+#include <kevo/problem_loader.hpp>
 
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/beast/core.hpp>

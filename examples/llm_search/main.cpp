@@ -11,6 +11,7 @@
 //   LLM usage: 21 requests (0 failed, 1 retries), 61234 input + 18012 output tokens
 //
 // Without an LLM configured it says so in one line and runs the offline template synthesizer.
+#include <kevo/problem_loader.hpp>
 #include <kevo/eval/cpu_evaluator.hpp>
 #include <kevo/knowledge/knowledge_base.hpp>
 #include <kevo/knowledge/llm_skill_writer.hpp>
@@ -18,6 +19,7 @@
 #include <kevo/net/llm_client.hpp>
 #include <kevo/search/any_policy.hpp>
 #include <kevo/search_loop.hpp>
+#include <kevo/synth/template_synthesizer.hpp>
 #include <kevo/store/sqlite_store.hpp>
 #include <kevo/synth/llm_synthesizer.hpp>
 

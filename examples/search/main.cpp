@@ -13,10 +13,12 @@
 #include <kevo/eval/cpu_evaluator.hpp>
 #include <kevo/eval/cuda_evaluator.hpp>
 #include <kevo/memory/any_memory.hpp>
+#include <kevo/problem_loader.hpp>
 #include <kevo/report/html_report.hpp>
 #include <kevo/search/any_policy.hpp>
 #include <kevo/search_loop.hpp>
 #include <kevo/store/sqlite_store.hpp>
+#include <kevo/synth/template_synthesizer.hpp>
 
 #include <fmt/format.h>
 #include <simdjson.h>

@@ -11,6 +11,7 @@
 
 #include <kevo/candidate.hpp>
 #include <kevo/problem.hpp>
+#include <kevo/problem_loader.hpp>
 #include <kevo/search_tree.hpp>
 
 #include <kevo/evaluator.hpp>
@@ -31,4 +32,4 @@
 #include <kevo/synth/template_synthesizer.hpp>
 #include <kevo/net/llm_client.hpp>
 
-#include <kevo/search_loop.hpp>
+#include <kevo/default_search_loop.hpp>

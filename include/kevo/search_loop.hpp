@@ -6,25 +6,24 @@
 //
 // The loop runs on one Boost.Asio io_context; generations and evaluations run on a worker pool and
 // post their results back, so it keeps `jobs` of them in flight and reacts as each one finishes.
-// Policies, memory operators and retrievers are called only from the loop's thread.
+// Policies, memory operators and retrievers are called only from the loop's thread. This header
+// names only the components' concepts; kevo's own components, and make_search_loop that picks
+// them, are in kevo/default_search_loop.hpp.
 //
-//   auto store = kevo::store::SqliteStore::open("search.db").value();
-//   auto loop = kevo::make_search_loop(problem, evaluator, store, {.jobs = 2, .max_evaluations = 60});
-//   auto result = loop.run(loop.synthesizer().seed());   // or loop.resume(run_id)
+//   kevo::SearchLoop<MySynth, MyPolicy, MyMemory, MyEvaluator, kevo::knowledge::NullRetriever, MyStore>
+//       loop(problem, synth, policy, memory, evaluator, {}, store, {.jobs = 2, .max_evaluations = 60});
+//   auto result = loop.run(synth.seed());   // or loop.resume(run_id)
 #pragma once
 
 #include <kevo/candidate.hpp>
 #include <kevo/evaluator.hpp>
 #include <kevo/knowledge/skill_distiller.hpp>
 #include <kevo/knowledge_retriever.hpp>
-#include <kevo/memory/operators.hpp>
 #include <kevo/memory_operator.hpp>
 #include <kevo/problem.hpp>
-#include <kevo/search/mcts.hpp>
 #include <kevo/search_policy.hpp>
 #include <kevo/search_tree.hpp>
 #include <kevo/store.hpp>
-#include <kevo/synth/template_synthesizer.hpp>
 #include <kevo/synthesizer.hpp>
 
 #include <boost/asio/executor_work_guard.hpp>
@@ -155,11 +154,12 @@ inline std::uint64_t mix(std::uint64_t a, std::uint64_t b) {
 }
 }  // namespace detail
 
-template <Synthesizer Synth, SearchPolicy Policy, MemoryOperator Memory, Evaluator Eval, KnowledgeRetriever Retriever,
-          SearchStore Store>
+// The head takes any types, so that a component missing a member meets the check_* below, whose
+// message names the member, rather than a constrained head's generic "constraints not satisfied".
+template <class Synth, class Policy, class Memory, class Eval, class Retriever, class Store>
 class SearchLoop {
   static_assert(check_synthesizer<Synth>() && check_search_policy<Policy>() && check_memory_operator<Memory>() &&
-                check_evaluator<Eval>() && check_knowledge_retriever<Retriever>());
+                check_evaluator<Eval>() && check_knowledge_retriever<Retriever>() && check_search_store<Store>());
 
  public:
   using Arguments = SearchArguments;
@@ -698,13 +698,5 @@ class SearchLoop {
   boost::asio::strand<boost::asio::thread_pool::executor_type>* synth_strand_ = nullptr;
   std::function<void()> done_;
 };
-
-/// The three-line start: the offline template synthesizer, MCTS, adaptive memory, no knowledge base.
-template <Evaluator Eval, SearchStore Store>
-auto make_search_loop(const Problem& problem, Eval& evaluator, Store& store, SearchArguments args = {}) {
-  return SearchLoop<synth::TemplateSynthesizer, search::Mcts, memory::Adaptive, Eval, knowledge::NullRetriever, Store>(
-      problem, synth::TemplateSynthesizer(problem), search::Mcts{}, memory::Adaptive{}, evaluator,
-      knowledge::NullRetriever{}, store, std::move(args));
-}
 
 }  // namespace kevo

@@ -50,21 +50,40 @@ struct StoredNode {
 };
 
 namespace detail {
+// One concept a member, so that check_search_store() names the one that is missing.
 template <class S>
-concept store_records = requires(S& s, std::int64_t run, NodeKey key, const Candidate& c, const Evaluation& e,
-                                 const RunInfo& info, const std::string& text) {
+concept store_begins_runs = requires(S& s, const RunInfo& info) {
   { s.begin_run(info) } -> std::same_as<expected<std::int64_t, Error>>;
+};
+template <class S>
+concept store_adds_nodes = requires(S& s, std::int64_t run, NodeKey key, const Candidate& c) {
   { s.add_node(run, key, key, c, MemoryMode::fresh) } -> std::same_as<expected<NodeKey, Error>>;
+};
+template <class S>
+concept store_adds_evaluations = requires(S& s, std::int64_t run, NodeKey key, const Evaluation& e) {
   { s.add_evaluation(run, key, e) } -> std::same_as<expected<void, Error>>;
+};
+template <class S>
+concept store_finishes_runs = requires(S& s, std::int64_t run, NodeKey key, const std::string& text) {
   { s.finish_run(run, text, key, 1.0) } -> std::same_as<expected<void, Error>>;
 };
 template <class S>
-concept store_resumes = requires(S& s, std::int64_t run, const std::string& text) {
+concept store_finds_runs = requires(S& s, std::int64_t run) {
   { s.find_run(run) } -> std::same_as<expected<RunInfo, Error>>;
   { s.latest_run() } -> std::same_as<expected<RunInfo, Error>>;
+};
+template <class S>
+concept store_loads_nodes = requires(S& s, std::int64_t run) {
   { s.load_nodes(run) } -> std::same_as<expected<std::vector<StoredNode>, Error>>;
+};
+template <class S>
+concept store_warm_starts = requires(S& s, std::int64_t run, const std::string& text) {
   { s.best_of_earlier_runs(text, run, std::size_t{}) } -> std::same_as<expected<std::vector<Candidate>, Error>>;
 };
+template <class S>
+concept store_records = store_begins_runs<S> && store_adds_nodes<S> && store_adds_evaluations<S> && store_finishes_runs<S>;
+template <class S>
+concept store_resumes = store_finds_runs<S> && store_loads_nodes<S> && store_warm_starts<S>;
 }  // namespace detail
 
 /// Records a run as it goes (`begin_run`, `add_node`, `add_evaluation`, `finish_run`) and gives it
@@ -78,5 +97,22 @@ concept store_resumes = requires(S& s, std::int64_t run, const std::string& text
 /// `set_reference_seconds(run, seconds)`, which keeps the reference time a run's speedups are over.
 template <class S>
 concept SearchStore = detail::store_records<S> && detail::store_resumes<S>;
+
+template <class S>
+constexpr bool check_search_store() {
+  static_assert(detail::store_begins_runs<S>, "SearchStore: missing `expected<std::int64_t, Error> begin_run(const RunInfo&)`");
+  static_assert(detail::store_adds_nodes<S>,
+                "SearchStore: missing `expected<NodeKey, Error> add_node(std::int64_t run, NodeKey parent, NodeKey mate, const Candidate&, MemoryMode)`");
+  static_assert(detail::store_adds_evaluations<S>,
+                "SearchStore: missing `expected<void, Error> add_evaluation(std::int64_t run, NodeKey, const Evaluation&)`");
+  static_assert(detail::store_finishes_runs<S>,
+                "SearchStore: missing `expected<void, Error> finish_run(std::int64_t run, const std::string& why, NodeKey best, double verified_speedup)`");
+  static_assert(detail::store_finds_runs<S>,
+                "SearchStore: missing `expected<RunInfo, Error> find_run(std::int64_t)` or `expected<RunInfo, Error> latest_run()`");
+  static_assert(detail::store_loads_nodes<S>, "SearchStore: missing `expected<std::vector<StoredNode>, Error> load_nodes(std::int64_t run)`");
+  static_assert(detail::store_warm_starts<S>,
+                "SearchStore: missing `expected<std::vector<Candidate>, Error> best_of_earlier_runs(const std::string& problem, std::int64_t run, std::size_t count)`");
+  return true;
+}
 
 }  // namespace kevo

@@ -2,6 +2,7 @@
 // each contained, named and cost one evaluation, after which the device is healthy for the next.
 // Without a GPU the program exits 77 (ctest: skipped).
 #define CATCH_CONFIG_RUNNER
+#include <kevo/problem_loader.hpp>
 #include <kevo/eval/cuda_evaluator.hpp>
 
 #include <catch2/catch.hpp>

@@ -6,6 +6,7 @@
 //   kevo::Evaluation e = evaluator.evaluate(candidate, /*seed=*/7);   // e.speedup over the reference
 #pragma once
 
+#include <kevo/problem_loader.hpp>
 #include <kevo/eval/harness.hpp>
 #include <kevo/eval/jailed_evaluator.hpp>
 #include <kevo/eval/roofline.hpp>

@@ -9,6 +9,7 @@
 //   kevo::Evaluation e = evaluator.evaluate(candidate, /*seed=*/7);
 #pragma once
 
+#include <kevo/problem_loader.hpp>
 #include <kevo/eval/cuda_harness.hpp>
 #include <kevo/eval/jailed_evaluator.hpp>
 #include <kevo/eval/sandbox.hpp>

@@ -9,7 +9,7 @@
 #include <kevo/eval/pipeline_evaluator.hpp>
 #include <kevo/retrieval/tuning/policy_timing.hpp>
 #include <kevo/retrieval/tuning/tuning_file.hpp>
-#include <kevo/search_loop.hpp>
+#include <kevo/default_search_loop.hpp>
 #include <kevo/store/sqlite_store.hpp>
 
 #include <fmt/format.h>

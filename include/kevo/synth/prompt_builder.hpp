@@ -328,14 +328,14 @@ inline Prompt build_prompt(const GenerationRequest& r, const PromptOptions& opti
     for (const auto& shape : p.check_shapes) {
       Knobs k;
       for (const auto& [n, v] : shape) k[n] = std::to_string(v);
-      u += fmt::format(" {{{}}}", to_string(k));
+      u += fmt::format(" {{{}}}", kevo::to_string(k));
     }
     u += '\n';
   }
   if (!p.timing_shape.empty()) {
     Knobs k;
     for (const auto& [n, v] : p.timing_shape) k[n] = std::to_string(v);
-    u += fmt::format("Timed on: {{{}}}.", to_string(k));
+    u += fmt::format("Timed on: {{{}}}.", kevo::to_string(k));
     if (!p.bytes_model.empty()) u += fmt::format(" Bytes moved (model): {}.", p.bytes_model);
     if (!p.flops_model.empty()) u += fmt::format(" FLOPs (model): {}.", p.flops_model);
     u += '\n';
@@ -348,7 +348,7 @@ inline Prompt build_prompt(const GenerationRequest& r, const PromptOptions& opti
   if (r.parent.candidate) {
     const Candidate& parent = *r.parent.candidate;
     u += fmt::format("\n## Current implementation (node {})\nResult: {}.\n", r.parent.node, describe_result(r.parent.evaluation));
-    if (!parent.knobs.empty()) u += fmt::format("Its template knobs: {}.\n", to_string(parent.knobs));
+    if (!parent.knobs.empty()) u += fmt::format("Its template knobs: {}.\n", kevo::to_string(parent.knobs));
     u += fmt::format("```{}\n{}\n```\n", lang, clip(trim(parent.source), options.max_source_chars));
   }
 

@@ -55,7 +55,7 @@ class TemplateSynthesizer {
       if (!proposed_.insert(content_hash(source)).second) continue;  // proposed before
       return Candidate{std::move(source), std::move(child), std::move(why)};
     }
-    return make_error(fmt::format("no untried knob setting found near {} after {} attempts", to_string(parent),
+    return make_error(fmt::format("no untried knob setting found near {} after {} attempts", kevo::to_string(parent),
                                   args_.attempts));
   }
 
