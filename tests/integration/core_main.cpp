@@ -7,6 +7,8 @@
 #error "kevo/search_loop.hpp brought in SQLite, OpenSSL, Beast or simdjson"
 #endif
 
+#include "user_components.hpp"
+
 #include <cstdio>
 #include <map>
 #include <string>
@@ -22,29 +24,6 @@ struct StepSynthesizer {
     const int x = std::stoi(r.parent.candidate->knobs.at("x"));
     const int next = (x + 1 + static_cast<int>(r.seed % 2)) % 8;
     return kevo::Candidate{"x=" + std::to_string(next), {{"x", std::to_string(next)}}, "step"};
-  }
-};
-
-struct LandscapeEvaluator {
-  kevo::Evaluation evaluate(const kevo::Candidate& c, std::uint64_t) {
-    kevo::Evaluation e;
-    e.speedup = 6.0 - std::abs(std::stoi(c.knobs.at("x")) - 5);
-    e.seconds = 1 / e.speedup;
-    e.reference_seconds = 1;
-    return e;
-  }
-  kevo::expected<kevo::Comparison, kevo::Error> compare(const kevo::Candidate& a, const kevo::Candidate& b, std::uint64_t s) {
-    return kevo::Comparison{1 / evaluate(a, s).speedup, 1 / evaluate(b, s).speedup};
-  }
-};
-
-/// Expands the newest correct node.
-struct NewestFirst {
-  kevo::NodeId newest = 0;
-  kevo::Expansion select(const kevo::SearchTree&, kevo::Rng&) { return {newest}; }
-  void on_expand(const kevo::SearchTree&, kevo::NodeId) {}
-  void on_result(const kevo::SearchTree& tree, kevo::NodeId n) {
-    if (tree[n].state == kevo::NodeState::evaluated) newest = n;
   }
 };
 

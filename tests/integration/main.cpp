@@ -1,32 +1,10 @@
 // Uses the installed kevo the way a user's code would: compose a loop, run it, check it.
 #include <kevo/kevo.hpp>
 
+#include "user_components.hpp"
+
 #include <cstdio>
 
-namespace {
-/// A user's own evaluator: a landscape whose best is knob x = 5.
-struct LandscapeEvaluator {
-  kevo::Evaluation evaluate(const kevo::Candidate& c, std::uint64_t) {
-    kevo::Evaluation e;
-    const int x = std::stoi(c.knobs.at("x"));
-    e.speedup = 1.0 + 5 - std::abs(x - 5);
-    return e;
-  }
-  kevo::expected<kevo::Comparison, kevo::Error> compare(const kevo::Candidate& a, const kevo::Candidate& b, std::uint64_t s) {
-    return kevo::Comparison{1 / evaluate(a, s).speedup, 1 / evaluate(b, s).speedup};
-  }
-};
-/// A user's own policy: always expand the newest correct node (a depth-first walk).
-struct NewestFirst {
-  kevo::NodeId newest = 0;
-  kevo::Expansion select(const kevo::SearchTree&, kevo::Rng&) { return {newest}; }
-  void on_expand(const kevo::SearchTree&, kevo::NodeId) {}
-  void on_result(const kevo::SearchTree& tree, kevo::NodeId n) {
-    if (tree[n].state == kevo::NodeState::evaluated) newest = n;
-  }
-};
-static_assert(kevo::SearchPolicy<NewestFirst>);
-}  // namespace
 
 int main() {
   kevo::Problem problem;
