@@ -12,6 +12,7 @@
 // A search stopped at any moment (Ctrl-C, or even SIGKILL) continues with --resume.
 #include <kevo/eval/cpu_evaluator.hpp>
 #include <kevo/eval/cuda_evaluator.hpp>
+#include <kevo/eval/slurm_executor.hpp>
 #include <kevo/memory/any_memory.hpp>
 #include <kevo/problem_loader.hpp>
 #include <kevo/report/html_report.hpp>
@@ -51,6 +52,10 @@ struct Options {
   bool retime_reference = false;  // a resumed run keeps its stored reference time unless asked
   bool budget_given = false;  // a resumed run keeps its stored budget unless --budget says otherwise
   bool quiet = false;
+  // Where the checked runs happen: here (local) or as Slurm job steps (slurm).
+  std::string executor = "local";
+  std::string slurm_partition;
+  fs::path slurm_helper;  // empty: kevo-run-checked beside this program
 };
 
 constexpr const char* usage = R"(usage: kevo-search PROBLEM_DIR [options]
@@ -74,6 +79,10 @@ options:
   --json PATH       also write a JSON summary there
   --report PATH     write an HTML report (progress plot, tree, best kernels) (default kevo-runs/PROBLEM.html)
   --quiet           print only the last line
+  --executor NAME   where candidates run: local (default), or slurm (each run a job step through srun;
+                    the build cache must be on a filesystem the nodes share)
+  --slurm-partition P   the partition of --executor slurm's steps (default: the cluster's)
+  --slurm-helper PATH   kevo-run-checked, as the nodes see it (default: beside kevo-search)
 )";
 
 template <class T>
@@ -107,7 +116,13 @@ kevo::expected<Options, kevo::Error> parse_arguments(int argc, char** argv) {
       return std::nullopt;
     };
     std::optional<kevo::Error> error;
-    if (arg == "--policy" || arg == "--memory" || arg == "--store" || arg == "--out" || arg == "--json" ||
+    if (arg == "--executor" || arg == "--slurm-partition" || arg == "--slurm-helper") {
+      auto v = value();
+      if (!v) return kevo::unexpected(v.error());
+      if (arg == "--executor") o.executor = *v;
+      else if (arg == "--slurm-partition") o.slurm_partition = *v;
+      else o.slurm_helper = *v;
+    } else if (arg == "--policy" || arg == "--memory" || arg == "--store" || arg == "--out" || arg == "--json" ||
         arg == "--report") {
       auto v = value();
       if (!v) return kevo::unexpected(v.error());
@@ -134,6 +149,7 @@ kevo::expected<Options, kevo::Error> parse_arguments(int argc, char** argv) {
   }
   if (o.problem_dir.empty()) return kevo::make_error("no problem directory given");
   if (o.jobs == 0) return kevo::make_error("--jobs must be at least 1");
+  if (o.executor != "local" && o.executor != "slurm") return kevo::make_error(fmt::format("--executor is local or slurm, not '{}'", o.executor));
   return o;
 }
 
@@ -323,6 +339,26 @@ int search_main(int argc, char** argv) {
     fmt::print("best: {:.1f}x over reference (verified)\n", result->verified_speedup);
     return 0;
   };
+  if (o.executor == "slurm") {
+    kevo::eval::SlurmOptions slurm_options{.helper = o.slurm_helper, .partition = o.slurm_partition};
+    if (slurm_options.helper.empty()) {
+      std::error_code ec;
+      slurm_options.helper = fs::read_symlink("/proc/self/exe", ec).parent_path() / "kevo-run-checked";
+    }
+    kevo::eval::SlurmExecutor slurm(slurm_options);
+    if (auto ready = slurm.check(); !ready) return fail(ready.error().message, 2);
+    // On a cluster that includes this machine, its timed runs take turns with its compiles, as local ones do.
+    slurm_options.nodes_include_this_machine = kevo::eval::slurm_nodes_include_this_machine(slurm_options);
+    slurm = kevo::eval::SlurmExecutor(slurm_options);
+    if (!o.quiet) fmt::print("kevo-search: each checked run is a Slurm step of {}{}\n", slurm_options.helper.string(),
+                             slurm_options.nodes_include_this_machine ? " (this machine is a node: timed runs take turns here)" : "");
+    if (problem->target == kevo::Target::cuda) {
+      kevo::eval::JailedEvaluator<kevo::eval::CudaToolchain, kevo::eval::SlurmExecutor> evaluator(*problem, {}, slurm);
+      return search(evaluator);
+    }
+    kevo::eval::JailedEvaluator<kevo::eval::CpuToolchain, kevo::eval::SlurmExecutor> evaluator(*problem, {}, slurm);
+    return search(evaluator);
+  }
   if (problem->target == kevo::Target::cuda) {
     kevo::eval::CudaEvaluator evaluator(*problem);
     return search(evaluator);

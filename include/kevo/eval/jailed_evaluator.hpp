@@ -6,7 +6,8 @@
 // beyond that roofline as implausible, and re-times two candidates side by side. A `Toolchain`
 // says what differs between targets: the compiler and its flags, the generated checker and
 // runner, the jail's devices, the roofline. Models: CpuEvaluator (cpu_evaluator.hpp),
-// CudaEvaluator (cuda_evaluator.hpp).
+// CudaEvaluator (cuda_evaluator.hpp). An `Executor` says where each checked run happens: here
+// (LocalExecutor, the default) or on a Slurm node (SlurmExecutor, slurm_executor.hpp).
 //
 //   kevo::eval::JailedEvaluator<kevo::eval::CpuToolchain> evaluator(problem);   // = CpuEvaluator
 //   if (auto ready = evaluator.prepare(); !ready) return fail(ready.error().message);
@@ -15,6 +16,7 @@
 
 #include <kevo/candidate.hpp>
 #include <kevo/eval/checked_run.hpp>
+#include <kevo/eval/executor.hpp>
 #include <kevo/eval/harness.hpp>
 #include <kevo/eval/jail.hpp>
 #include <kevo/eval/roofline.hpp>
@@ -119,12 +121,14 @@ struct EvaluatorStats {
 /// this machine's: the CPU, the GPU); `uses_gpu`; `checker_source(problem)`, `runner_source(problem)`;
 /// `check_problem(problem)`; `roofline(cache_dir, compiler)` (empty where the checker measures it in
 /// each run); `compile_notes(compiler_stderr)` (registers and spills, for diagnostics);
-/// `compiler_roots(compiler)` (what the jailed compiler must see beyond /usr).
-template <class Toolchain>
+/// `compiler_roots(compiler)` (what the jailed compiler must see beyond /usr). The Executor runs
+/// each checked run (compiles stay here, in the build cache).
+template <class Toolchain, Executor RunExecutor = LocalExecutor>
 class JailedEvaluator {
  public:
-  explicit JailedEvaluator(Problem problem, EvaluatorOptions options = {})
-      : problem_(std::move(problem)), options_(with_compiler(std::move(options))), gate_(timing_lock_file(options_)) {}
+  explicit JailedEvaluator(Problem problem, EvaluatorOptions options = {}, RunExecutor executor = {})
+      : problem_(std::move(problem)), options_(with_compiler(std::move(options))), gate_(timing_lock_file(options_)),
+        executor_(std::move(executor)) {}
 
   JailedEvaluator(const JailedEvaluator&) = delete;
   JailedEvaluator& operator=(const JailedEvaluator&) = delete;
@@ -622,13 +626,15 @@ class JailedEvaluator {
   }
 
   RunReport run_harness(const std::filesystem::path& executable, std::uint64_t seed, int warmup, int repetitions) {
+    // Runs on other machines compete with neither this one's compiles nor each other: `jobs` in flight.
+    if (executor_.remote()) return run_harness_locked(executable, seed, warmup, repetitions);
     std::unique_lock timing(gate_);
     return run_harness_locked(executable, seed, warmup, repetitions);
   }
 
   RunReport run_harness_locked(const std::filesystem::path& executable, std::uint64_t seed, int warmup, int repetitions) {
     ++runs_;
-    return run_checked(CheckedRunRequest{.checker = problem_dir_ / "checker",
+    return executor_.run(CheckedRunRequest{.checker = problem_dir_ / "checker",
                                          .runner = executable,
                                          .seed = seed,
                                          .warmup = warmup,
@@ -682,6 +688,7 @@ class JailedEvaluator {
   Roofline roofline_;
   TimingGate gate_;
   std::atomic<std::size_t> compiles_{0}, cache_hits_{0}, runs_{0};
+  RunExecutor executor_;
 };
 
 }  // namespace kevo::eval
