@@ -285,15 +285,20 @@ void fill_inputs(Tensors& t, const Shape& shape, const Tensors* pool, long at, s
 
 unsigned long long* counters = nullptr;  // device: the checks' counts
 
-// The reference's outputs for `inputs`, into `out` (whose inputs become a copy of them).
-void run_reference(const Shape& shape, const Tensors& inputs, Tensors& out, double* seconds = nullptr) {
+// `inputs` (and their poisoned outputs) copied into `out`: the reference's arguments there.
+std::vector<void*> reference_arguments(const Shape& shape, const Tensors& inputs, Tensors& out) {
   std::vector<void*> pointers(tensor_count);
   for (std::size_t i = 0; i < tensor_count; ++i) {
-    const long n = tensors[i].size(shape);
-    const std::size_t bytes = static_cast<std::size_t>(n + guard_elements) * element_bytes(tensors[i]);
+    const std::size_t bytes = static_cast<std::size_t>(tensors[i].size(shape) + guard_elements) * element_bytes(tensors[i]);
     KEVO_CUDA_OK(cudaMemcpy(out.data[i], inputs.data[i], bytes, cudaMemcpyDeviceToDevice));
     pointers[i] = out.data[i];
   }
+  return pointers;
+}
+
+// The reference's outputs for `inputs`, into `out` (whose inputs become a copy of them).
+void run_reference(const Shape& shape, const Tensors& inputs, Tensors& out, double* seconds = nullptr) {
+  const std::vector<void*> pointers = reference_arguments(shape, inputs, out);
   KEVO_CUDA_OK(cudaDeviceSynchronize());
   const double t0 = now();
   call_reference(shape, pointers.data());
@@ -315,11 +320,6 @@ void run_reference(const Shape& shape, const Tensors& inputs, Tensors& out, doub
                                          " (a reference must write every output element)");
   }
 }
-
-// The reference timed inside the checker with CUDA events after an L2 flush (median of 5 calls):
-// no runner, no socket, no batch. Reported beside the checked figure so that a reader can see
-// what kevo's own clock adds (it judges nothing).
-double reference_in_process_seconds(const Shape& shape, const Tensors& inputs, Tensors& out);
 
 // Places `inputs` (and poisoned outputs) in the arena at `offsets`.
 void place(const Shape& shape, const Tensors& inputs, const std::vector<std::size_t>& offsets) {
@@ -458,13 +458,11 @@ double checked_batch(const Shape& shape, std::vector<Case*>& cases, const std::s
   return wall / static_cast<double>(cases.size());
 }
 
+// The reference timed inside the checker with CUDA events after an L2 flush (median of 5 calls):
+// no runner, no socket, no batch. Reported beside the checked figure so that a reader can see
+// what kevo's own clock adds (it judges nothing).
 double reference_in_process_seconds(const Shape& shape, const Tensors& inputs, Tensors& out) {
-  std::vector<void*> pointers(tensor_count);
-  for (std::size_t i = 0; i < tensor_count; ++i) {
-    const std::size_t bytes = static_cast<std::size_t>(tensors[i].size(shape) + guard_elements) * element_bytes(tensors[i]);
-    KEVO_CUDA_OK(cudaMemcpy(out.data[i], inputs.data[i], bytes, cudaMemcpyDeviceToDevice));
-    pointers[i] = out.data[i];
-  }
+  const std::vector<void*> pointers = reference_arguments(shape, inputs, out);
   cudaEvent_t start, stop;
   KEVO_CUDA_OK(cudaEventCreate(&start));
   KEVO_CUDA_OK(cudaEventCreate(&stop));
