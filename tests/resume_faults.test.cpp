@@ -6,6 +6,7 @@
 #include <kevo/default_search_loop.hpp>
 #include <kevo/store/sqlite_store.hpp>
 
+#include "support/kill_in_race.hpp"
 #include "support/synthetic_evaluator.hpp"
 
 #include <catch2/catch.hpp>
@@ -98,9 +99,7 @@ struct LuckyThenKilledEvaluator {
     return e;
   }
   expected<Comparison, Error> compare(const Candidate& a, const Candidate& b, std::uint64_t seed) {
-    std::ofstream(racing_file.string() + ".part") << a.hash() << "\n";
-    std::filesystem::rename(racing_file.string() + ".part", racing_file);
-    std::this_thread::sleep_for(std::chrono::seconds(60));
+    kevo::testing::announce_race_and_hang(racing_file, a.hash());
     return truth.compare(a, b, seed);
   }
 };
@@ -110,24 +109,12 @@ TEST_CASE("a new best killed during its race is raced again on resume, not trust
   const Problem problem = kevo::testing::synthetic_problem();
   const auto path = temp_path("killed_in_race.db");
   const auto racing_file = temp_path("racing.txt");
-  const pid_t child = ::fork();
-  REQUIRE(child >= 0);
-  if (child == 0) {
+  const std::uint64_t racing = kevo::testing::kill_during_race(racing_file, [&] {
     LuckyThenKilledEvaluator evaluator{.racing_file = racing_file};
     auto store = store::SqliteStore::open(path).value();
     auto loop = make_loop(problem, evaluator, store, {.jobs = 1, .max_evaluations = 20, .seed = 4});
     (void)loop.run(loop.synthesizer().seed());
-    ::_exit(0);
-  }
-  std::uint64_t racing = 0;
-  for (int i = 0; i < 400 && !racing; ++i) {  // up to 20 s for the first challenge
-    ::usleep(50 * 1000);
-    std::ifstream in(racing_file);
-    in >> racing;
-  }
-  ::kill(child, SIGKILL);
-  int status = 0;
-  ::waitpid(child, &status, 0);
+  });
   REQUIRE(racing != 0);
 
   auto store = store::SqliteStore::open(path).value();

@@ -7,6 +7,7 @@
 #include <kevo/default_search_loop.hpp>
 #include <kevo/store/sqlite_store.hpp>
 
+#include "support/kill_in_race.hpp"
 #include "support/synthetic_evaluator.hpp"
 
 #include <catch2/catch.hpp>
@@ -191,11 +192,7 @@ struct SlowRaceEvaluator {
   std::filesystem::path racing_file;
   Evaluation evaluate(const Candidate& c, std::uint64_t seed) { return truth.evaluate(c, seed); }
   expected<Comparison, Error> compare(const Candidate& a, const Candidate& b, std::uint64_t seed) {
-    {
-      std::ofstream(racing_file.string() + ".part") << a.hash() << "\n";
-    }
-    std::filesystem::rename(racing_file.string() + ".part", racing_file);  // the test never reads half of it
-    std::this_thread::sleep_for(std::chrono::seconds(60));
+    kevo::testing::announce_race_and_hang(racing_file, a.hash());
     return truth.compare(a, b, seed);
   }
 };
@@ -205,10 +202,7 @@ TEST_CASE("a search killed while it re-times a new best keeps that best's first 
   const Problem problem = kevo::testing::synthetic_problem();
   const auto path = temp_store("killed_in_race.db");
   const auto racing_file = temp_store("racing.txt");
-  std::filesystem::remove(racing_file);
-  const pid_t child = ::fork();
-  REQUIRE(child >= 0);
-  if (child == 0) {
+  const std::uint64_t racing = kevo::testing::kill_during_race(racing_file, [&] {
     SlowRaceEvaluator evaluator{.racing_file = racing_file};
     auto store = store::SqliteStore::open(path).value();
     SearchLoop<synth::TemplateSynthesizer, search::Greedy, memory::Combined, SlowRaceEvaluator, knowledge::NullRetriever,
@@ -216,17 +210,7 @@ TEST_CASE("a search killed while it re-times a new best keeps that best's first 
         loop(problem, synth::TemplateSynthesizer(problem), search::Greedy{}, memory::Combined{}, evaluator,
              knowledge::NullRetriever{}, store, {.jobs = 1, .max_evaluations = 40, .seed = 3});
     (void)loop.run(synth::TemplateSynthesizer(problem).seed());
-    ::_exit(0);
-  }
-  std::uint64_t racing = 0;
-  for (int i = 0; i < 400 && !racing; ++i) {  // up to 20 s for the first challenge
-    ::usleep(50 * 1000);
-    std::ifstream in(racing_file);
-    in >> racing;
-  }
-  ::kill(child, SIGKILL);
-  int status = 0;
-  ::waitpid(child, &status, 0);
+  });
   REQUIRE(racing != 0);
   auto store = store::SqliteStore::open(path).value();
   auto run = store.latest_run();
