@@ -57,6 +57,15 @@ struct KnobSpec {
   }
 };
 
+/// A setting the problem's author expects to be worth a look (as Triton's autotune configs are): a
+/// few knobs set at once, the rest as the parent has them. The template search tries each from
+/// the root before it moves one knob at a time, which alone may never cross to another family
+/// of kernels (tensor cores, a radix select) when each knob on its own makes things slower.
+struct StartingPoint {
+  std::string name;
+  Knobs knobs;  ///< only the knobs it sets
+};
+
 enum class TensorRole : std::uint8_t { input, output };
 enum class ElementType : std::uint8_t { f32, i32, f16 };  ///< "float", "int", "half" (CUDA problems)
 
@@ -99,6 +108,7 @@ struct Problem {
   std::string template_file;
   std::string template_source;
   std::vector<KnobSpec> knobs;
+  std::vector<StartingPoint> starting_points;  ///< tried from the root first (optional)
   std::string manifest_source;       ///< problem.json as read, for identity()
 
   const KnobSpec* knob(std::string_view knob_name) const {

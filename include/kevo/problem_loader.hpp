@@ -210,6 +210,30 @@ inline expected<Problem, Error> load_problem(const std::filesystem::path& direct
     p.knobs.push_back(std::move(k));
   }
 
+  // starting_points: [{"name": "tensor cores", "knobs": {"math": "tensor_core"}}, ...]
+  if (simdjson::dom::array starts; !root["starting_points"].get(starts)) {
+    for (element e : starts) {
+      const std::string field = fmt::format("starting_points[{}]", p.starting_points.size());
+      StartingPoint point;
+      std::string_view name;
+      simdjson::dom::object set;
+      if (e["name"].get_string().get(name) || name.empty()) return wrong(field + ".name", "a non-empty string");
+      if (e["knobs"].get(set)) return wrong(field + ".knobs", "an object of knob values");
+      point.name = std::string(name);
+      for (auto [key, value] : set) {
+        const KnobSpec* spec = p.knob(key);
+        if (!spec) return wrong(field + ".knobs." + std::string(key), "a knob declared under 'knobs'");
+        auto text = detail::scalar_as_text(value);
+        if (!text || !spec->index_of(*text)) return wrong(field + ".knobs." + std::string(key), "one of the values in its domain");
+        point.knobs[spec->name] = *text;
+      }
+      if (point.knobs.empty()) return wrong(field + ".knobs", "an object that sets at least one knob");
+      p.starting_points.push_back(std::move(point));
+    }
+  } else if (root["starting_points"].error() != simdjson::NO_SUCH_FIELD) {
+    return wrong("starting_points", "an array of {\"name\", \"knobs\"} objects");
+  }
+
   // the sources
   auto reference = detail::read_text_file(directory / p.reference_file);
   if (!reference) return make_error(fmt::format("{}: 'reference' names {}, which cannot be read", where, (directory / p.reference_file).string()));

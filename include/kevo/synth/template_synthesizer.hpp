@@ -4,7 +4,10 @@
 //   latency-bound one parallelism;
 // - a parent that failed backs off the knob change that broke it, and never proposes it again;
 // - faster siblings lend the knob values they differ by; an improving trajectory keeps its direction;
-// - a mate (from the policy) gives crossover; a fresh-start context samples the space anew.
+// - a mate (from the policy) gives crossover; a fresh-start context samples the space anew;
+// - the problem's starting points (knobs set together) are tried from the root first, and one
+//   move in four sets two or three knobs at once: a kernel family that pays only with several
+//   knobs changed (tensor cores with wide loads) is out of reach of single steps that each lose.
 //
 //   kevo::synth::TemplateSynthesizer synth(problem);
 //   kevo::Candidate seed = synth.seed();                  // the template's default knobs
@@ -17,6 +20,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <optional>
 #include <set>
 #include <unordered_set>
 
@@ -29,6 +33,8 @@ class TemplateSynthesizer {
     double sibling_adoption_rate = 0.5;
     double trajectory_follow_rate = 0.3;
     double steering_weight = 3.0;      ///< how much more likely a knob on the diagnosed side is
+    double compound_move_rate = 0.25;  ///< a random move sets 2..max_knobs_per_move knobs, else one
+    int max_knobs_per_move = 3;
     int attempts = 64;                 ///< tries to find knobs not proposed before
   };
 
@@ -47,6 +53,9 @@ class TemplateSynthesizer {
     const Knobs parent = knobs_of(request.parent);
     learn_from_failures(request);
 
+    if (!request.grandparent)  // the parent is the root
+      if (auto start = next_starting_point(parent)) return std::move(*start);
+
     for (int attempt = 0; attempt < args_.attempts; ++attempt) {
       std::string why;
       Knobs child = propose(request, parent, rng, why);
@@ -63,6 +72,19 @@ class TemplateSynthesizer {
   void remember(const Candidate& c) { proposed_.insert(c.hash()); }
 
  private:
+  /// The first of the problem's starting points not yet proposed, set over `parent`'s knobs.
+  std::optional<Candidate> next_starting_point(const Knobs& parent) {
+    for (const auto& point : problem_->starting_points) {
+      Knobs k = parent;
+      for (const auto& [name, value] : point.knobs) k[name] = value;
+      if (k == parent || is_banned(parent, k)) continue;
+      std::string source = problem_->render(k);
+      if (!proposed_.insert(content_hash(source)).second) continue;
+      return Candidate{std::move(source), std::move(k), fmt::format("starting point '{}' from the problem", point.name)};
+    }
+    return std::nullopt;
+  }
+
   Knobs knobs_of(const Attempt& a) const {
     Knobs k = problem_->default_knobs();
     if (a.candidate)
@@ -166,19 +188,27 @@ class TemplateSynthesizer {
     }
 
     why.clear();
-    mutate(k, r, rng, why, {});
+    const int moves = std::bernoulli_distribution(args_.compound_move_rate)(rng)
+                          ? std::uniform_int_distribution<int>(2, std::max(2, args_.max_knobs_per_move))(rng)
+                          : 1;
+    std::vector<std::string> moved;
+    for (int m = 0; m < moves; ++m)
+      if (auto name = mutate(k, r, rng, why, moved)) moved.push_back(*name);
+      else break;
     return k;
   }
 
   /// One knob moved, chosen with the diagnosed side weighted up; `avoid` knobs are left alone.
-  void mutate(Knobs& k, const GenerationRequest& r, Rng& rng, std::string& why, const std::vector<std::string>& avoid) {
+  /// Returns the knob moved, if any could be.
+  std::optional<std::string> mutate(Knobs& k, const GenerationRequest& r, Rng& rng, std::string& why,
+                                    const std::vector<std::string>& avoid) {
     const KnobSide wanted = side_for(r.parent.evaluation.diagnostics.bottleneck);
     std::vector<double> weights;
     for (const auto& spec : problem_->knobs) {
       const bool skip = spec.domain.size() < 2 || std::find(avoid.begin(), avoid.end(), spec.name) != avoid.end();
       weights.push_back(skip ? 0.0 : (spec.side == wanted ? args_.steering_weight : 1.0));
     }
-    if (std::all_of(weights.begin(), weights.end(), [](double w) { return w == 0; })) return;
+    if (std::all_of(weights.begin(), weights.end(), [](double w) { return w == 0; })) return std::nullopt;
     const KnobSpec& spec = problem_->knobs[std::discrete_distribution<std::size_t>(weights.begin(), weights.end())(rng)];
     const std::string old = k[spec.name];
     const std::size_t at = spec.index_of(old).value_or(0);
@@ -195,6 +225,7 @@ class TemplateSynthesizer {
                             ? fmt::format(" ({}-bound parent)", to_string(r.parent.evaluation.diagnostics.bottleneck))
                             : std::string();
     why += fmt::format("{}mutate {} {}->{}{}", why.empty() ? "" : "; ", spec.name, old, k[spec.name], reason);
+    return spec.name;
   }
 
   static KnobSide side_for(Bottleneck b) {
