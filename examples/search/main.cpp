@@ -21,10 +21,10 @@
 #include <kevo/store/sqlite_store.hpp>
 #include <kevo/synth/template_synthesizer.hpp>
 
+#include <CLI/CLI.hpp>
 #include <fmt/format.h>
 #include <simdjson.h>
 
-#include <charconv>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -58,99 +58,35 @@ struct Options {
   fs::path slurm_helper;  // empty: kevo-run-checked beside this program
 };
 
-constexpr const char* usage = R"(usage: kevo-search PROBLEM_DIR [options]
-
-Searches for a faster, verified implementation of the problem's kernel on this machine's CPU or GPU
-(the problem's "target": cpu or cuda).
-
-options:
-  --policy NAME     mcts (default), evolutionary, greedy, random
-  --memory NAME     adaptive (default), combined, trajectory, siblings, fresh
-  --jobs N          generations and evaluations in flight (default 2)
-  --budget N        candidates to evaluate (default 60)
-  --time SECONDS    stop after this much wall time
-  --target X        stop once a candidate is X times faster than the reference
-  --patience N      stop after N evaluations without a new best
-  --seed S          random seed (default 1)
-  --store PATH      SQLite store (default kevo-runs/PROBLEM.db)
-  --resume          continue the latest run in the store where it stopped
-  --retime-reference  with --resume: speedups over the reference timed now, not the run's stored time
-  --out PATH        where to write the best kernel (default kevo-runs/PROBLEM.best.cpp)
-  --json PATH       also write a JSON summary there
-  --report PATH     write an HTML report (progress plot, tree, best kernels) (default kevo-runs/PROBLEM.html)
-  --quiet           print only the last line
-  --executor NAME   where candidates run: local (default), or slurm (each run a job step through srun;
-                    the build cache must be on a filesystem the nodes share)
-  --slurm-partition P   the partition of --executor slurm's steps (default: the cluster's)
-  --slurm-helper PATH   kevo-run-checked, as the nodes see it (default: beside kevo-search)
-)";
-
-template <class T>
-bool parse_number(std::string_view text, T& out) {
-  if constexpr (std::is_floating_point_v<T>) {
-    try {
-      std::size_t used = 0;
-      out = static_cast<T>(std::stod(std::string(text), &used));
-      return used == text.size();
-    } catch (...) {
-      return false;
-    }
-  } else {
-    auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), out);
-    return ec == std::errc() && end == text.data() + text.size();
-  }
-}
-
-kevo::expected<Options, kevo::Error> parse_arguments(int argc, char** argv) {
-  Options o;
-  for (int i = 1; i < argc; ++i) {
-    const std::string_view arg = argv[i];
-    auto value = [&]() -> kevo::expected<std::string_view, kevo::Error> {
-      if (i + 1 >= argc) return kevo::make_error(fmt::format("{} needs a value", arg));
-      return std::string_view(argv[++i]);
-    };
-    auto number = [&](auto& out) -> std::optional<kevo::Error> {
-      auto v = value();
-      if (!v) return v.error();
-      if (!parse_number(*v, out)) return kevo::Error{fmt::format("{} needs a number, not '{}'", arg, *v)};
-      return std::nullopt;
-    };
-    std::optional<kevo::Error> error;
-    if (arg == "--executor" || arg == "--slurm-partition" || arg == "--slurm-helper") {
-      auto v = value();
-      if (!v) return kevo::unexpected(v.error());
-      if (arg == "--executor") o.executor = *v;
-      else if (arg == "--slurm-partition") o.slurm_partition = *v;
-      else o.slurm_helper = *v;
-    } else if (arg == "--policy" || arg == "--memory" || arg == "--store" || arg == "--out" || arg == "--json" ||
-        arg == "--report") {
-      auto v = value();
-      if (!v) return kevo::unexpected(v.error());
-      if (arg == "--policy") o.policy = *v;
-      else if (arg == "--memory") o.memory = *v;
-      else if (arg == "--store") o.store = *v;
-      else if (arg == "--out") o.out = *v;
-      else if (arg == "--json") o.json = *v;
-      else o.report = *v;
-    } else if (arg == "--jobs") error = number(o.jobs);
-    else if (arg == "--budget") error = number(o.budget), o.budget_given = true;
-    else if (arg == "--time") error = number(o.wall_seconds);
-    else if (arg == "--target") error = number(o.target);
-    else if (arg == "--patience") error = number(o.patience);
-    else if (arg == "--seed") error = number(o.seed);
-    else if (arg == "--resume") o.resume = true;
-    else if (arg == "--retime-reference") o.retime_reference = true;
-    else if (arg == "--quiet") o.quiet = true;
-    else if (arg == "--help" || arg == "-h") return kevo::make_error("");
-    else if (arg.starts_with("--")) return kevo::make_error(fmt::format("unknown option {}", arg));
-    else if (o.problem_dir.empty()) o.problem_dir = arg;
-    else return kevo::make_error(fmt::format("unexpected argument '{}'", arg));
-    if (error) return kevo::unexpected(*error);
-  }
-  if (o.problem_dir.empty()) return kevo::make_error("no problem directory given");
-  if (o.jobs == 0) return kevo::make_error("--jobs must be at least 1");
-  if (o.executor != "local" && o.executor != "slurm") return kevo::make_error(fmt::format("--executor is local or slurm, not '{}'", o.executor));
-  return o;
+// The command line, with CLI11: --help, unknown flags, missing and bad values are its job.
+void describe(CLI::App& app, Options& o) {
+  app.description(
+      "Searches for a faster, verified implementation of the problem's kernel on this machine's CPU or GPU (the problem's "
+      "\"target\": cpu or cuda).");
+  app.add_option("problem", o.problem_dir, "the problem directory (problem.json, reference, template)")->required();
+  app.add_option("--policy", o.policy, "search policy")->capture_default_str()->check(
+      CLI::IsMember({"mcts", "evolutionary", "greedy", "random"}));
+  app.add_option("--memory", o.memory, "memory operator")->capture_default_str()->check(
+      CLI::IsMember({"adaptive", "combined", "trajectory", "siblings", "fresh"}));
+  app.add_option("--jobs", o.jobs, "generations and evaluations in flight")->capture_default_str()->check(CLI::Range(std::size_t{1}, std::size_t{4096}));
+  app.add_option("--budget", o.budget, "candidates to evaluate")->capture_default_str();
+  app.add_option("--time", o.wall_seconds, "stop after this much wall time, in seconds")->check(CLI::NonNegativeNumber);
+  app.add_option("--target", o.target, "stop once a candidate is this many times faster than the reference")->check(CLI::NonNegativeNumber);
+  app.add_option("--patience", o.patience, "stop after this many evaluations without a new best");
+  app.add_option("--seed", o.seed, "random seed")->capture_default_str();
+  app.add_option("--store", o.store, "SQLite store (default kevo-runs/PROBLEM.db)");
+  app.add_flag("--resume", o.resume, "continue the latest run in the store where it stopped");
+  app.add_flag("--retime-reference", o.retime_reference, "with --resume: speedups over the reference timed now, not the run's stored time");
+  app.add_option("--out", o.out, "where to write the best kernel (default kevo-runs/PROBLEM.best.cpp)");
+  app.add_option("--json", o.json, "also write a JSON summary there");
+  app.add_option("--report", o.report, "an HTML report: progress plot, tree, best kernels (default kevo-runs/PROBLEM.html)");
+  app.add_flag("--quiet", o.quiet, "print only the last line");
+  app.add_option("--executor", o.executor, "where candidates run: local, or slurm (each run a job step through srun; the build "
+                                           "cache must be on a filesystem the nodes share)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"local", "slurm"}));
+  app.add_option("--slurm-partition", o.slurm_partition, "the partition of --executor slurm's steps (default: the cluster's)");
+  app.add_option("--slurm-helper", o.slurm_helper, "kevo-run-checked, as the nodes see it (default: beside kevo-search)");
 }
 
 /// The settings a resumed run must keep, as stored with the run.
@@ -195,13 +131,17 @@ int main(int argc, char** argv) {
 }
 
 int search_main(int argc, char** argv) {
-  auto options = parse_arguments(argc, argv);
-  if (!options) {
-    if (!options.error().message.empty()) fmt::print(stderr, "kevo-search: {}\n\n", options.error().message);
-    fmt::print(stderr, "{}", usage);
+  Options o;
+  CLI::App app{"", "kevo-search"};
+  describe(app, o);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    if (e.get_exit_code() == 0) return app.exit(e);  // --help
+    fmt::print(stderr, "kevo-search: {} (--help lists the options)\n", e.what());
     return 2;
   }
-  Options o = *options;
+  o.budget_given = app.count("--budget") > 0;
 
   auto problem = kevo::load_problem(o.problem_dir);
   if (!problem) return fail(problem.error().message);
