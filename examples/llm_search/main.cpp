@@ -23,10 +23,10 @@
 #include <kevo/store/sqlite_store.hpp>
 #include <kevo/synth/llm_synthesizer.hpp>
 
+#include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <charconv>
 #include <cstdlib>
 #include <filesystem>
 #include <functional>
@@ -39,45 +39,6 @@ using namespace std::chrono_literals;
 
 namespace {
 
-constexpr const char* usage = R"(usage: kevo-llm-search PROBLEM_DIR [options]
-
-Searches for a faster kernel with an LLM writing the candidates. The LLM comes from the
-environment or the flags (flags win):
-  KEVO_LLM_BASE_URL     --base-url URL     e.g. https://api.openai.com/v1, http://127.0.0.1:8000/v1,
-                                           https://api.anthropic.com
-  KEVO_LLM_MODEL        --model NAME
-  KEVO_LLM_API_KEY_ENV  --api-key-env VAR  the variable that holds the key (none: send no key)
-  KEVO_LLM_WIRE         --wire FORMAT      openai (default) or anthropic
-Without a base URL and model, it falls back to the offline template synthesizer.
-
-options:
-  --budget N          candidates to evaluate (default 20); generations that give nothing to evaluate
-                      (code identical to the parent, no code, edits that do not apply, failed
-                      requests) do not count: they have their own cap
-  --max-failed-generations N  stop once this many generations failed (default: twice --budget);
-                      the summary counts them by fault, and the stop names the commonest
-  --jobs N            generations and evaluations in flight (default 2)
-  --policy NAME       mcts (default), evolutionary, greedy, random
-  --memory NAME       adaptive (default), combined, trajectory, siblings, fresh
-  --max-tokens N      per answer (default 8192)
-  --max-tokens-field NAME  the OpenAI-format field for it: max_tokens (default), or
-                      max_completion_tokens for OpenAI's newer models
-  --no-temperature    send no temperature (models that accept only their default)
-  --allow-weak-isolation  run an LLM search with its key in this process's environment even where
-                      the candidates' jail lacks a layer (kevo checks each at start and refuses by default)
-  --token-budget N    stop the search once this many tokens are spent (default: none)
-  --price IN OUT      US dollars per million input and output tokens, to report and cap cost
-  --cost-budget USD   stop the search once this much is spent (needs --price)
-  --ca-file PATH      extra trusted certificates (PEM) for a self-hosted HTTPS server
-  --timeout SECONDS   per LLM request, retries included (default 120: a long chat completion
-                      takes a minute or two); Ctrl-C cancels requests in flight at once
-  --knowledge DIR     knowledge folder (default: the shipped knowledge/)
-  --knowledge-db PATH where knowledge and learned skills persist (default kevo-runs/knowledge.db)
-  --store PATH        SQLite store of the search (default kevo-runs/PROBLEM.llm.db)
-  --log-prompts       print every prompt and answer to stderr
-  --seed S            random seed (default 1)
-)";
-
 struct Options {
   fs::path problem_dir;
   std::string base_url, model, api_key_env, wire = "openai";
@@ -87,77 +48,68 @@ struct Options {
   std::string policy = "mcts", memory = "adaptive";
   fs::path knowledge_dir = KEVO_KNOWLEDGE_DIR, knowledge_db, store;
   std::string max_tokens_field = "max_tokens", ca_file;
+  std::vector<double> prices;  // --price IN OUT
   double price_input = 0, price_output = 0, cost_budget = 0;
   bool log_prompts = false, send_temperature = true, allow_weak_isolation = false;
 };
 
-std::string env(const char* name) {
-  const char* v = std::getenv(name);
-  return v ? v : "";
-}
-
-kevo::expected<Options, kevo::Error> parse_arguments(int argc, char** argv) {
-  Options o;
-  o.base_url = env("KEVO_LLM_BASE_URL");
-  o.model = env("KEVO_LLM_MODEL");
-  o.api_key_env = env("KEVO_LLM_API_KEY_ENV");
-  if (auto w = env("KEVO_LLM_WIRE"); !w.empty()) o.wire = w;
-  for (int i = 1; i < argc; ++i) {
-    const std::string_view arg = argv[i];
-    auto value = [&]() -> std::optional<std::string_view> {
-      if (i + 1 >= argc) return std::nullopt;
-      return std::string_view(argv[++i]);
-    };
-    auto number = [&](auto& out) {
-      auto v = value();
-      if (!v) return false;
-      if constexpr (std::is_floating_point_v<std::remove_reference_t<decltype(out)>>) {
+// The command line, with CLI11: --help, unknown flags, missing and bad values are its job. The LLM
+// comes from the environment or the flags (flags win).
+void describe(CLI::App& app, Options& o) {
+  // More than zero: CLI11's PositiveNumber would name the whole double range in its message.
+  const CLI::Validator positive(
+      [](std::string& text) {
         char* end = nullptr;
-        const std::string text(*v);
-        out = std::strtod(text.c_str(), &end);
-        return end && *end == '\0' && out > 0;
-      } else {
-        auto [end, ec] = std::from_chars(v->data(), v->data() + v->size(), out);
-        return ec == std::errc() && end == v->data() + v->size();
-      }
-    };
-    bool ok = true;
-    if (arg == "--base-url" || arg == "--model" || arg == "--api-key-env" || arg == "--wire" || arg == "--policy" ||
-        arg == "--memory" || arg == "--knowledge" || arg == "--knowledge-db" || arg == "--store" || arg == "--max-tokens-field" ||
-        arg == "--ca-file") {
-      auto v = value();
-      if (!v) return kevo::make_error(fmt::format("{} needs a value", arg));
-      if (arg == "--base-url") o.base_url = *v;
-      else if (arg == "--model") o.model = *v;
-      else if (arg == "--api-key-env") o.api_key_env = *v;
-      else if (arg == "--wire") o.wire = *v;
-      else if (arg == "--policy") o.policy = *v;
-      else if (arg == "--memory") o.memory = *v;
-      else if (arg == "--knowledge") o.knowledge_dir = *v;
-      else if (arg == "--knowledge-db") o.knowledge_db = *v;
-      else if (arg == "--max-tokens-field") o.max_tokens_field = *v;
-      else if (arg == "--ca-file") o.ca_file = *v;
-      else o.store = *v;
-    } else if (arg == "--budget") ok = number(o.budget);
-    else if (arg == "--jobs") ok = number(o.jobs) && o.jobs > 0;
-    else if (arg == "--max-failed-generations") ok = number(o.max_failed_generations) && o.max_failed_generations > 0;
-    else if (arg == "--max-tokens") ok = number(o.max_tokens);
-    else if (arg == "--token-budget") ok = number(o.token_budget);
-    else if (arg == "--timeout") ok = number(o.timeout_seconds);
-    else if (arg == "--price") ok = number(o.price_input) && number(o.price_output);
-    else if (arg == "--cost-budget") ok = number(o.cost_budget);
-    else if (arg == "--seed") ok = number(o.seed);
-    else if (arg == "--log-prompts") o.log_prompts = true;
-    else if (arg == "--no-temperature") o.send_temperature = false;
-    else if (arg == "--allow-weak-isolation") o.allow_weak_isolation = true;
-    else if (arg == "--help" || arg == "-h") return kevo::make_error("");
-    else if (arg.starts_with("--")) return kevo::make_error(fmt::format("unknown option {}", arg));
-    else if (o.problem_dir.empty()) o.problem_dir = arg;
-    else return kevo::make_error(fmt::format("unexpected argument '{}'", arg));
-    if (!ok) return kevo::make_error(fmt::format("{} needs a positive number", arg));
-  }
-  if (o.problem_dir.empty()) return kevo::make_error("no problem directory given");
-  return o;
+        const double v = std::strtod(text.c_str(), &end);
+        return end && *end == '\0' && v > 0 ? std::string() : "must be more than 0, not " + text;
+      },
+      "POSITIVE");
+  app.description(
+      "Searches for a faster kernel with an LLM writing the candidates. Without a base URL and a model it falls back to the "
+      "offline template synthesizer.");
+  app.add_option("problem", o.problem_dir, "the problem directory (problem.json, reference, template)")->required();
+  app.add_option("--base-url", o.base_url, "e.g. https://api.openai.com/v1, http://127.0.0.1:8000/v1, https://api.anthropic.com")
+      ->envname("KEVO_LLM_BASE_URL");
+  app.add_option("--model", o.model, "the model's name")->envname("KEVO_LLM_MODEL");
+  app.add_option("--api-key-env", o.api_key_env, "the variable that holds the key (none: send no key)")->envname("KEVO_LLM_API_KEY_ENV");
+  app.add_option("--wire", o.wire, "the request format")->envname("KEVO_LLM_WIRE")->capture_default_str()->check(
+      CLI::IsMember({"openai", "anthropic"}));
+  app.add_option("--budget", o.budget,
+                 "candidates to evaluate; generations that give nothing to evaluate (code identical to the parent, no code, edits "
+                 "that do not apply, failed requests) do not count: they have their own cap")
+      ->capture_default_str()
+      ->check(positive);
+  app.add_option("--max-failed-generations", o.max_failed_generations,
+                 "stop once this many generations failed (default: twice --budget); the summary counts them by fault")
+      ->check(positive);
+  app.add_option("--jobs", o.jobs, "generations and evaluations in flight")->capture_default_str()->check(CLI::Range(std::size_t{1}, std::size_t{4096}));
+  app.add_option("--policy", o.policy, "search policy")->capture_default_str()->check(CLI::IsMember({"mcts", "evolutionary", "greedy", "random"}));
+  app.add_option("--memory", o.memory, "memory operator")->capture_default_str()->check(
+      CLI::IsMember({"adaptive", "combined", "trajectory", "siblings", "fresh"}));
+  app.add_option("--max-tokens", o.max_tokens, "per answer")->capture_default_str()->check(positive);
+  app.add_option("--max-tokens-field", o.max_tokens_field, "the OpenAI-format field for it: max_completion_tokens for OpenAI's newer models")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"max_tokens", "max_completion_tokens"}));
+  app.add_flag("--no-temperature", [&o](std::int64_t) { o.send_temperature = false; }, "send no temperature (models that accept only their default)");
+  app.add_flag("--allow-weak-isolation", o.allow_weak_isolation,
+               "run an LLM search with its key in this process's environment even where the candidates' jail lacks a layer (kevo "
+               "checks each at start and refuses by default)");
+  app.add_option("--token-budget", o.token_budget, "stop the search once this many tokens are spent")->check(positive);
+  app.add_option("--price", o.prices, "US dollars per million input and output tokens, to report and cap cost")
+      ->expected(2)
+      ->check(positive);
+  app.add_option("--cost-budget", o.cost_budget, "stop the search once this much is spent, in US dollars")->check(positive)->needs("--price");
+  app.add_option("--ca-file", o.ca_file, "extra trusted certificates (PEM) for a self-hosted HTTPS server");
+  app.add_option("--timeout", o.timeout_seconds,
+                 "per LLM request in seconds, retries included (a long chat completion takes a minute or two); Ctrl-C cancels "
+                 "requests in flight at once")
+      ->capture_default_str()
+      ->check(positive);
+  app.add_option("--knowledge", o.knowledge_dir, "knowledge folder")->capture_default_str();
+  app.add_option("--knowledge-db", o.knowledge_db, "where knowledge and learned skills persist (default kevo-runs/knowledge.db)");
+  app.add_option("--store", o.store, "SQLite store of the search (default kevo-runs/PROBLEM.llm.db)");
+  app.add_flag("--log-prompts", o.log_prompts, "print every prompt and answer to stderr");
+  app.add_option("--seed", o.seed, "random seed")->capture_default_str();
 }
 
 /// Lends a knowledge base to the loop without giving it away, so main can still report on it.
@@ -252,13 +204,17 @@ int main(int argc, char** argv) {
 }
 
 int llm_search_main(int argc, char** argv) {
-  auto options = parse_arguments(argc, argv);
-  if (!options) {
-    if (!options.error().message.empty()) fmt::print(stderr, "kevo-llm-search: {}\n\n", options.error().message);
-    fmt::print(stderr, "{}", usage);
+  Options o;
+  CLI::App app{"", "kevo-llm-search"};
+  describe(app, o);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    if (e.get_exit_code() == 0) return app.exit(e);  // --help
+    fmt::print(stderr, "kevo-llm-search: {} (--help lists the options)\n", e.what());
     return 2;
   }
-  const Options& o = *options;
+  if (o.prices.size() == 2) o.price_input = o.prices[0], o.price_output = o.prices[1];
   auto problem = kevo::load_problem(o.problem_dir);
   if (!problem) return fail(problem.error().message);
 
