@@ -10,6 +10,7 @@
 #include <simdjson.h>
 
 #include <chrono>
+#include <optional>
 #include <thread>
 
 #include "kevo/retrieval/retrieval.hpp"
@@ -256,4 +257,65 @@ TEST_CASE("a connection that sends garbage gets a 400 and the server goes on", "
     CHECK(response.result_int() == 400);
   }
   CHECK(call(running.server.port(), http::verb::get, "/health", "").status == 200);
+}
+
+namespace {
+
+using kevo::Error;
+using kevo::ErrorKind;
+using kevo::expected;
+using kevo::make_error;
+
+/// A CPU engine whose searches and upserts fail, while `failure` is set, with that kind of error.
+class FailingEngine final : public RetrievalBackend {
+ public:
+  explicit FailingEngine(const Workload& w) : engine_(w.schema(), w.model(), 1) {}
+  std::string name() const override { return "failing"; }
+  const Schema& schema() const override { return engine_.schema(); }
+  const Model& model() const override { return engine_.model(); }
+  expected<std::vector<ScoredAd>, Error> search(const Request& r) override {
+    if (failure) return make_error("search refused", *failure);
+    return engine_.search(r);
+  }
+  expected<void, Error> upsert(std::span<const AdRecord> ads) override {
+    if (failure) return make_error("upsert refused", *failure);
+    return engine_.upsert(ads);
+  }
+  expected<std::size_t, Error> expire(std::span<const std::uint32_t> ids) override { return engine_.expire(ids); }
+  std::optional<ErrorKind> failure;
+
+ private:
+  CpuRetrievalBackend engine_;
+};
+
+}  // namespace
+
+TEST_CASE("a backend's error is answered by its kind: the caller's 400, capacity 503, the backend's or a bug 500",
+          "[retrieval][server]") {
+  const Workload w({.seed = 4, .dim = 64, .features = 32, .hidden = 48});
+  FailingEngine backend(w);
+  std::vector<AdRecord> ads;
+  for (int i = 0; i < 500; ++i) ads.push_back(w.ad(i));
+  REQUIRE(backend.upsert(ads));
+  RunningServer running(backend);
+  const unsigned short port = running.server.port();
+  const Request request = w.request(1, RequestKind::broad, 10);
+  const AdRecord ad = w.ad(9000);
+  std::string embedding;
+  for (float x : ad.embedding) embedding += fmt::format("{}{}", embedding.empty() ? "" : ",", x);
+  const std::string upsert = fmt::format("{{\"ads\":[{{\"id\":9000,\"embedding\":[{}],\"bias\":0.5,\"clauses\":[],\"live\":true}}]}}", embedding);
+
+  for (auto [kind, status] : {std::pair{ErrorKind::caller, 400u}, {ErrorKind::capacity, 503u}, {ErrorKind::backend, 500u}, {ErrorKind::bug, 500u}}) {
+    INFO(to_string(kind));
+    backend.failure = kind;
+    Reply searched = call(port, http::verb::post, "/search", search_body(request));
+    CHECK(searched.status == status);
+    CHECK_THAT(searched.body, Catch::Contains("search refused"));
+    Reply upserted = call(port, http::verb::post, "/ads", upsert);
+    CHECK(upserted.status == status);
+    CHECK_THAT(upserted.body, Catch::Contains("upsert refused"));
+  }
+  backend.failure.reset();
+  CHECK(call(port, http::verb::post, "/search", search_body(request)).status == 200);
+  CHECK(call(port, http::verb::post, "/ads", upsert).status == 200);
 }

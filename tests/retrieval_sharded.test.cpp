@@ -35,7 +35,7 @@ class FlakyShard final : public RetrievalBackend {
   const Schema& schema() const override { return engine_.schema(); }
   const Model& model() const override { return engine_.model(); }
   expected<std::vector<ScoredAd>, Error> search(const Request& r) override {
-    if (failing) return make_error("the device went away");
+    if (failing) return make_error("the device went away", ErrorKind::backend);
     return engine_.search(r);
   }
   expected<void, Error> upsert(std::span<const AdRecord> ads) override { return engine_.upsert(ads); }
@@ -156,6 +156,7 @@ TEST_CASE("a failed shard fails the search, named; a partial answer only where t
     auto failed = (*pool)->search(r);
     REQUIRE_FALSE(failed);
     CHECK(failed.error().message == "shard 1 of 2 failed: the device went away");
+    CHECK(failed.error().kind == ErrorKind::backend);  // the shard's own kind, kept through the merge
     auto partial = (*pool)->search_sharded(r);
     INFO("allow_partial " << allow_partial);
     if (!allow_partial) {
@@ -182,6 +183,7 @@ TEST_CASE("a bad request is the caller's error, and shards of another model are 
   auto refused = pool->search(bad);
   REQUIRE_FALSE(refused);
   CHECK(refused.error().message.find("shard") == std::string::npos);
+  CHECK(refused.error().kind == ErrorKind::caller);
   std::vector<std::unique_ptr<RetrievalBackend>> mixed;
   mixed.push_back(std::make_unique<CpuRetrievalBackend>(w.schema(), w.model(), 1));
   const Workload other({.seed = 6, .dim = 64, .features = 32, .hidden = 48});

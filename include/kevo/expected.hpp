@@ -89,11 +89,33 @@ class expected<void, E> {
   bool ok_ = true;
 };
 
-/// The error type that most kevo calls return: a message a person can act on.
-struct Error {
-  std::string message;
+/// Whose the fault is, so that a caller can react without reading the message (a server answers
+/// 400 for the caller's fault, 503 for capacity, 500 for the rest).
+enum class ErrorKind : unsigned char {
+  caller,    ///< bad input: the request, a file, an argument (validated at the layer that takes it in)
+  capacity,  ///< a full index or arena, memory that ran out: retrying later or larger may succeed
+  backend,   ///< the device, the database, the network or the compiler failed
+  bug,       ///< an invariant of kevo's own broke
 };
 
-inline unexpected<Error> make_error(std::string message) { return unexpected<Error>(Error{std::move(message)}); }
+inline const char* to_string(ErrorKind kind) {
+  switch (kind) {
+    case ErrorKind::caller: return "caller";
+    case ErrorKind::capacity: return "capacity";
+    case ErrorKind::backend: return "backend";
+    case ErrorKind::bug: return "bug";
+  }
+  return "?";
+}
+
+/// The error type that most kevo calls return: a message a person can act on, and its kind.
+struct Error {
+  std::string message;
+  ErrorKind kind = ErrorKind::caller;
+};
+
+inline unexpected<Error> make_error(std::string message, ErrorKind kind = ErrorKind::caller) {
+  return unexpected<Error>(Error{std::move(message), kind});
+}
 
 }  // namespace kevo

@@ -238,7 +238,7 @@ class BatchingBackend final : public RetrievalBackend {
     try {
       return engine_.search(request);
     } catch (const std::exception& e) {  // the engine's failure is the caller's answer, not a hang
-      return make_error(std::string("search failed: ") + e.what());
+      return make_error(std::string("search failed: ") + e.what(), ErrorKind::backend);
     }
   }
 

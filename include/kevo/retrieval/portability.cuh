@@ -32,6 +32,7 @@ using gpu_error_t = cudaError_t;
 using gpu_stream_t = cudaStream_t;
 using gpu_event_t = cudaEvent_t;
 inline constexpr gpu_error_t gpu_success = cudaSuccess;
+inline constexpr gpu_error_t gpu_error_out_of_memory = cudaErrorMemoryAllocation;
 namespace gpu_cub = ::cub;
 
 inline const char* gpu_error_string(gpu_error_t e) { return cudaGetErrorString(e); }
@@ -39,7 +40,8 @@ inline const char* gpu_error_string(gpu_error_t e) { return cudaGetErrorString(e
 /// Turns a runtime error code into kevo::Error, naming the call.
 inline expected<void, Error> gpu_check(gpu_error_t e, const char* what) {
   if (e == gpu_success) return {};
-  return make_error(std::string(what) + ": " + gpu_error_string(e));
+  return make_error(std::string(what) + ": " + gpu_error_string(e),
+                    e == gpu_error_out_of_memory ? ErrorKind::capacity : ErrorKind::backend);
 }
 
 // ---- host runtime ------------------------------------------------------------------------------

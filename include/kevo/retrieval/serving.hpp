@@ -457,6 +457,18 @@ class RetrievalHttpServer {
     bool update = false;  // on the update thread, in arrival order, not behind searches
   };
 
+  /// The answer's status from whose fault an error is: the caller's 400, capacity 503, else 500.
+  static boost::beast::http::status status_for(ErrorKind kind) {
+    using boost::beast::http::status;
+    switch (kind) {
+      case ErrorKind::caller: return status::bad_request;
+      case ErrorKind::capacity: return status::service_unavailable;
+      case ErrorKind::backend:
+      case ErrorKind::bug: break;
+    }
+    return status::internal_server_error;
+  }
+
   static HttpAnswer error(boost::beast::http::status s, std::string_view message) {
     return {s, "{\"error\":\"" + serving_detail::json_escape(message) + "\"}"};
   }
@@ -500,12 +512,7 @@ class RetrievalHttpServer {
   // The request is checked before it is queued, so that what the backend refuses after these checks
   // is its own failure (500, 503), not the caller's (400); a request too large for the model's fp16
   // vectors is found only by running its towers, and is the caller's.
-  static HttpAnswer search_failed(const Error& e) {
-    using boost::beast::http::status;
-    return error(e.message.find(kVectorsOverflowMessage) != std::string::npos ? status::bad_request
-                                                                              : status::internal_server_error,
-                 e.message);
-  }
+  static HttpAnswer search_failed(const Error& e) { return error(status_for(e.kind), e.message); }
 
   Prepared prepare_search(Request request) {
     using boost::beast::http::status;
@@ -540,7 +547,7 @@ class RetrievalHttpServer {
       if (auto ok = validate_ad(backend_.schema(), ad); !ok) return answer(error(status::bad_request, ok.error().message));
     return {std::nullopt, [this, ads = std::move(ads)] {
               if (auto ok = backend_.upsert(std::span<const AdRecord>(ads.data(), ads.size())); !ok)
-                return error(status::service_unavailable, ok.error().message);  // such as a full index
+                return error(status_for(ok.error().kind), ok.error().message);  // 503 for a full index
               return HttpAnswer{status::ok, "{\"upserted\":" + serving_detail::number(ads.size()) + "}"};
             }, true};
   }

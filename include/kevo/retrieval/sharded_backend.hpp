@@ -35,6 +35,7 @@ struct ShardedAnswer {
   std::vector<ScoredAd> top;
   std::vector<std::size_t> failed_shards;
   std::string failure;  ///< the first failed shard's error, where any failed
+  ErrorKind failure_kind = ErrorKind::backend;
   bool complete() const { return failed_shards.empty(); }
 };
 
@@ -70,7 +71,7 @@ class ShardedBackend final : public RetrievalBackend {
   expected<std::vector<ScoredAd>, Error> search(const Request& request) override {
     if (auto ok = validate_request(schema(), model(), request); !ok) return unexpected(ok.error());
     ShardedAnswer answer = ask_all(request);
-    if (!answer.complete()) return make_error(answer.failure);
+    if (!answer.complete()) return make_error(answer.failure, answer.failure_kind);
     return std::move(answer.top);
   }
 
@@ -80,7 +81,7 @@ class ShardedBackend final : public RetrievalBackend {
     if (auto ok = validate_request(schema(), model(), request); !ok) return unexpected(ok.error());
     ShardedAnswer answer = ask_all(request);
     if (!answer.complete() && (!options_.allow_partial || answer.failed_shards.size() == shards_.size()))
-      return make_error(answer.failure);
+      return make_error(answer.failure, answer.failure_kind);
     return answer;
   }
 
@@ -92,10 +93,11 @@ class ShardedBackend final : public RetrievalBackend {
     auto per_shard = on_every_shard([&](RetrievalBackend& s, std::size_t) { return s.search_batch(requests); });
     std::vector<std::vector<ScoredAd>> merged(requests.size());
     for (std::size_t i = 0; i < per_shard.size(); ++i) {
-      if (!per_shard[i]) return make_error(shard_failure(i, per_shard[i].error()));
+      if (!per_shard[i]) return make_error(shard_failure(i, per_shard[i].error()), per_shard[i].error().kind);
       if (per_shard[i]->size() != requests.size())
         return make_error(shard_failure(i, Error{"it answered " + std::to_string(per_shard[i]->size()) + " of " +
-                                                 std::to_string(requests.size()) + " searches"}));
+                                                 std::to_string(requests.size()) + " searches"}),
+                          ErrorKind::bug);
     }
     for (std::size_t r = 0; r < requests.size(); ++r) {
       std::vector<ScoredAd> all;
@@ -118,7 +120,8 @@ class ShardedBackend final : public RetrievalBackend {
       return s.upsert(std::span<const AdRecord>(part.data(), part.size()));
     });
     for (std::size_t i = 0; i < results.size(); ++i)
-      if (!results[i]) return make_error(shard_failure(i, results[i].error()) + " (the other shards' ads were updated)");
+      if (!results[i])
+        return make_error(shard_failure(i, results[i].error()) + " (the other shards' ads were updated)", results[i].error().kind);
     return {};
   }
 
@@ -132,7 +135,7 @@ class ShardedBackend final : public RetrievalBackend {
     });
     std::size_t expired = 0;
     for (std::size_t i = 0; i < results.size(); ++i) {
-      if (!results[i]) return make_error(shard_failure(i, results[i].error()));
+      if (!results[i]) return make_error(shard_failure(i, results[i].error()), results[i].error().kind);
       expired += *results[i];
     }
     return expired;
@@ -141,7 +144,7 @@ class ShardedBackend final : public RetrievalBackend {
   expected<void, Error> reindex() override {
     auto results = on_every_shard([](RetrievalBackend& s, std::size_t) { return s.reindex(); });
     for (std::size_t i = 0; i < results.size(); ++i)
-      if (!results[i]) return make_error(shard_failure(i, results[i].error()));
+      if (!results[i]) return make_error(shard_failure(i, results[i].error()), results[i].error().kind);
     return {};
   }
 
@@ -188,7 +191,7 @@ class ShardedBackend final : public RetrievalBackend {
     try {
       return f(shard, i);
     } catch (const std::exception& e) {
-      return make_error(std::string("threw: ") + e.what());
+      return make_error(std::string("threw: ") + e.what(), ErrorKind::backend);
     }
   }
 
@@ -200,7 +203,7 @@ class ShardedBackend final : public RetrievalBackend {
       if (answers[i]) {
         all.insert(all.end(), answers[i]->begin(), answers[i]->end());
       } else {
-        if (out.failure.empty()) out.failure = shard_failure(i, answers[i].error());
+        if (out.failure.empty()) out.failure = shard_failure(i, answers[i].error()), out.failure_kind = answers[i].error().kind;
         out.failed_shards.push_back(i);
       }
     }

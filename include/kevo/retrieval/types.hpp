@@ -140,7 +140,7 @@ inline expected<void, Error> validate_request(const Schema& schema, const Model&
 
 /// A batch's error: what went wrong with the request at `index`, naming its place in the batch.
 inline unexpected<Error> batch_error(std::size_t index, const Error& error) {
-  return make_error("request " + std::to_string(index) + " of the batch: " + error.message);
+  return make_error("request " + std::to_string(index) + " of the batch: " + error.message, error.kind);
 }
 
 /// Checks an ad against the schema before it enters a pool.

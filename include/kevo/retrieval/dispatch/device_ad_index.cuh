@@ -261,7 +261,7 @@ class DeviceAdIndex {
       }
     });
     const std::size_t fresh = std::accumulate(fresh_in_part.begin(), fresh_in_part.end(), std::size_t{0});
-    if (fresh > free_slots_.size() + (options_.capacity - slots_)) return make_error("the index is full");
+    if (fresh > free_slots_.size() + (options_.capacity - slots_)) return make_error("the index is full", ErrorKind::capacity);
     // Each ad's clause run starts on a 16-byte boundary (matching reads runs four clauses at a time).
     std::vector<std::uint32_t> padded_begin(n + 1, 0);
     for (std::size_t i = 0; i < n; ++i)
@@ -287,7 +287,8 @@ class DeviceAdIndex {
       if (kept + padded_clauses > options_.clause_capacity)
         return make_error("the clause arena is full: live ads hold " + std::to_string(kept) + " of " +
                           std::to_string(options_.clause_capacity) + " packed clauses and this batch needs " +
-                          std::to_string(padded_clauses) + " more (create the index with a larger clause_capacity)");
+                          std::to_string(padded_clauses) + " more (create the index with a larger clause_capacity)",
+                          ErrorKind::capacity);
       held.lock();
       if (auto ok = compact_clause_arena(replaced); !ok) return ok;
     }
@@ -371,7 +372,7 @@ class DeviceAdIndex {
     if (!ok) return ok;
     if (walk_count_ < options_.reindex_after) return {};
     if (auto ok = reindex_locked(); !ok)
-      return make_error("the batch is enqueued, but the reindex it started failed: " + ok.error().message);
+      return make_error("the batch is enqueued, but the reindex it started failed: " + ok.error().message, ok.error().kind);
     return {};
   }
 

@@ -321,7 +321,7 @@ class FusedRetrievalPipeline {
         }
       });
     });
-    if (!launched) return make_error("no prebuilt scoring variant for " + to_string(p));
+    if (!launched) return make_error("no prebuilt scoring variant for " + to_string(p), ErrorKind::bug);
     KEVO_GPU_TRY(launch_error);
     return {};
   }
@@ -354,7 +354,7 @@ class FusedRetrievalPipeline {
     const std::size_t need = scoring_shared_bytes(p);
     if (need > max_shared_per_block_)
       return make_error(to_string(p) + " needs " + std::to_string(need) + " bytes of shared memory per block; this GPU allows " +
-                        std::to_string(max_shared_per_block_) + " (use fewer stages or threads)");
+                        std::to_string(max_shared_per_block_) + " (use fewer stages or threads)", ErrorKind::capacity);
     return {};
   }
   /// Batched scoring holds every request's fragments in one block, and with stages > 0 a ring per
@@ -368,7 +368,7 @@ class FusedRetrievalPipeline {
     });
     if (need > max_shared_per_block_)
       return make_error(to_string(p) + " needs " + std::to_string(need) + " bytes of shared memory per block; this GPU allows " +
-                        std::to_string(max_shared_per_block_) + " (use stages = 0)");
+                        std::to_string(max_shared_per_block_) + " (use stages = 0)", ErrorKind::capacity);
     return {};
   }
   /// Top-K's sort holds up to K + boundary_cap keys in one block's shared memory.
@@ -376,7 +376,7 @@ class FusedRetrievalPipeline {
     const std::size_t need = kernels::topk_sort_bytes(static_cast<std::uint32_t>(kMaxK + p.boundary_cap));
     if (need > max_shared_per_block_)
       return make_error(to_string(p) + " needs " + std::to_string(need) + " bytes of shared memory per block; this GPU allows " +
-                        std::to_string(max_shared_per_block_) + " (use a smaller boundary cap)");
+                        std::to_string(max_shared_per_block_) + " (use a smaller boundary cap)", ErrorKind::capacity);
     return {};
   }
 
@@ -447,8 +447,8 @@ class FusedRetrievalPipeline {
     const std::uint32_t* slot = own_answers_host_ + r * kAnswerWords;
     const std::uint32_t count = slot[0];
     if (count == kCountVectorsOverflowed) return make_error(kVectorsOverflowMessage);
-    if (count == kCountCandidatesOverflowed) return make_error("top-K candidate buffer overflowed (a bug)");
-    if (count > static_cast<std::uint32_t>(k)) return make_error("top-K wrote a count past K (a bug)");
+    if (count == kCountCandidatesOverflowed) return make_error("top-K candidate buffer overflowed (a bug)", ErrorKind::bug);
+    if (count > static_cast<std::uint32_t>(k)) return make_error("top-K wrote a count past K (a bug)", ErrorKind::bug);
     std::vector<ScoredAd> top(count);
     for (std::uint32_t i = 0; i < count; ++i) top[i] = {slot[1 + i], std::bit_cast<float>(slot[1 + k + i])};
     return top;
@@ -487,7 +487,7 @@ class FusedRetrievalPipeline {
       kernel<<<grid, p.block_threads, 0, stream>>>(view, requests, list, request_masks, listed);
       launched = true;
     });
-    if (!launched) return make_error("no prebuilt matching variant for " + to_string(p));
+    if (!launched) return make_error("no prebuilt matching variant for " + to_string(p), ErrorKind::bug);
     KEVO_GPU_TRY(gpu_last_error());
     return {};
   }
@@ -544,7 +544,7 @@ class FusedRetrievalPipeline {
         });
       }
     });
-    if (!launched) return make_error("no batched scoring variant fits this GPU for " + to_string(policy_.batch_scoring));
+    if (!launched) return make_error("no batched scoring variant fits this GPU for " + to_string(policy_.batch_scoring), ErrorKind::capacity);
     KEVO_GPU_TRY(gpu_last_error());
     return {};
   }
@@ -573,7 +573,7 @@ class FusedRetrievalPipeline {
                                         chunk_max, listed, state, l.chunk_size, candidates, l.candidate_capacity));
     const std::size_t sort_bytes = kernels::topk_sort_bytes(l.candidate_capacity);
     if (resident_blocks(kernels::topk_sort<>, kernels::kTopKSortThreads, sort_bytes) == 0)
-      return make_error("top-K's sort needs " + std::to_string(sort_bytes) + " bytes of shared memory per block");
+      return make_error("top-K's sort needs " + std::to_string(sort_bytes) + " bytes of shared memory per block", ErrorKind::capacity);
     KEVO_GPU_TRY(gpu_launch_after_prior(kernels::topk_sort<>, 1, kernels::kTopKSortThreads, sort_bytes, stream,
                                         candidates, state, kk, l.candidate_capacity, out.ids, out.scores, out.count));
     return {};
