@@ -184,6 +184,7 @@ int search(const Options& o, const kevo::Problem& problem, Synth synth, Retrieve
                                       evaluated, result->elapsed_seconds)));
   if constexpr (requires { loop.synthesizer().failures(); })
     fmt::print("{}\n", loop.synthesizer().failures().summary());
+  if (result->repairs.requested > 0) fmt::print("{}\n", result->repairs.summary());
   if constexpr (requires { loop.synthesizer().completer().usage(); })
     fmt::print("LLM usage: {}\n", kevo::net::to_string(loop.synthesizer().completer().usage()));
   fmt::print("best: {:.2f}x over reference, node {} ({})\n", result->verified ? result->verified_speedup : result->best_speedup,

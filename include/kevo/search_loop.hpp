@@ -42,6 +42,7 @@
 #include <memory>
 #include <optional>
 #include <unordered_map>
+#include <unordered_set>
 
 namespace kevo {
 
@@ -84,6 +85,25 @@ struct Progress {
   const Candidate* candidate = nullptr;
   const Evaluation* evaluation = nullptr;
   bool new_best = false;
+  bool repair = false;  ///< the node was a repair of its failed parent
+};
+
+/// What came of repair moves (only a synthesizer that repairs is asked for them): "repaired 7 of 9
+/// failing candidates within 2 tries".
+struct RepairCounts {
+  std::size_t requested = 0;   ///< repair generations asked of the synthesizer
+  std::size_t succeeded = 0;   ///< of them, ones whose candidate was correct
+  std::size_t candidates = 0;  ///< failing candidates (the seed included) a repair was asked for
+  std::size_t repaired = 0;    ///< of them, ones a repair made correct within `within` tries
+  std::size_t within = 2;
+
+  /// The fraction of failing candidates repaired within `within` tries (0 when none was tried).
+  double fraction() const { return candidates == 0 ? 0.0 : static_cast<double>(repaired) / static_cast<double>(candidates); }
+  std::string summary() const {
+    if (requested == 0) return "no repairs";
+    return fmt::format("repaired {} of {} failing candidate{} within {} tries ({} of {} repair{} correct)", repaired, candidates,
+                       candidates == 1 ? "" : "s", within, succeeded, requested, requested == 1 ? "" : "s");
+  }
 };
 
 struct SearchResult {
@@ -101,6 +121,7 @@ struct SearchResult {
   double elapsed_seconds = 0;
   double reference_seconds = 0;   ///< the reference time the run's speedups are over (0: the evaluator's own)
   bool reference_from_store = false;  ///< a resume reused the time stored with the run rather than re-timing it
+  RepairCounts repairs;           ///< repair moves asked and their outcome (this process's, not a resumed run's earlier ones)
 };
 
 /// This host's architecture, in the knowledge base's words.
@@ -126,6 +147,7 @@ struct SearchArguments {
   bool retime_reference = false;         ///< on resume, use the evaluator's new reference time rather than the run's stored one
   bool handle_signals = false;           ///< stop cleanly on SIGINT/SIGTERM
   std::size_t max_consecutive_generation_failures = 16;
+  std::size_t seed_repairs = 2;          ///< with a synthesizer that repairs: repairs of a broken seed before it is an error
   std::string settings_json = "{}";      ///< recorded with the run, for resuming it the same way
   std::string architecture = host_architecture();  ///< what knowledge retrieval targets, e.g. "x86-64", "sm_90a"
   std::function<void(const Progress&)> on_progress;
@@ -176,6 +198,7 @@ class SearchLoop {
         args_(std::move(args)),
         rng_(args_.seed) {
     if (args_.jobs == 0) args_.jobs = 1;
+    kevo::enable_repairs(policy_, synthesizer_repairs<Synth>);
   }
 
   /// Starts a new run from `seed` (the tree's root), warm-started from earlier runs in the store.
@@ -254,6 +277,7 @@ class SearchLoop {
       if (!e.ok()) ++failures_[e.failure];
     }
     rng_.seed(detail::mix(args_.seed, finish_order.size()));
+    if (tree_[tree_.root()].state == NodeState::failed) seed_repairs_ = tree_[tree_.root()].child_count;
     if (stored_reference > 0 && !args_.retime_reference) {
       reference_seconds_ = stored_reference;
       reference_from_store_ = true;
@@ -331,6 +355,9 @@ class SearchLoop {
     };
     io.run();
     workers.join();
+    // A broken seed that no repair made good is the same clear error as without repairs.
+    if constexpr (synthesizer_repairs<Synth>)
+      if (!error_ && seed_broken() && stop_reason_ != StopReason::interrupted) error_ = seed_error();
     if (error_) return unexpected(*error_);
     return finish();
   }
@@ -348,9 +375,23 @@ class SearchLoop {
       }
       // Nothing can be generated before the seed's evaluation tells the policy where it stands.
       if (tree_[tree_.root()].state == NodeState::pending) break;
-      if (tree_[tree_.root()].state == NodeState::failed) {
-        fail(Error{fmt::format("the seed candidate failed ({}): {}", to_string(evaluations_[0].failure),
-                               evaluations_[0].diagnostics.message)});
+      // A failed seed ends the run, unless a synthesizer that repairs can fix it (or already did).
+      if (synthesizer_repairs<Synth> ? seed_broken() : tree_[tree_.root()].state == NodeState::failed) {
+        if constexpr (synthesizer_repairs<Synth>) {
+          // A synthesizer that repairs is asked to fix the seed, one try at a time, before the
+          // search gives up on it.
+          if (seed_repair_in_flight_) break;
+          if (seed_repairs_ < args_.seed_repairs && started_ < args_.max_evaluations && repairable(evaluations_[0].failure)) {
+            ++in_flight_;
+            ++started_;
+            ++seed_repairs_;
+            seed_repair_in_flight_ = true;
+            start_generation(Expansion{tree_.root(), no_node, true});
+            continue;
+          }
+          if (in_flight_ > 0) break;  // a warm start still being evaluated may yet be correct
+        }
+        fail(seed_error());
         break;
       }
       if (started_ >= args_.max_evaluations) break;
@@ -388,13 +429,25 @@ class SearchLoop {
                                                      .operator_class = problem_->name,
                                                      .problem_words = problem_->description});
     r.seed = detail::mix(args_.seed, child);
+    r.repair = e.repair;
+    r.repair_try = e.repair ? repair_tries_[e.parent] : 0;
     return r;
+  }
+
+  /// The seed failed and nothing correct has been found since (a repair, a warm start).
+  bool seed_broken() const { return tree_[tree_.root()].state == NodeState::failed && tree_.best_speedup() <= 0; }
+
+  Error seed_error() const {
+    const Evaluation& seed = evaluations_[tree_.root()];
+    return Error{fmt::format("the seed candidate failed ({}): {}{}", to_string(seed.failure), seed.diagnostics.message,
+                             seed_repairs_ == 0 ? std::string()
+                                                : fmt::format(" ({} repair{} of it failed too)", seed_repairs_, seed_repairs_ == 1 ? "" : "s"))};
   }
 
   Attempt attempt(NodeId id) const { return Attempt{id, candidates_[id], evaluations_[id]}; }
 
-  void start_generation() {
-    const Expansion e = policy_.select(tree_, rng_);
+  void start_generation(std::optional<Expansion> forced = std::nullopt) {
+    Expansion e = forced ? *forced : policy_.select(tree_, rng_);
     // A user's policy may name any id: only a finished node has a candidate and a result to build on.
     auto finished = [&](NodeId n) { return n < tree_.size() && tree_[n].state != NodeState::pending; };
     if (!finished(e.parent) || (e.mate != no_node && !finished(e.mate))) {
@@ -404,8 +457,18 @@ class SearchLoop {
       --started_;
       return;
     }
+    // A repair is of a failed node, and only for a synthesizer that repairs; otherwise it is a plain expansion.
+    if (e.repair && (!synthesizer_repairs<Synth> || tree_[e.parent].state != NodeState::failed)) e.repair = false;
     const NodeId child = tree_.add_child(e.parent);
     policy_.on_expand(tree_, child);
+    if (e.repair) {
+      std::uint32_t& tries = repair_tries_[e.parent];
+      if (tries == 0) ++repairs_.candidates;
+      ++tries;
+      ++repairs_.requested;
+      if (repair_try_.size() <= child) repair_try_.resize(child + 1, 0);
+      repair_try_[child] = tries;
+    }
     generate(child, e, make_request(e, child), 0);
   }
 
@@ -548,6 +611,15 @@ class SearchLoop {
     if (auto ok = store_evaluation(id, done, true); !ok) return abandon(ok.error());
     policy_.on_result(tree_, id);
     if (!done.ok()) ++failures_[done.failure];
+    const bool repair = id < repair_try_.size() && repair_try_[id] > 0;
+    if (repair) {
+      const NodeId target = tree_[id].parent;
+      if (target == tree_.root()) seed_repair_in_flight_ = false;
+      if (done.ok()) {
+        ++repairs_.succeeded;
+        if (repair_try_[id] <= repairs_.within && repaired_.insert(target).second) ++repairs_.repaired;
+      }
+    }
     --in_flight_;
     ++finished_here_;
     learn_skill(id);
@@ -567,6 +639,7 @@ class SearchLoop {
       p.candidate = candidates_[id].get();
       p.evaluation = &done;
       p.new_best = tree_.best() != previous_best;
+      p.repair = repair;
       args_.on_progress(p);
     }
     launch();
@@ -633,6 +706,7 @@ class SearchLoop {
     r.reference_from_store = reference_from_store_;
     r.best_speedup = tree_.best_speedup();
     r.failures = failures_;
+    r.repairs = repairs_;
     r.elapsed_seconds = elapsed();
     if (r.stopped_because == StopReason::interrupted) {
       r.verification_message = "interrupted: the finished evaluations are stored, and resume continues the run";
@@ -689,6 +763,12 @@ class SearchLoop {
   std::size_t in_flight_ = 0;
   std::size_t finished_here_ = 0;  // finished in this process (the rate excludes resumed work)
   std::size_t consecutive_generation_failures_ = 0;
+  RepairCounts repairs_;
+  std::unordered_map<NodeId, std::uint32_t> repair_tries_;  // failed node -> repairs asked for it
+  std::vector<std::uint32_t> repair_try_;                    // by node id: which try of its parent it is (0: not a repair)
+  std::unordered_set<NodeId> repaired_;                      // failed nodes a repair made correct in time
+  std::size_t seed_repairs_ = 0;
+  bool seed_repair_in_flight_ = false;
   bool stopping_ = false;
   std::optional<StopReason> stop_reason_;
   std::optional<Error> error_;

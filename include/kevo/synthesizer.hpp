@@ -39,6 +39,11 @@ struct GenerationRequest {
   std::vector<Attempt> siblings;         ///< the parent's finished children, fastest first
   std::vector<KnowledgeSnippet> knowledge;
   std::uint64_t seed = 0;                ///< for any randomness, so a run can be replayed
+  /// A repair: `parent` failed (its diagnostics carry the trimmed compile errors or the mismatch)
+  /// and this generation should fix it rather than speed it up. Only a synthesizer that says it
+  /// repairs (`synthesizer_repairs`) is sent one.
+  bool repair = false;
+  std::uint32_t repair_try = 0;          ///< with `repair`: 1 for the parent's first repair, 2 for its second...
 };
 
 namespace detail {
@@ -57,9 +62,18 @@ concept synthesizer_generates = requires(S& s, const GenerationRequest& r) {
 /// and then gets up to `jobs` calls in parallel. One that spends a budget (tokens, money) may
 /// offer `bool budget_exhausted() const`; the loop then stops cleanly once it returns true. The
 /// loop asks it from its own thread while a `generate` may be running, so what it reads must be
-/// safe to read then (an atomic counter, as LlmSynthesizer keeps).
+/// safe to read then (an atomic counter, as LlmSynthesizer keeps). One that can fix a failed
+/// candidate from its diagnostics says so with `static constexpr bool repairs = true;` and is then
+/// sent repair requests (GenerationRequest::repair).
 template <class S>
 concept Synthesizer = detail::synthesizer_generates<S>;
+
+/// Whether a synthesizer repairs failed candidates: it says so with `static constexpr bool repairs
+/// = true;` (LlmSynthesizer does). The loop then lets policies spend a share of the budget on
+/// repairs, and repairs a broken seed rather than stop; without it (TemplateSynthesizer, which
+/// backs off broken knobs itself) it never sends a repair request.
+template <class S>
+inline constexpr bool synthesizer_repairs = requires { requires S::repairs; };
 
 template <class S>
 constexpr bool check_synthesizer() {

@@ -2,7 +2,8 @@
 // threads of the test process. It replays scripted replies, computes replies from the request, and
 // injects faults (resets, slow bodies); "${API_KEY}" in a reply becomes the caller's key, as a server
 // that quotes it would. Modes for search tests: echo_parent() answers with the current
-// implementation from the prompt, as a model that repeats the parent does.
+// implementation from the prompt, as a model that repeats the parent does; BreakMode breaks code
+// and repairs it when the prompt asks for a repair.
 #pragma once
 
 #include <kevo/detail/json_writer.hpp>
@@ -226,5 +227,54 @@ inline std::string current_implementation(std::string_view prompt) {
 inline Reply echo_parent(const Received& r) {
   return Reply{.body = openai_answer("Here is the optimized kernel.\n\n```cpp\n" + current_implementation(first_user_message(r.body)) + "\n```\n")};
 }
+
+/// Break mode: a model that breaks code now and then and fixes it when asked to repair. A prompt
+/// with kevo's repair section ("## Repair") is answered with the current implementation minus its
+/// broken lines (a correct candidate), except every `repair_fails_every`-th repair (0: none), which
+/// stays broken; every `break_every`-th other prompt (1: all) is answered with the current
+/// implementation plus a line that does not compile (it uses the undeclared `scratch_total`, as
+/// tests/support/variant_evaluator.hpp judges it); the rest get a numbered variant ("// Variant N").
+/// Thread-safe: the server answers connections on their own threads.
+class BreakMode {
+ public:
+  explicit BreakMode(int break_every = 1, int repair_fails_every = 0)
+      : break_every_(break_every), repair_fails_every_(repair_fails_every) {}
+
+  Reply operator()(const Received& r) {
+    const std::string prompt = first_user_message(r.body);
+    const std::string parent = current_implementation(prompt);
+    const int n = ++answers_;
+    if (prompt.find("## Repair") != std::string::npos) {
+      const int k = ++repair_prompts_;
+      if (repair_fails_every_ > 0 && k % repair_fails_every_ == 0) return broken(parent, n);
+      std::string fixed;
+      for (std::size_t at = 0; at < parent.size();) {
+        std::size_t end = parent.find('\n', at);
+        if (end == std::string::npos) end = parent.size();
+        const std::string_view line(parent.data() + at, end - at);
+        if (line.find("scratch_total") == std::string_view::npos) fixed.append(line).push_back('\n');
+        at = end + 1;
+      }
+      ++repairs_;
+      return Reply{.body = openai_answer(fmt::format("Removed the undeclared name.\n\n```cpp\n{}// repaired ({})\n```\n", fixed, n))};
+    }
+    if (break_every_ > 0 && ++plain_prompts_ % break_every_ == 0) return broken(parent, n);
+    return Reply{.body = openai_answer(fmt::format("A new variant.\n\n```cpp\n{}\n// Variant {}\n```\n", parent, ++variants_))};
+  }
+
+  int repair_prompts() const { return repair_prompts_; }
+  int breaks() const { return breaks_; }
+  int repairs() const { return repairs_; }
+
+ private:
+  Reply broken(const std::string& parent, int n) {
+    ++breaks_;
+    return Reply{.body = openai_answer(fmt::format(
+                     "Keep a running total.\n\n```cpp\n{}\nvoid kevo_running_total_{}() {{ scratch_total += 1; }}\n```\n", parent, n))};
+  }
+
+  int break_every_, repair_fails_every_;
+  std::atomic<int> answers_{0}, plain_prompts_{0}, repair_prompts_{0}, variants_{0}, breaks_{0}, repairs_{0};
+};
 
 }  // namespace kevo::testing

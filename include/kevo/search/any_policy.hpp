@@ -32,6 +32,9 @@ class AnyPolicy {
   void on_result(const SearchTree& tree, NodeId n) {
     std::visit([&](auto& p) { p.on_result(tree, n); }, policy_);
   }
+  void enable_repairs(bool on) {
+    std::visit([&](auto& p) { p.enable_repairs(on); }, policy_);
+  }
   std::size_t memory_bytes() const {
     return std::visit([](const auto& p) { return p.memory_bytes(); }, policy_);
   }

@@ -22,11 +22,17 @@ class Evolutionary {
     std::uint32_t tournament = 3;
     double crossover_rate = 0.3;          ///< chance that a selection also names a mate
     std::uint32_t migration_interval = 16;  ///< results between migrations (0: islands never migrate)
+    double repair_share = 0.2;            ///< selections spent repairing a failed node, when the synthesizer repairs
   };
   Evolutionary() : Evolutionary(Arguments{}) {}
-  explicit Evolutionary(Arguments args) : args_(args), islands_(std::max<std::uint32_t>(args.islands, 1)) {}
+  explicit Evolutionary(Arguments args) : args_(args), islands_(std::max<std::uint32_t>(args.islands, 1)) {
+    repairs_.share = args.repair_share;
+  }
+
+  void enable_repairs(bool on) { repairs_.enabled = on; }
 
   Expansion select(const SearchTree& tree, Rng& rng) {
+    if (auto repair = repairs_.select(tree, rng)) return *repair;
     next_island_ = (next_island_ + 1) % islands_.size();
     const auto& island = islands_[next_island_];
     if (island.empty()) return {tree.root()};
@@ -46,17 +52,20 @@ class Evolutionary {
   void on_result(const SearchTree& tree, NodeId node) {
     if (island_of_.size() < tree.size()) island_of_.resize(tree.size(), 0);
     if (tree[node].state == NodeState::evaluated) {
-      if (node == tree.root())
-        for (auto& island : islands_) admit(tree, island, node);  // the seed starts every island
+      // The seed starts every island; so does a repair of a broken seed, the first correct node.
+      const bool starts_all = node == tree.root() || (tree[node].parent == tree.root() && tree[tree.root()].state == NodeState::failed);
+      if (starts_all)
+        for (auto& island : islands_) admit(tree, island, node);
       else
         admit(tree, islands_[island_of_[node]], node);
     }
     ++results_;
     if (args_.migration_interval > 0 && results_ % args_.migration_interval == 0) migrate(tree);
+    repairs_.on_result(tree, node);
   }
 
   std::size_t memory_bytes() const {
-    return island_of_.capacity() + islands_.size() * args_.population * sizeof(NodeId);
+    return island_of_.capacity() + islands_.size() * args_.population * sizeof(NodeId) + repairs_.memory_bytes();
   }
 
  private:
@@ -99,6 +108,7 @@ class Evolutionary {
   std::vector<std::uint8_t> island_of_;  // the island each node was bred on
   std::size_t next_island_ = 0;
   std::size_t results_ = 0;
+  RepairMoves repairs_;
 };
 
 static_assert(SearchPolicy<Evolutionary>);

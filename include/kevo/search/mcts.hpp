@@ -20,12 +20,16 @@ class Mcts {
     double widening_constant = 1.5;  ///< a node may have ceil(k * visits^alpha) children...
     double widening_exponent = 0.3;  ///< ...so it widens as it proves itself
     bool follow_improvements = true;  ///< widen a node only while none of its subtrees beats it
+    double repair_share = 0.2;        ///< selections spent repairing a failed node, when the synthesizer repairs
   };
   Mcts() = default;
-  explicit Mcts(Arguments args) : args_(args) {}
+  explicit Mcts(Arguments args) : args_(args) { repairs_.share = args.repair_share; }
+
+  void enable_repairs(bool on) { repairs_.enabled = on; }
 
   Expansion select(const SearchTree& tree, Rng& rng) {
     grow(tree.size());
+    if (auto repair = repairs_.select(tree, rng)) return *repair;
     const double best = std::max(tree.best_speedup(), 1e-9);
     NodeId node = tree.root();
     for (;;) {
@@ -35,15 +39,18 @@ class Mcts {
       // A node whose subtree already holds something faster than itself has shown the way: descend
       // there rather than widen. Otherwise widen while progressive widening allows.
       const bool improved_below = args_.follow_improvements && stats_[node].subtree_best > n.speedup;
-      if (n.child_count < allowed && !improved_below) return {node};
+      // A failed node (a repaired seed, a repaired candidate) is never widened: only its correct
+      // repairs lead on.
+      if (n.state != NodeState::failed && n.child_count < allowed && !improved_below) return {node};
 
-      // UCT over the children that can be descended into (correct ones); a pending child counts
+      // UCT over the children that can be descended into (correct ones, and failed ones whose
+      // repairs are correct); a pending child counts
       // as a visit that scored nothing (virtual loss), so concurrent selections diverge.
       NodeId chosen = no_node;
       double chosen_value = -1;
       const double log_parent = std::log(std::max(visits, 1.0));
       tree.for_each_child(node, [&](NodeId c) {
-        if (tree[c].state != NodeState::evaluated) return;
+        if (tree[c].state != NodeState::evaluated && !(tree[c].state == NodeState::failed && stats_[c].subtree_best > 0)) return;
         const Stats& s = stats_[c];
         const double n_c = s.visits + s.virtual_loss;
         const double exploitation = (s.subtree_best / best) * (s.visits / n_c);
@@ -51,7 +58,10 @@ class Mcts {
                              1e-9 * std::uniform_real_distribution<double>(0, 1)(rng);  // random tie-break
         if (value > chosen_value) chosen_value = value, chosen = c;
       });
-      if (chosen == no_node) return {node};  // every child pending or failed: widen here
+      if (chosen == no_node) {  // every child pending or failed: widen here (or, below a failed node, at the root)
+        if (n.state == NodeState::failed && node != tree.root()) return {tree.root()};
+        return {node};
+      }
       node = chosen;
     }
   }
@@ -75,9 +85,10 @@ class Mcts {
       ++s.visits;
       s.subtree_best = std::max(s.subtree_best, c.speedup);
     }
+    repairs_.on_result(tree, child);
   }
 
-  std::size_t memory_bytes() const { return stats_.capacity() * sizeof(Stats); }
+  std::size_t memory_bytes() const { return stats_.capacity() * sizeof(Stats) + repairs_.memory_bytes(); }
 
  private:
   struct Stats {
@@ -91,6 +102,7 @@ class Mcts {
 
   Arguments args_;
   std::vector<Stats> stats_;
+  RepairMoves repairs_;
 };
 
 static_assert(SearchPolicy<Mcts>);

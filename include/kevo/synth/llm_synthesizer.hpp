@@ -100,6 +100,8 @@ class LlmSynthesizer {
   /// With a thread-safe client the loop may run several generations at once (LLM answers take
   /// seconds, so this is where `--jobs` pays off); on_exchange must then be thread-safe too.
   static constexpr bool concurrent_generation = detail::thread_safe_completer<Completer>;
+  /// A model fixes code from its compiler errors or mismatch: the loop sends repair requests.
+  static constexpr bool repairs = true;
 
   explicit LlmSynthesizer(Completer completer, LlmSynthesizerOptions options = {})
       : completer_(std::move(completer)), options_(std::move(options)) {}
@@ -292,5 +294,6 @@ struct CompleterArchetype {
 };
 }  // namespace detail
 static_assert(Synthesizer<LlmSynthesizer<detail::CompleterArchetype>>);
+static_assert(synthesizer_repairs<LlmSynthesizer<detail::CompleterArchetype>>);
 
 }  // namespace kevo::synth

@@ -281,6 +281,11 @@ inline std::string task_for(const GenerationRequest& r) {
     default:
       task = fmt::format("The last evaluation failed ({}). Produce a correct implementation.", to_string(e.failure));
   }
+  if (r.repair && !e.ok()) {
+    task = "Repair the current implementation: it failed its evaluation. " + task;
+    if (r.repair_try > 1)
+      task += fmt::format(" This is repair attempt {}: an earlier repair of it failed too, so try a different fix.", r.repair_try);
+  }
   if (e.ok()) {
     const bool faster_sibling = std::any_of(r.siblings.begin(), r.siblings.end(), [&](const Attempt& s) {
       return s.evaluation.ok() && s.evaluation.speedup > e.speedup;
@@ -373,7 +378,8 @@ inline Prompt build_prompt(const GenerationRequest& r, const PromptOptions& opti
   if (r.grandparent && r.grandparent->candidate && !pe.ok() && r.parent.candidate)
     diag += fmt::format("- The change that led here from the last working version: {}\n",
                         describe_change(r.grandparent->candidate.get(), *r.parent.candidate, options.max_changed_lines));
-  if (!diag.empty()) u += "\n## What the last evaluation found\n" + diag;
+  if (!diag.empty())
+    u += (r.repair && !pe.ok() ? "\n## Repair: what broke the current implementation\n" : "\n## What the last evaluation found\n") + diag;
 
   // The memory context the node's memory operator chose.
   const bool show_trajectory = r.memory_mode == MemoryMode::trajectory || r.memory_mode == MemoryMode::combined;

@@ -247,5 +247,6 @@ class TemplateSynthesizer {
 };
 
 static_assert(Synthesizer<TemplateSynthesizer>);
+static_assert(!synthesizer_repairs<TemplateSynthesizer>);  // it backs off broken knobs itself
 
 }  // namespace kevo::synth
