@@ -13,6 +13,7 @@
 
 #include <catch2/catch.hpp>
 #include <support/fake_llm_server.hpp>
+#include <support/quick_llm_options.hpp>
 #include <support/variant_evaluator.hpp>
 
 #include <atomic>
@@ -38,15 +39,7 @@ constexpr const char* key_variable = "KEVO_TEST_LLM_BUDGET_KEY";
 constexpr const char* secret_key = "sk-kevo-budget-test-9876543210fedcba";
 
 net::LlmClientOptions quick_options(const LoopbackServer& server) {
-  ::setenv(key_variable, secret_key, 1);
-  net::LlmClientOptions o;
-  o.base_url = server.url() + "/v1";
-  o.model = "kevo-test-model";
-  o.api_key_env = key_variable;
-  o.timeouts = {.connect = 2000ms, .write = 2000ms, .read = 5000ms, .request = 10'000ms};
-  o.retry = {.max_attempts = 2, .initial_backoff = 20ms, .max_backoff = 100ms, .max_retry_after = 2000ms};
-  o.jitter_seed = 7;
-  return o;
+  return kevo::testing::quick_llm_options(server, key_variable, secret_key);
 }
 
 bool contains(std::string_view text, std::string_view part) { return text.find(part) != std::string_view::npos; }

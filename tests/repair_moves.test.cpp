@@ -13,6 +13,7 @@
 
 #include <catch2/catch.hpp>
 #include <support/fake_llm_server.hpp>
+#include <support/quick_llm_options.hpp>
 #include <support/variant_evaluator.hpp>
 
 #include <chrono>
@@ -32,15 +33,7 @@ namespace {
 constexpr const char* key_variable = "KEVO_TEST_REPAIR_KEY";
 
 net::LlmClientOptions quick_options(const LoopbackServer& server) {
-  ::setenv(key_variable, "sk-kevo-repair-test-0123456789", 1);
-  net::LlmClientOptions o;
-  o.base_url = server.url() + "/v1";
-  o.model = "kevo-test-model";
-  o.api_key_env = key_variable;
-  o.timeouts = {.connect = 2000ms, .write = 2000ms, .read = 5000ms, .request = 10'000ms};
-  o.retry = {.max_attempts = 2, .initial_backoff = 20ms, .max_backoff = 100ms, .max_retry_after = 2000ms};
-  o.jitter_seed = 7;
-  return o;
+  return kevo::testing::quick_llm_options(server, key_variable, "sk-kevo-repair-test-0123456789");
 }
 
 bool contains(std::string_view text, std::string_view part) { return text.find(part) != std::string_view::npos; }
