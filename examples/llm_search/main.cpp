@@ -23,6 +23,8 @@
 #include <kevo/store/sqlite_store.hpp>
 #include <kevo/synth/llm_synthesizer.hpp>
 
+#include "../common/command_line.hpp"
+
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
@@ -208,13 +210,7 @@ int llm_search_main(int argc, char** argv) {
   Options o;
   CLI::App app{"", "kevo-llm-search"};
   describe(app, o);
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    if (e.get_exit_code() == 0) return app.exit(e);  // --help
-    fmt::print(stderr, "kevo-llm-search: {} (--help lists the options)\n", e.what());
-    return 2;
-  }
+  if (auto stop = kevo_examples::parse_command_line(app, argc, argv)) return *stop;
   if (o.prices.size() == 2) o.price_input = o.prices[0], o.price_output = o.prices[1];
   auto problem = kevo::load_problem(o.problem_dir);
   if (!problem) return fail(problem.error().message);

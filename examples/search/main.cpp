@@ -21,6 +21,8 @@
 #include <kevo/store/sqlite_store.hpp>
 #include <kevo/synth/template_synthesizer.hpp>
 
+#include "../common/command_line.hpp"
+
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 #include <simdjson.h>
@@ -134,13 +136,7 @@ int search_main(int argc, char** argv) {
   Options o;
   CLI::App app{"", "kevo-search"};
   describe(app, o);
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    if (e.get_exit_code() == 0) return app.exit(e);  // --help
-    fmt::print(stderr, "kevo-search: {} (--help lists the options)\n", e.what());
-    return 2;
-  }
+  if (auto stop = kevo_examples::parse_command_line(app, argc, argv)) return *stop;
   o.budget_given = app.count("--budget") > 0;
 
   auto problem = kevo::load_problem(o.problem_dir);

@@ -7,6 +7,8 @@
 
 #include <kevo/eval/pipeline_tuning.hpp>
 
+#include "../common/command_line.hpp"
+
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
@@ -56,13 +58,7 @@ int main(int argc, char** argv) {
   Options o;
   CLI::App app{"", "kevo-tune-pipeline"};
   describe(app, o);
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    if (e.get_exit_code() != 0) std::fprintf(stderr, "kevo-tune-pipeline: %s\n", e.what());
-    else app.exit(e);  // --help
-    return e.get_exit_code() == 0 ? 0 : 2;
-  }
+  if (auto stop = kevo_examples::parse_command_line(app, argc, argv)) return *stop;
   o.device.int8 = o.dtype == "int8";
   std::string error;
   if (!kevo_tune::device_present(error)) return fail(error);
