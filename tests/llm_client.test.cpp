@@ -646,8 +646,10 @@ TEST_CASE("a search with the LLM synthesizer rides out every fault and learns sk
   auto store = store::SqliteStore::open(":memory:");
   REQUIRE(store);
   VariantEvaluator evaluator;
+  // Repairs off: this search is about faults and what prompts show of siblings and failures, which
+  // a repaired failure would change; repairs have their own tests (tests/repair_moves.test.cpp).
   SearchLoop<decltype(synth), search::Greedy, memory::Combined, VariantEvaluator, decltype(skills), store::SqliteStore> loop(
-      *problem, std::move(synth), search::Greedy{}, memory::Combined{}, evaluator, skills, *store,
+      *problem, std::move(synth), search::Greedy({.repair_share = 0}), memory::Combined{}, evaluator, skills, *store,
       {.jobs = 2, .max_evaluations = 14, .warm_start = 0});
   auto result = loop.run(Candidate{problem->render(problem->default_knobs()), problem->default_knobs(), "template defaults"});
   REQUIRE(result);
