@@ -3,11 +3,12 @@
 # .carry/search: kevo-search and test_eval_cuda_device (the device image has no simdjson, fmt or
 # libseccomp to build them with), the shared libraries they link that the device may lack, and
 # bubblewrap (the jail). The candidates themselves are compiled there, by nvcc, in the jail.
-# Run from the repository root after `cmake --preset release`.
+# Run from the repository root after `cmake --preset release` (or name another build: KEVO_BUILD_DIR).
 set -euo pipefail
-cmake --build build/release --target kevo-search test_eval_cuda_device kevo-tune-pipeline -j2
+build=${KEVO_BUILD_DIR:-build/release}
+cmake --build "$build" --target kevo-search test_eval_cuda_device kevo-tune-pipeline -j2
 mkdir -p .carry/search
-cp build/release/examples/search/kevo-search build/release/tests/device/test_eval_cuda_device build/release/examples/tune_pipeline/kevo-tune-pipeline "$(command -v bwrap)" .carry/search/
+cp "$build"/examples/search/kevo-search "$build"/tests/device/test_eval_cuda_device "$build"/examples/tune_pipeline/kevo-tune-pipeline "$(command -v bwrap)" .carry/search/
 ldd .carry/search/kevo-search .carry/search/test_eval_cuda_device .carry/search/kevo-tune-pipeline .carry/search/bwrap | awk '/=> \// {print $3}' | sort -u |
   grep -Ev '/(libc|libm|libstdc\+\+|libgcc_s|libdl|libpthread|librt)\.so' |
   while read -r lib; do cp -L "$lib" .carry/search/; done

@@ -1,10 +1,10 @@
 // A quick check-and-time of cuda_scoring template variants outside kevo's checker, for trying a
-// template change before a search: renders one knob setting (render.py), checks it against
+// template change before a search: renders one knob setting (../variants/render.py), checks it against
 // problems/cuda_scoring/reference.cu on every check shape of problem.json and the timing shape, with
 // the embeddings at offsets of 0, 8 and 1 halves (aligned to 32, to 16 bytes, and not), outputs
 // poisoned, then times 20 calls at N = 5M with CUDA events. No flush: 1.3 GB a call streams past L2.
 // On the device, from the repository root:
-//   python3 benchmarks/search/scoring_variants/render.py /tmp/k.cu math=tensor_core staging=shared_ring
+//   python3 benchmarks/search/variants/render.py problems/cuda_scoring /tmp/k.cu math=tensor_core staging=shared_ring
 //   nvcc -std=c++17 -O3 -arch=sm_90 -Ibenchmarks/search/scoring_variants -o /tmp/t \
 //     benchmarks/search/scoring_variants/check_and_time.cu /tmp/k.cu problems/cuda_scoring/reference.cu && /tmp/t
 #include <cmath>
