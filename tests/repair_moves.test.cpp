@@ -42,6 +42,29 @@ template <class Policy>
 using LlmLoop = SearchLoop<synth::LlmSynthesizer<net::BlockingLlmClient>, Policy, memory::Combined, VariantEvaluator,
                            knowledge::NullRetriever, store::SqliteStore>;
 
+/// A fake model that breaks every `break_every`-th candidate (and every `repair_fails_every`-th of
+/// its repairs), the LLM client that talks to it, an in-memory store and the code-reading evaluator.
+struct BreakingModelRig {
+  LoopbackServer server;
+  BreakMode model;
+  net::BlockingLlmClient llm;
+  store::SqliteStore store;
+  VariantEvaluator evaluator;
+
+  explicit BreakingModelRig(int break_every, int repair_fails_every = 0)
+      : model(break_every, repair_fails_every),
+        llm(net::BlockingLlmClient::create(quick_options(server)).value()),
+        store(store::SqliteStore::open(":memory:").value()) {
+    server.respond_with([this](const Received& r) { return model(r); });
+  }
+
+  template <class Policy>
+  LlmLoop<Policy> loop(const Problem& problem, Policy policy, SearchArguments args) {
+    return LlmLoop<Policy>(problem, synth::LlmSynthesizer(llm), std::move(policy), memory::Combined{}, evaluator,
+                           knowledge::NullRetriever{}, store, args);
+  }
+};
+
 const Problem& scoring() {
   static const Problem p = load_problem(std::string(KEVO_SOURCE_DIR) + "/problems/cpu_scoring").value();
   return p;
@@ -123,23 +146,15 @@ TEST_CASE("a policy that is not told repairs pay selects as before; told, it spe
 
 TEST_CASE("an LLM search repairs the candidates the model breaks, from their compile errors, and says how often", "[repair][llm]") {
   const Problem& problem = scoring();
-  LoopbackServer server;
-  BreakMode model(/*break_every=*/2);
-  server.respond_with([&](const Received& r) { return model(r); });
-  auto llm = net::BlockingLlmClient::create(quick_options(server));
-  REQUIRE(llm);
-  auto store = store::SqliteStore::open(":memory:");
-  REQUIRE(store);
-  VariantEvaluator evaluator;
-  LlmLoop<search::Greedy> loop(problem, synth::LlmSynthesizer(*llm), search::Greedy({.repair_share = 0.4}), memory::Combined{},
-                               evaluator, knowledge::NullRetriever{}, *store, {.jobs = 2, .max_evaluations = 40, .warm_start = 0});
+  BreakingModelRig rig(/*break_every=*/2);
+  auto loop = rig.loop<search::Greedy>(problem, search::Greedy({.repair_share = 0.4}), {.jobs = 2, .max_evaluations = 40, .warm_start = 0});
   std::size_t repairs_seen = 0;
   auto result = loop.run(seed_of(problem));
   REQUIRE(result);
   const RepairCounts& repairs = result->repairs;
   std::printf("break mode, greedy (repair share 0.4): %s; %zu compile errors in all\n", repairs.summary().c_str(),
               result->failures.count(FailureKind::compile_error) ? result->failures.at(FailureKind::compile_error) : 0);
-  CHECK(model.breaks() > 0);
+  CHECK(rig.model.breaks() > 0);
   CHECK(repairs.requested > 0);
   CHECK(repairs.candidates > 0);
   CHECK(repairs.requested >= repairs.candidates);
@@ -153,7 +168,7 @@ TEST_CASE("an LLM search repairs the candidates the model breaks, from their com
   CHECK(repairs.fraction() >= 0.9);
   CHECK(contains(repairs.summary(), fmt::format("repaired {} of {} failing candidate", repairs.repaired, repairs.candidates)));
   // The repair prompts said so and carried the compiler's error text, trimmed.
-  const auto prompts = repair_prompts(server);
+  const auto prompts = repair_prompts(rig.server);
   CHECK(prompts.size() == repairs.requested);
   for (const auto& r : prompts) {
     const std::string prompt = testing::first_user_message(r.body);
@@ -168,16 +183,8 @@ TEST_CASE("an LLM search repairs the candidates the model breaks, from their com
 
 TEST_CASE("a repair that fails gets a second try, and the fraction counts within two tries", "[repair][llm]") {
   const Problem& problem = scoring();
-  LoopbackServer server;
-  BreakMode model(/*break_every=*/2, /*repair_fails_every=*/2);  // every other repair is broken again
-  server.respond_with([&](const Received& r) { return model(r); });
-  auto llm = net::BlockingLlmClient::create(quick_options(server));
-  REQUIRE(llm);
-  auto store = store::SqliteStore::open(":memory:");
-  REQUIRE(store);
-  VariantEvaluator evaluator;
-  LlmLoop<search::Mcts> loop(problem, synth::LlmSynthesizer(*llm), search::Mcts({.repair_share = 0.5}), memory::Combined{},
-                             evaluator, knowledge::NullRetriever{}, *store, {.jobs = 1, .max_evaluations = 40, .warm_start = 0});
+  BreakingModelRig rig(/*break_every=*/2, /*repair_fails_every=*/2);  // every other repair is broken again
+  auto loop = rig.loop<search::Mcts>(problem, search::Mcts({.repair_share = 0.5}), {.jobs = 1, .max_evaluations = 40, .warm_start = 0});
   auto result = loop.run(seed_of(problem));
   REQUIRE(result);
   const RepairCounts& repairs = result->repairs;
@@ -187,7 +194,7 @@ TEST_CASE("a repair that fails gets a second try, and the fraction counts within
   CHECK(repairs.fraction() >= 0.7);
   // A second try is told that the first one failed.
   bool second_try_told = false;
-  for (const auto& r : repair_prompts(server))
+  for (const auto& r : repair_prompts(rig.server))
     second_try_told |= contains(testing::first_user_message(r.body), "This is repair attempt 2");
   CHECK(second_try_told);
 }
@@ -196,17 +203,9 @@ TEST_CASE("every shipped policy spends its default share on repairs when the syn
   const Problem& problem = scoring();
   for (const char* name : {"mcts", "evolutionary", "greedy", "random"}) {
     CAPTURE(name);
-    LoopbackServer server;
-    BreakMode model(/*break_every=*/2);
-    server.respond_with([&](const Received& r) { return model(r); });
-    auto llm = net::BlockingLlmClient::create(quick_options(server));
-    REQUIRE(llm);
-    auto store = store::SqliteStore::open(":memory:");
-    REQUIRE(store);
-    VariantEvaluator evaluator;
-    LlmLoop<search::AnyPolicy> loop(problem, synth::LlmSynthesizer(*llm), search::make_policy(name).value(), memory::Combined{},
-                                    evaluator, knowledge::NullRetriever{}, *store,
-                                    {.jobs = 1, .max_evaluations = 30, .seed = 5, .warm_start = 0});
+    BreakingModelRig rig(/*break_every=*/2);
+    auto loop = rig.loop<search::AnyPolicy>(problem, search::make_policy(name).value(),
+                                            {.jobs = 1, .max_evaluations = 30, .seed = 5, .warm_start = 0});
     auto result = loop.run(seed_of(problem));
     REQUIRE(result);
     std::printf("break mode, %s (default share): %s\n", name, result->repairs.summary().c_str());
@@ -216,18 +215,28 @@ TEST_CASE("every shipped policy spends its default share on repairs when the syn
   }
 }
 
+TEST_CASE("a repair share of 0 turns repairs off (kevo-llm-search --repair-share), and one outside 0..1 is refused", "[repair][llm]") {
+  const Problem& problem = scoring();
+  BreakingModelRig rig(/*break_every=*/2);
+  auto loop = rig.loop<search::AnyPolicy>(problem, search::make_policy("greedy", 0.0).value(),
+                                          {.jobs = 1, .max_evaluations = 16, .seed = 5, .warm_start = 0});
+  auto result = loop.run(seed_of(problem));
+  REQUIRE(result);
+  CHECK(rig.model.breaks() > 0);
+  CHECK(result->failures.count(FailureKind::compile_error) > 0);
+  CHECK(result->repairs.requested == 0);
+  CHECK(rig.model.repair_prompts() == 0);
+  for (double share : {-0.1, 1.5}) {
+    auto refused = search::make_policy("mcts", share);
+    REQUIRE_FALSE(refused);
+    CHECK_THAT(refused.error().message, Catch::Contains("is not between 0 and 1"));
+  }
+}
+
 TEST_CASE("a broken seed is repaired when an LLM is configured, and the search goes on", "[repair][llm]") {
   const Problem& problem = scoring();
-  LoopbackServer server;
-  BreakMode model(/*break_every=*/3);
-  server.respond_with([&](const Received& r) { return model(r); });
-  auto llm = net::BlockingLlmClient::create(quick_options(server));
-  REQUIRE(llm);
-  auto store = store::SqliteStore::open(":memory:");
-  REQUIRE(store);
-  VariantEvaluator evaluator;
-  LlmLoop<search::Mcts> loop(problem, synth::LlmSynthesizer(*llm), search::Mcts{}, memory::Combined{}, evaluator,
-                             knowledge::NullRetriever{}, *store, {.jobs = 2, .max_evaluations = 12, .warm_start = 0});
+  BreakingModelRig rig(/*break_every=*/3);
+  auto loop = rig.loop<search::Mcts>(problem, search::Mcts{}, {.jobs = 2, .max_evaluations = 12, .warm_start = 0});
   auto result = loop.run(broken_seed_of(problem));
   REQUIRE(result);
   CHECK(loop.tree()[0].state == NodeState::failed);
@@ -236,7 +245,7 @@ TEST_CASE("a broken seed is repaired when an LLM is configured, and the search g
   CHECK(result->repairs.candidates >= 1);
   CHECK(result->repairs.repaired >= 1);
   // The first request was the seed's repair, with its compile error.
-  const auto received = server.received();
+  const auto received = rig.server.received();
   REQUIRE_FALSE(received.empty());
   const std::string first = testing::first_user_message(received.front().body);
   CHECK(contains(first, "## Repair"));
@@ -252,21 +261,13 @@ TEST_CASE("a broken seed is repaired when an LLM is configured, and the search g
 
 TEST_CASE("a broken seed no repair fixes is still the clear error, after two tries", "[repair][llm]") {
   const Problem& problem = scoring();
-  LoopbackServer server;
-  BreakMode model(/*break_every=*/1, /*repair_fails_every=*/1);  // every repair stays broken
-  server.respond_with([&](const Received& r) { return model(r); });
-  auto llm = net::BlockingLlmClient::create(quick_options(server));
-  REQUIRE(llm);
-  auto store = store::SqliteStore::open(":memory:");
-  REQUIRE(store);
-  VariantEvaluator evaluator;
-  LlmLoop<search::Greedy> loop(problem, synth::LlmSynthesizer(*llm), search::Greedy{}, memory::Combined{}, evaluator,
-                               knowledge::NullRetriever{}, *store, {.jobs = 2, .max_evaluations = 12, .warm_start = 0});
+  BreakingModelRig rig(/*break_every=*/1, /*repair_fails_every=*/1);  // every repair stays broken
+  auto loop = rig.loop<search::Greedy>(problem, search::Greedy{}, {.jobs = 2, .max_evaluations = 12, .warm_start = 0});
   auto r = loop.run(broken_seed_of(problem));
   REQUIRE_FALSE(r);
   CHECK_THAT(r.error().message, Catch::Contains("seed candidate failed (compile_error)"));
   CHECK_THAT(r.error().message, Catch::Contains("2 repairs of it failed too"));
-  CHECK(model.repair_prompts() == 2);
+  CHECK(rig.model.repair_prompts() == 2);
   CHECK(loop.tree().size() == 3);  // the seed and its two tries, nothing else
 }
 

@@ -37,6 +37,12 @@ struct FreshStore<store::SqliteStore> {
   ~FreshStore() { remove(); }
   bool available() const { return true; }
   expected<store::SqliteStore, Error> open() const { return store::SqliteStore::open(path); }
+  /// Turns the store into one written before runs kept their target identity.
+  void forget_target_identities() const {
+    auto db = detail::SqliteHandle::open(path.string());
+    REQUIRE(db);
+    REQUIRE(db->exec("ALTER TABLE runs DROP COLUMN target_identity"));
+  }
   void remove() const {
     for (auto suffix : {"", "-wal", "-shm"}) std::filesystem::remove(path.string() + suffix);
   }
@@ -69,6 +75,10 @@ struct FreshStore<store::PostgresStore> {
   /// The store's tables go to the connection's search_path: this test's schema.
   std::string conninfo() const { return fmt::format("{} options='-csearch_path={}'", server, schema); }
   expected<store::PostgresStore, Error> open() const { return store::PostgresStore::open(conninfo()); }
+  /// Turns the store into one written before runs kept their target identity: schema version 1.
+  void forget_target_identities() {
+    run(fmt::format("ALTER TABLE {0}.runs DROP COLUMN target_identity; UPDATE {0}.kevo_schema SET version = 1", quoted()));
+  }
 
   std::string quoted() const {
     char* q = PQescapeIdentifier(admin->get(), schema.c_str(), schema.size());
@@ -104,6 +114,25 @@ Evaluation evaluation(double speedup, FailureKind failure = FailureKind::none) {
   e.diagnostics.detail = "line 1\nline 2";
   return e;
 }
+/// Adds `c` to `run` with its finished evaluation `e`.
+template <class Store>
+void record(Store& store, std::int64_t run, const Candidate& c, const Evaluation& e, bool settled = true) {
+  const NodeKey key = store.add_node(run, no_key, no_key, c, MemoryMode::fresh).value();
+  REQUIRE(store.add_evaluation(run, key, e, settled));
+}
+std::vector<std::string> sources(const expected<std::vector<Candidate>, Error>& candidates) {
+  REQUIRE(candidates);
+  std::vector<std::string> out;
+  for (const auto& c : *candidates) out.push_back(c.source);
+  return out;
+}
+
+/// An evaluator that says which target its figures are measured on.
+struct EvaluatorOn : kevo::testing::SyntheticEvaluator {
+  explicit EvaluatorOn(std::string identity) : target(std::move(identity)) {}
+  std::string target;
+  std::string target_identity() const { return target; }
+};
 }  // namespace
 
 TEMPLATE_TEST_CASE("a run's nodes and evaluations come back as they were recorded", "[store]", KEVO_STORES) {
@@ -237,22 +266,18 @@ TEMPLATE_TEST_CASE("earlier runs of the same problem give their best settled can
   if (!fresh.available()) return;
   auto store = fresh.open();
   REQUIRE(store);
-  auto record = [&](std::int64_t run, const Candidate& c, Evaluation e, bool settled = true) {
-    const NodeKey key = store->add_node(run, no_key, no_key, c, MemoryMode::fresh).value();
-    REQUIRE(store->add_evaluation(run, key, e, settled));
-  };
   const auto first = store->begin_run({.problem = "scoring"}).value();
-  record(first, candidate(1), evaluation(2.0));
-  record(first, candidate(2), evaluation(5.0));
-  record(first, candidate(3), evaluation(9.0, FailureKind::wrong_answer));  // fast and wrong: never a warm start
-  record(first, candidate(4), evaluation(8.0), false);                        // unsettled: not trusted
+  record(*store, first, candidate(1), evaluation(2.0));
+  record(*store, first, candidate(2), evaluation(5.0));
+  record(*store, first, candidate(3), evaluation(9.0, FailureKind::wrong_answer));  // fast and wrong: never a warm start
+  record(*store, first, candidate(4), evaluation(8.0), false);                        // unsettled: not trusted
   const auto second = store->begin_run({.problem = "scoring"}).value();
-  record(second, candidate(1), evaluation(3.0));  // the same candidate again: once, at its best figure
-  record(second, candidate(5), evaluation(4.0));
+  record(*store, second, candidate(1), evaluation(3.0));  // the same candidate again: once, at its best figure
+  record(*store, second, candidate(5), evaluation(4.0));
   const auto other_problem = store->begin_run({.problem = "softmax"}).value();
-  record(other_problem, candidate(6), evaluation(50.0));
+  record(*store, other_problem, candidate(6), evaluation(50.0));
   const auto now = store->begin_run({.problem = "scoring"}).value();
-  record(now, candidate(7), evaluation(60.0));  // the asking run's own nodes are not "earlier"
+  record(*store, now, candidate(7), evaluation(60.0));  // the asking run's own nodes are not "earlier"
 
   auto best = store->best_of_earlier_runs("scoring", now, 10);
   REQUIRE(best);
@@ -265,6 +290,53 @@ TEMPLATE_TEST_CASE("earlier runs of the same problem give their best settled can
   CHECK_THAT((*best)[2].origin, Catch::Contains("3.00x"));
   CHECK(store->best_of_earlier_runs("scoring", now, 1)->size() == 1);
   CHECK(store->best_of_earlier_runs("unknown", now, 4)->empty());
+}
+
+TEMPLATE_TEST_CASE("a warm start takes the runs measured on the same target only, unless it asks for any", "[store]", KEVO_STORES) {
+  FreshStore<TestType> fresh;
+  if (!fresh.available()) return;
+  auto store = fresh.open();
+  REQUIRE(store);
+  const auto on_a = store->begin_run({.problem = "scoring", .target_identity = "A"}).value();
+  record(*store, on_a, candidate(1), evaluation(2.0));
+  const auto on_b = store->begin_run({.problem = "scoring", .target_identity = "B"}).value();
+  record(*store, on_b, candidate(2), evaluation(5.0));
+  const auto now = store->begin_run({.problem = "scoring", .target_identity = "A"}).value();
+
+  CHECK(sources(store->best_of_earlier_runs("scoring", "A", now, 10)) == std::vector{candidate(1).source});
+  CHECK(sources(store->best_of_earlier_runs("scoring", "B", now, 10)) == std::vector{candidate(2).source});
+  CHECK(sources(store->best_of_earlier_runs("scoring", "C", now, 10)).empty());
+  const std::vector every_target{candidate(2).source, candidate(1).source};
+  CHECK(sources(store->best_of_earlier_runs("scoring", "", now, 10)) == every_target);
+  CHECK(sources(store->best_of_earlier_runs("scoring", now, 10)) == every_target);  // the three-argument form: any target
+
+  CHECK(store->find_run(on_a)->target_identity == "A");
+  CHECK(store->find_run(on_b)->target_identity == "B");
+  CHECK(store->latest_run()->target_identity == "A");
+  CHECK(store->find_run(store->begin_run({.problem = "scoring"}).value())->target_identity.empty());
+}
+
+TEMPLATE_TEST_CASE("a store written before runs kept their target opens, and their target is unknown", "[store]", KEVO_STORES) {
+  FreshStore<TestType> fresh;
+  if (!fresh.available()) return;
+  std::int64_t old_run = 0;
+  {
+    auto store = fresh.open();
+    REQUIRE(store);
+    old_run = store->begin_run({.problem = "scoring", .target_identity = "A"}).value();
+    record(*store, old_run, candidate(1), evaluation(2.0));
+  }
+  fresh.forget_target_identities();
+  auto store = fresh.open();
+  REQUIRE(store);
+  auto info = store->find_run(old_run);
+  REQUIRE(info);
+  CHECK(info->target_identity.empty());
+  // Unknown is not this target: only a warm start from any target takes the old run.
+  const auto now = store->begin_run({.problem = "scoring", .target_identity = "A"}).value();
+  CHECK(sources(store->best_of_earlier_runs("scoring", "A", now, 10)).empty());
+  CHECK(sources(store->best_of_earlier_runs("scoring", "", now, 10)) == std::vector{candidate(1).source});
+  CHECK(store->find_run(now)->target_identity == "A");
 }
 
 // Two searches write to one store at once, each through its own connection (as two processes
@@ -330,6 +402,36 @@ TEMPLATE_TEST_CASE("two searches on one store at once, then a third starts from 
   CHECK(best_seed == best_so_far);
 }
 
+TEMPLATE_TEST_CASE("a search warm-starts from runs on its evaluator's target, and from other targets' only when asked",
+                   "[store][loop]", KEVO_STORES) {
+  FreshStore<TestType> fresh;
+  if (!fresh.available()) return;
+  const Problem problem = kevo::testing::synthetic_problem();
+  auto store = fresh.open();
+  REQUIRE(store);
+  EvaluatorOn gpu_a("cuda; gpu: A"), gpu_b("cuda; gpu: B");
+  auto first = make_search_loop(problem, gpu_a, *store, {.jobs = 1, .max_evaluations = 12, .seed = 1});
+  auto r1 = first.run(first.synthesizer().seed());
+  REQUIRE(r1);
+  CHECK(store->find_run(r1->run_id)->target_identity == "cuda; gpu: A");
+
+  // The children of a later run's root that came from earlier runs.
+  auto warm_starts = [&](EvaluatorOn& evaluator, bool any_target) {
+    auto loop = make_search_loop(problem, evaluator, *store,
+                                 {.jobs = 1, .max_evaluations = 6, .seed = 2, .warm_start_any_target = any_target});
+    auto r = loop.run(loop.synthesizer().seed());
+    REQUIRE(r);
+    CHECK(store->find_run(r->run_id)->target_identity == evaluator.target);
+    std::size_t count = 0;
+    for (NodeId id = 1; id < loop.tree().size(); ++id)
+      count += loop.candidate(id).origin.find("earlier run") != std::string::npos;
+    return count;
+  };
+  SECTION("another target's runs are no warm start") { CHECK(warm_starts(gpu_b, false) == 0); }
+  SECTION("unless the run asks for any target's") { CHECK(warm_starts(gpu_b, true) > 0); }
+  SECTION("the same target's are") { CHECK(warm_starts(gpu_a, false) > 0); }
+}
+
 #if KEVO_TEST_HAVE_POSTGRES
 TEST_CASE("PostgreSQL: a server that cannot be reached is a one-line error naming it", "[store][postgres]") {
   auto store = store::PostgresStore::open("host=127.0.0.1 port=1 dbname=nowhere user=kevo connect_timeout=5");
@@ -365,7 +467,8 @@ TEST_CASE("PostgreSQL: the schema is versioned, created once, and a newer one is
   REQUIRE(bump.ok());
   auto newer = fresh.open();
   REQUIRE_FALSE(newer);
-  CHECK_THAT(newer.error().message, Catch::Contains("schema is version 99, newer than this kevo knows (1)"));
+  CHECK_THAT(newer.error().message, Catch::Contains(fmt::format("schema is version 99, newer than this kevo knows ({})",
+                                                                store::PostgresStore::schema_version)));
   CHECK_THAT(newer.error().message, Catch::StartsWith("PostgreSQL at "));
 }
 #endif

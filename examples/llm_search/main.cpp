@@ -48,11 +48,12 @@ struct Options {
   std::uint64_t token_budget = 0, seed = 1;
   double timeout_seconds = 120;
   std::string policy = "mcts", memory = "adaptive";
+  double repair_share = 0.2;
   fs::path knowledge_dir = KEVO_KNOWLEDGE_DIR, knowledge_db, store;
   std::string max_tokens_field = "max_tokens", ca_file;
   std::vector<double> prices;  // --price IN OUT
   double price_input = 0, price_output = 0, cost_budget = 0;
-  bool log_prompts = false, send_temperature = true, allow_weak_isolation = false;
+  bool log_prompts = false, send_temperature = true, allow_weak_isolation = false, warm_start_any_target = false;
 };
 
 // The command line, with CLI11: --help, unknown flags, missing and bad values are its job. The LLM
@@ -86,6 +87,9 @@ void describe(CLI::App& app, Options& o) {
       ->check(positive);
   app.add_option("--jobs", o.jobs, "generations and evaluations in flight")->capture_default_str()->check(CLI::Range(std::size_t{1}, std::size_t{4096}));
   app.add_option("--policy", o.policy, "search policy")->capture_default_str()->check(CLI::IsMember({"mcts", "evolutionary", "greedy", "random"}));
+  app.add_option("--repair-share", o.repair_share, "selections spent repairing a candidate that failed (0: never)")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 1.0));
   app.add_option("--memory", o.memory, "memory operator")->capture_default_str()->check(
       CLI::IsMember({"adaptive", "combined", "trajectory", "siblings", "fresh"}));
   app.add_option("--max-tokens", o.max_tokens, "per answer")->capture_default_str()->check(positive);
@@ -111,6 +115,7 @@ void describe(CLI::App& app, Options& o) {
   app.add_option("--knowledge-db", o.knowledge_db, "where knowledge and learned skills persist (default kevo-runs/knowledge.db)");
   app.add_option("--store", o.store, "SQLite store of the search (default kevo-runs/PROBLEM.llm.db)");
   app.add_flag("--log-prompts", o.log_prompts, "print every prompt and answer to stderr");
+  app.add_flag("--warm-start-any-target", o.warm_start_any_target, "warm-start also from earlier runs measured on another device or with another compiler");
   app.add_option("--seed", o.seed, "random seed")->capture_default_str();
 }
 
@@ -143,7 +148,7 @@ std::optional<int> make_parent(std::string_view flag, const fs::path& path) {
 template <class Synth, class Retriever>
 int search(const Options& o, const kevo::Problem& problem, Synth synth, Retriever retriever,
            std::function<std::string(std::string)> redact = [](std::string s) { return s; }) {
-  auto policy = kevo::search::make_policy(o.policy);
+  auto policy = kevo::search::make_policy(o.policy, o.repair_share);
   if (!policy) return fail(policy.error().message);
   auto memory = kevo::memory::make_memory(o.memory);
   if (!memory) return fail(memory.error().message);
@@ -157,7 +162,8 @@ int search(const Options& o, const kevo::Problem& problem, Synth synth, Retrieve
   fmt::print("reference: {:.3f} ms on the timing shape; budget {}, {} jobs, store {}\n", evaluator.reference_seconds() * 1e3,
              o.budget, o.jobs, store_path.string());
 
-  kevo::SearchArguments args{.jobs = o.jobs, .max_evaluations = o.budget, .seed = o.seed, .handle_signals = true};
+  kevo::SearchArguments args{
+      .jobs = o.jobs, .max_evaluations = o.budget, .seed = o.seed, .warm_start_any_target = o.warm_start_any_target, .handle_signals = true};
   args.on_progress = [&](const kevo::Progress& p) {
     const kevo::Evaluation& e = *p.evaluation;
     const std::string outcome = e.ok() ? fmt::format("{:6.2f}x {}-bound", e.speedup, kevo::to_string(e.diagnostics.bottleneck))

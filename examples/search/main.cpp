@@ -52,6 +52,7 @@ struct Options {
   fs::path report;
   bool resume = false;
   bool retime_reference = false;  // a resumed run keeps its stored reference time unless asked
+  bool warm_start_any_target = false;  // other machines' figures do not rank candidates for this one unless asked
   bool budget_given = false;  // a resumed run keeps its stored budget unless --budget says otherwise
   bool quiet = false;
   // Where the checked runs happen: here (local) or as Slurm job steps (slurm).
@@ -79,6 +80,7 @@ void describe(CLI::App& app, Options& o) {
   app.add_option("--store", o.store, "SQLite store (default kevo-runs/PROBLEM.db)");
   app.add_flag("--resume", o.resume, "continue the latest run in the store where it stopped");
   app.add_flag("--retime-reference", o.retime_reference, "with --resume: speedups over the reference timed now, not the run's stored time");
+  app.add_flag("--warm-start-any-target", o.warm_start_any_target, "warm-start also from earlier runs measured on another device or with another compiler");
   app.add_option("--out", o.out, "where to write the best kernel (default kevo-runs/PROBLEM.best.cpp)");
   app.add_option("--json", o.json, "also write a JSON summary there");
   app.add_option("--report", o.report, "an HTML report: progress plot, tree, best kernels (default kevo-runs/PROBLEM.html)");
@@ -209,6 +211,7 @@ int search_main(int argc, char** argv) {
                                .target_speedup = o.target,
                                .patience = o.patience,
                                .seed = o.seed,
+                               .warm_start_any_target = o.warm_start_any_target,
                                .retime_reference = o.retime_reference,
                                .handle_signals = true,
                                .settings_json = settings_json(o)};

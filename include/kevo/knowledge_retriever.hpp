@@ -5,11 +5,13 @@
 //   kevo::knowledge::NullRetriever none;
 //   auto snippets = none.retrieve({.target = kevo::Target::cpu, .bottleneck = kevo::Bottleneck::memory});
 //   none.learn(skill);
+//   kevo::withdraw_skill(retriever, problem.name, node_key);  // where the retriever supports it
 #pragma once
 
 #include <kevo/candidate.hpp>
 
 #include <concepts>
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -42,6 +44,8 @@ struct Skill {
   Knobs before, after;   ///< empty for free-form code
   Bottleneck bottleneck = Bottleneck::unknown;
   double improvement = 1;  ///< child speedup over parent speedup
+  double speedup = 0;      ///< the child's speedup over the reference
+  std::int64_t node_key = 0;  ///< the store's key of the child (a NodeKey); 0 when unknown
 };
 
 namespace detail {
@@ -52,6 +56,11 @@ concept retriever_retrieves = requires(R& r, const KnowledgeQuery& q) {
 template <class R>
 concept retriever_learns = requires(R& r, const Skill& s) {
   { r.learn(s) } -> std::same_as<void>;
+};
+/// Optional: `withdraw(problem, node_key)` forgets the skill learned on that node.
+template <class R>
+concept retriever_withdraws = requires(R& r, const std::string& problem, std::int64_t node_key) {
+  { r.withdraw(problem, node_key) } -> std::same_as<void>;
 };
 }  // namespace detail
 
@@ -65,6 +74,13 @@ constexpr bool check_knowledge_retriever() {
                 "KnowledgeRetriever: missing `std::vector<KnowledgeSnippet> retrieve(const KnowledgeQuery&)`");
   static_assert(detail::retriever_learns<R>, "KnowledgeRetriever: missing `void learn(const Skill&)`");
   return true;
+}
+
+/// Withdraws the skill learned on `node_key` when the retriever keeps skills by node (a candidate
+/// later refused must not teach anything); a no-op for one that does not.
+template <class R>
+void withdraw_skill(R& retriever, const std::string& problem, std::int64_t node_key) {
+  if constexpr (detail::retriever_withdraws<R>) retriever.withdraw(problem, node_key);
 }
 
 namespace knowledge {

@@ -143,6 +143,7 @@ struct SearchArguments {
   std::size_t patience = 0;              ///< stop after this many results without a new best; 0: never
   std::uint64_t seed = 1;
   std::size_t warm_start = 4;            ///< best candidates of earlier runs of this problem to start from
+  bool warm_start_any_target = false;    ///< warm-start from runs measured on other devices or compilers too
   bool retime_new_best = true;           ///< re-time a new best against the old one before accepting it
   bool retime_reference = false;         ///< on resume, use the evaluator's new reference time rather than the run's stored one
   bool handle_signals = false;           ///< stop cleanly on SIGINT/SIGTERM
@@ -201,13 +202,15 @@ class SearchLoop {
     kevo::enable_repairs(policy_, synthesizer_repairs<Synth>);
   }
 
-  /// Starts a new run from `seed` (the tree's root), warm-started from earlier runs in the store.
+  /// Starts a new run from `seed` (the tree's root), warm-started from earlier runs in the store
+  /// that were measured on the evaluator's target (its `target_identity()`, where it has one).
   expected<SearchResult, Error> run(Candidate seed) {
     RunInfo info{.problem = problem_->name,
                  .problem_dir = problem_->directory.string(),
                  .settings_json = args_.settings_json,
                  .problem_identity = problem_->identity()};
     if constexpr (requires { evaluator_->reference_seconds(); }) info.reference_seconds = evaluator_->reference_seconds();
+    if constexpr (requires { evaluator_->target_identity(); }) info.target_identity = evaluator_->target_identity();
     reference_seconds_ = info.reference_seconds;
     auto run = store_->begin_run(info);
     if (!run) return unexpected(run.error());
@@ -216,7 +219,7 @@ class SearchLoop {
     to_evaluate_.push_back(tree_.root());
 
     if (args_.warm_start > 0) {
-      auto earlier = store_->best_of_earlier_runs(problem_->name, run_id_, args_.warm_start);
+      auto earlier = best_of_earlier_runs(info.target_identity);
       if (!earlier) return unexpected(earlier.error());
       for (auto& candidate : *earlier) {
         if (hash_to_node_.count(candidate.hash()) || started_ >= args_.max_evaluations) continue;
@@ -277,7 +280,7 @@ class SearchLoop {
       if (!e.ok()) ++failures_[e.failure];
     }
     rng_.seed(detail::mix(args_.seed, finish_order.size()));
-    if (tree_[tree_.root()].state == NodeState::failed) seed_repairs_ = tree_[tree_.root()].child_count;
+    if (tree_[tree_.root()].state == NodeState::failed) repair_tries_[tree_.root()] = tree_[tree_.root()].child_count;
     if (stored_reference > 0 && !args_.retime_reference) {
       reference_seconds_ = stored_reference;
       reference_from_store_ = true;
@@ -298,6 +301,16 @@ class SearchLoop {
   const Evaluation& evaluation(NodeId id) const { return evaluations_.at(id); }
 
  private:
+  /// The best candidates of earlier runs on `target_identity` (a store that cannot tell targets
+  /// apart, or `warm_start_any_target`: on any target).
+  expected<std::vector<Candidate>, Error> best_of_earlier_runs(const std::string& target_identity) {
+    if constexpr (requires { store_->best_of_earlier_runs(problem_->name, target_identity, run_id_, args_.warm_start); })
+      return store_->best_of_earlier_runs(problem_->name, args_.warm_start_any_target ? std::string() : target_identity, run_id_,
+                                          args_.warm_start);
+    else
+      return store_->best_of_earlier_runs(problem_->name, run_id_, args_.warm_start);
+  }
+
   expected<void, Error> adopt_node(NodeId id, NodeKey parent_key, Candidate candidate, MemoryMode mode,
                                    NodeKey mate_key = no_key) {
     auto key = store_->add_node(run_id_, parent_key, mate_key, candidate, mode);
@@ -381,11 +394,10 @@ class SearchLoop {
           // A synthesizer that repairs is asked to fix the seed, one try at a time, before the
           // search gives up on it.
           if (seed_repair_in_flight_) break;
-          if (seed_repairs_ < args_.seed_repairs && started_ < args_.max_evaluations && repairable(evaluations_[0].failure)) {
+          if (seed_repairs() < args_.seed_repairs && started_ < args_.max_evaluations && repairable(evaluations_[0].failure)) {
             ++in_flight_;
             ++started_;
-            ++seed_repairs_;
-            seed_repair_in_flight_ = true;
+            seed_repair_in_flight_ = true;  // start_generation counts the try
             start_generation(Expansion{tree_.root(), no_node, true});
             continue;
           }
@@ -440,8 +452,14 @@ class SearchLoop {
   Error seed_error() const {
     const Evaluation& seed = evaluations_[tree_.root()];
     return Error{fmt::format("the seed candidate failed ({}): {}{}", to_string(seed.failure), seed.diagnostics.message,
-                             seed_repairs_ == 0 ? std::string()
-                                                : fmt::format(" ({} repair{} of it failed too)", seed_repairs_, seed_repairs_ == 1 ? "" : "s"))};
+                             seed_repairs() == 0 ? std::string()
+                                                 : fmt::format(" ({} repair{} of it failed too)", seed_repairs(), seed_repairs() == 1 ? "" : "s"))};
+  }
+
+  /// Repairs asked for the seed so far (on resume: the seed's children, every one of them a repair).
+  std::size_t seed_repairs() const {
+    const auto it = repair_tries_.find(tree_.root());
+    return it == repair_tries_.end() ? 0 : it->second;
   }
 
   Attempt attempt(NodeId id) const { return Attempt{id, candidates_[id], evaluations_[id]}; }
@@ -652,8 +670,10 @@ class SearchLoop {
     if (parent == no_node || tree_[id].state != NodeState::evaluated || tree_[parent].state != NodeState::evaluated) return;
     if (tree_[id].speedup < 1.05f * tree_[parent].speedup) return;
     if (auto skill = knowledge::distill_skill(*problem_, *candidates_[parent], evaluations_[parent], *candidates_[id],
-                                              evaluations_[id]))
+                                              evaluations_[id])) {
+      skill->node_key = keys_[id];  // provenance, and the handle to withdraw it by
       retriever_.learn(*skill);
+    }
   }
 
   void check_stop() {
@@ -716,12 +736,15 @@ class SearchLoop {
     const std::uint64_t fresh = detail::mix(args_.seed, 0xF1AA1ull + r.evaluations);
     Evaluation check = evaluator_->evaluate(*r.best_candidate, fresh);
     over_stored_reference(check);
+    // A best refused now teaches nothing: the skill its improvement wrote is withdrawn.
     if (!check.ok()) {
       r.verification_message = fmt::format("the best failed its re-check on fresh inputs: {}", check.diagnostics.message);
+      withdraw_skill(retriever_, problem_->name, r.best_key);
     } else if constexpr (requires { evaluator_->compare_with_reference(*r.best_candidate, fresh); }) {
       auto race = evaluator_->compare_with_reference(*r.best_candidate, fresh);
       if (race && race->challenger_failure != FailureKind::none) {
         r.verification_message = fmt::format("the best failed its re-check beside the reference: {}", race->challenger_message);
+        withdraw_skill(retriever_, problem_->name, r.best_key);
       } else if (race && race->challenger_seconds > 0) {
         r.verified_speedup = race->incumbent_seconds / race->challenger_seconds;
         r.verified = true;
@@ -767,7 +790,6 @@ class SearchLoop {
   std::unordered_map<NodeId, std::uint32_t> repair_tries_;  // failed node -> repairs asked for it
   std::vector<std::uint32_t> repair_try_;                    // by node id: which try of its parent it is (0: not a repair)
   std::unordered_set<NodeId> repaired_;                      // failed nodes a repair made correct in time
-  std::size_t seed_repairs_ = 0;
   bool seed_repair_in_flight_ = false;
   bool stopping_ = false;
   std::optional<StopReason> stop_reason_;

@@ -57,21 +57,25 @@ struct RepairMoves {
   /// A repair expansion, or nothing (the policy then selects as it would otherwise).
   std::optional<Expansion> select(const SearchTree& tree, Rng& rng) {
     if (!enabled || waiting.empty() || share <= 0) return std::nullopt;
+    struct ChildStates {
+      bool repaired = false, pending = false;
+    };
+    auto child_states = [&](NodeId id) {
+      ChildStates s;
+      tree.for_each_child(id, [&](NodeId c) {
+        s.repaired |= tree[c].state == NodeState::evaluated;
+        s.pending |= tree[c].state == NodeState::pending;
+      });
+      return s;
+    };
     // Drop nodes that are done: repaired, or out of tries with none in flight.
     std::erase_if(waiting, [&](NodeId id) {
-      bool repaired = false, pending = false;
-      tree.for_each_child(id, [&](NodeId c) {
-        repaired |= tree[c].state == NodeState::evaluated;
-        pending |= tree[c].state == NodeState::pending;
-      });
-      return repaired || (tree[id].child_count >= max_tries && !pending);
+      const ChildStates s = child_states(id);
+      return s.repaired || (tree[id].child_count >= max_tries && !s.pending);
     });
     if (waiting.empty() || !std::bernoulli_distribution(std::min(share, 1.0))(rng)) return std::nullopt;
-    for (NodeId id : waiting) {
-      bool pending = false;
-      tree.for_each_child(id, [&](NodeId c) { pending |= tree[c].state == NodeState::pending; });
-      if (!pending && tree[id].child_count < max_tries) return Expansion{id, no_node, true};
-    }
+    for (NodeId id : waiting)
+      if (!child_states(id).pending && tree[id].child_count < max_tries) return Expansion{id, no_node, true};
     return std::nullopt;  // every open one has a repair in flight
   }
 

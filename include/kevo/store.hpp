@@ -33,6 +33,9 @@ struct RunInfo {
   double reference_seconds = 0;       ///< the reference's time that the run's speedups are over; 0: not stored
   NodeKey best_node = no_key;         ///< once finished: the best node, whose figure was verified
   double verified_speedup = 0;        ///< once finished: the best's figure, re-checked and re-timed
+  /// What the figures were measured on: the target, the device and the compiler, as the evaluator's
+  /// `target_identity()` says ("cuda; gpu: NVIDIA H200, 9.0; nvcc ..."); empty: unknown (older stores).
+  std::string target_identity = {};
 };
 
 /// A node as stored: its candidate, and its evaluation once finished.
@@ -93,8 +96,10 @@ concept store_resumes = store_finds_runs<S> && store_loads_nodes<S> && store_war
 /// as first measured, then again once re-timed side by side.
 ///
 /// Optional, where a model has them (the loop asks with `if constexpr`):
-/// `add_evaluation(run, key, e, settled)`, which marks a figure not yet settled by its race, and
-/// `set_reference_seconds(run, seconds)`, which keeps the reference time a run's speedups are over.
+/// `add_evaluation(run, key, e, settled)`, which marks a figure not yet settled by its race,
+/// `set_reference_seconds(run, seconds)`, which keeps the reference time a run's speedups are over,
+/// and `best_of_earlier_runs(problem, target_identity, run, count)`, which warm-starts only from runs
+/// measured on that target (an empty identity: any target, as the three-argument form always does).
 template <class S>
 concept SearchStore = detail::store_records<S> && detail::store_resumes<S>;
 

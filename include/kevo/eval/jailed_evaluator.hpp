@@ -214,6 +214,14 @@ class JailedEvaluator {
 
   /// Median time of the reference on the timing shape, measured by prepare().
   double reference_seconds() const { return reference_seconds_; }
+  /// What its figures are measured on: the target, this machine's device and the compiler with its
+  /// version, e.g. "cuda; gpu: NVIDIA H200, 9.0; /usr/local/cuda/bin/nvcc nvcc: NVIDIA (R) Cuda compiler
+  /// driver; Cuda compilation tools, release 13.0, V13.0.88". A search warm-starts only from runs with
+  /// the same identity. Known once prepare() has run (compile() too); empty before: unknown.
+  std::string target_identity() const {
+    if (compiler_identity_.empty()) return {};
+    return fmt::format("{}; {}; {}", to_string(Toolchain::target), Toolchain::identity(), compiler_identity_);
+  }
   /// How the reference's checked figure came about, where the clock has parts worth naming (the
   /// GPU checker's round trip and its own CUDA-event timing of the reference); empty otherwise.
   const std::string& reference_clock_note() const { return reference_clock_note_; }
@@ -381,6 +389,16 @@ class JailedEvaluator {
   }
 
   static std::string first_line(std::string_view text) { return std::string(text.substr(0, text.find('\n'))); }
+  /// A compiler's `--version` text in one line: its first line, and the line naming its release
+  /// where that is another (nvcc's first line names no version: "Cuda compilation tools, release 13.0, V13.0.88").
+  static std::string version_of(std::string_view text) {
+    std::string out = first_line(text);
+    if (const auto at = text.find(", release "); at != std::string_view::npos && at > out.size()) {
+      const auto start = text.rfind('\n', at) + 1;
+      out += "; " + first_line(text.substr(start));
+    }
+    return out;
+  }
 
   /// Runs the compiler with `args` in `directory`, as a compile: shared with other compiles, never
   /// beside a timed run. The compiler runs jailed: it sees the system's headers, the problem's
@@ -416,7 +434,7 @@ class JailedEvaluator {
     if (!version.ok())
       return make_error(fmt::format("the compiler '{}' does not run: {}", options_.compiler,
                                     version.setup_error.empty() ? first_line(version.stderr_text) : version.setup_error));
-    compiler_identity_ = options_.compiler + " " + first_line(version.stdout_text);
+    compiler_identity_ = options_.compiler + " " + version_of(version.stdout_text);
 
     const std::string header = problem_header(problem_);
     const std::string checker = Toolchain::checker_source(problem_);

@@ -5,9 +5,12 @@
 //   auto kb = kevo::knowledge::KnowledgeBase::open({.database = "kevo.db", .folders = {"knowledge"}});
 //   auto snippets = kb->retrieve({.target = kevo::Target::cpu, .bottleneck = kevo::Bottleneck::memory});
 //   kb->learn(skill);   // a later run on kevo.db retrieves it
+//   kb->withdraw(skill.problem, skill.node_key);   // its candidate was refused later: never retrieved again
 #pragma once
 
 #include <kevo/knowledge/document.hpp>
+#include <kevo/knowledge/skill_facts.hpp>
+#include <kevo/detail/json_writer.hpp>
 #include <kevo/detail/sqlite.hpp>
 #include <kevo/knowledge_retriever.hpp>
 
@@ -136,6 +139,7 @@ struct KnowledgeBaseOptions {
   std::string database = ":memory:";               ///< a file keeps learned skills across runs
   std::vector<std::filesystem::path> folders;      ///< each searched recursively for *.md
   std::size_t max_sections_per_document = 2;       ///< so one long document cannot fill the budget
+  std::size_t max_skills_per_problem = 4;          ///< skills of one problem with different changes
   double min_relative_score = 0.1;                 ///< drop hits scoring below this share of the best
 };
 
@@ -205,7 +209,8 @@ class KnowledgeBase {
     std::lock_guard lock(mutex_);
     auto st = db_.prepare(
         "SELECT title, tags, body, category, targets, architectures, source, origin, "
-        "bm25(kevo_knowledge, 4.0, 3.0, 1.0) FROM kevo_knowledge WHERE kevo_knowledge MATCH ?1 "
+        "bm25(kevo_knowledge, 4.0, 3.0, 1.0), facts.knob_diff FROM kevo_knowledge "
+        "LEFT JOIN kevo_skill_facts AS facts ON facts.id = kevo_knowledge.rowid WHERE kevo_knowledge MATCH ?1 "
         "ORDER BY bm25(kevo_knowledge, 4.0, 3.0, 1.0) LIMIT 400");
     if (!st) return {};
     st->bind(1, match);
@@ -213,6 +218,7 @@ class KnowledgeBase {
     struct Hit {
       KnowledgeSnippet snippet;
       std::string origin;
+      std::string change;  ///< a skill's knob diff: skills that share it say the same thing
     };
     std::vector<Hit> hits;
     const std::string target(to_string(query.target));
@@ -255,19 +261,24 @@ class KnowledgeBase {
       hit.snippet.text = std::string(st->text(2));
       hit.snippet.score = score;
       hit.origin = std::string(st->text(7));
+      if (source == "skill") hit.change = st->is_null(9) || st->text(9).empty() ? hit.snippet.text : std::string(st->text(9));
       hits.push_back(std::move(hit));
     }
     std::stable_sort(hits.begin(), hits.end(), [](const Hit& a, const Hit& b) { return a.snippet.score > b.snippet.score; });
 
     std::vector<KnowledgeSnippet> picked;
     std::map<std::string, std::size_t, std::less<>> per_origin;
+    std::set<std::pair<std::string, std::string>> skill_changes;  // (problem, change) already picked
     std::size_t used = 0;
     const double floor = hits.empty() ? 0.0 : hits.front().snippet.score * options_.min_relative_score;
     for (auto& hit : hits) {
       if (hit.snippet.score < floor) break;  // padding a prompt with weak matches only dilutes it
       const std::size_t cost = snippet_tokens(hit.snippet);
       if (used + cost > query.token_budget) continue;  // a smaller, lower-ranked one may still fit
-      if (hit.origin.size() && per_origin[hit.origin] >= options_.max_sections_per_document) continue;
+      const bool skill = hit.snippet.category == "skill";
+      const std::size_t cap = skill ? options_.max_skills_per_problem : options_.max_sections_per_document;
+      if (hit.origin.size() && per_origin[hit.origin] >= cap) continue;
+      if (skill && !skill_changes.emplace(hit.origin, hit.change).second) continue;  // a near-duplicate
       ++per_origin[hit.origin];
       used += cost;
       picked.push_back(std::move(hit.snippet));
@@ -275,7 +286,8 @@ class KnowledgeBase {
     return picked;
   }
 
-  /// Writes a skill back (category "skill"); identical skills are stored once.
+  /// Writes a skill back (category "skill"), with its facts. Skills are kept per improvement: a
+  /// node learned twice is stored once; without a node key, identical texts of a problem are.
   void learn(const Skill& skill) { (void)store_skill(skill); }
 
   /// learn(), reporting failures instead of dropping them.
@@ -284,22 +296,92 @@ class KnowledgeBase {
     if (skill.bottleneck != Bottleneck::unknown) tags += fmt::format(" {}-bound", to_string(skill.bottleneck));
     for (const auto& [name, value] : skill.after) tags += " " + name;
     std::string body = skill.summary;
-    if (!skill.before.empty() && !skill.after.empty())
-      body += fmt::format("\nKnobs before: {}\nKnobs after: {}", to_string(skill.before), to_string(skill.after));
-    body += fmt::format("\nImprovement over the parent: {:.2f}x", skill.improvement);
+    const bool templated = !skill.before.empty() && !skill.after.empty();
+    if (templated) body += fmt::format("\nKnobs before: {}\nKnobs after: {}", to_string(skill.before), to_string(skill.after));
+    body += '\n' + provenance(skill);
     const std::string title = fmt::format("Skill learned on {} ({})", skill.problem, to_string(skill.target));
 
     std::lock_guard lock(mutex_);
-    auto exists = db_.prepare("SELECT count(*) FROM kevo_knowledge WHERE source = 'skill' AND origin = ?1 AND body = ?2");
-    if (!exists) return unexpected(exists.error());
-    exists->bind(1, skill.problem);
-    exists->bind(2, body);
-    if (exists->step() == SQLITE_ROW && exists->integer(0) > 0) return {};
+    if (auto r = db_.exec("BEGIN IMMEDIATE"); !r) return unexpected(r.error());
+    Transaction transaction(db_);
+    auto known = skill.node_key != 0
+                     ? db_.prepare("SELECT count(*) FROM kevo_skill_facts WHERE problem = ?1 AND node_key = ?2")
+                     : db_.prepare("SELECT count(*) FROM kevo_knowledge WHERE source = 'skill' AND origin = ?1 AND body = ?2");
+    if (!known) return unexpected(known.error());
+    known->bind(1, skill.problem);
+    if (skill.node_key != 0) known->bind(2, static_cast<long long>(skill.node_key));
+    else known->bind(2, body);
+    if (known->step() == SQLITE_ROW && known->integer(0) > 0) return {};
+
     auto insert = prepare_insert();
     if (!insert) return unexpected(insert.error());
     if (!insert_row(*insert, title, tags, body, "skill", std::string(to_string(skill.target)), "", "skill", skill.problem))
       return make_error(fmt::format("cannot store skill: {}", db_.last_error()));
-    return {};
+    auto facts = db_.prepare(
+        "INSERT INTO kevo_skill_facts(id, problem, node_key, target, bottleneck, knobs_before, knobs_after, knob_diff, "
+        "improvement, speedup, summary) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)");
+    if (!facts) return unexpected(facts.error());
+    facts->bind(1, static_cast<long long>(sqlite3_last_insert_rowid(db_.get())));
+    facts->bind(2, skill.problem);
+    facts->bind(3, static_cast<long long>(skill.node_key));
+    facts->bind(4, to_string(skill.target));
+    facts->bind(5, to_string(skill.bottleneck));
+    facts->bind(6, kevo::detail::knobs_to_json(skill.before));
+    facts->bind(7, kevo::detail::knobs_to_json(skill.after));
+    facts->bind(8, templated ? knob_diff(skill.before, skill.after) : std::string());
+    facts->bind(9, skill.improvement);
+    facts->bind(10, skill.speedup);
+    facts->bind(11, skill.summary);
+    if (facts->step() != SQLITE_DONE) return make_error(fmt::format("cannot store skill facts: {}", db_.last_error()));
+    return transaction.commit();
+  }
+
+  /// Forgets the skill learned on `node_key` of `problem`, in this run and every later one: its
+  /// candidate was refused after it was learned (by a re-check, say), so it teaches nothing.
+  void withdraw(const std::string& problem, std::int64_t node_key) { (void)withdraw_skill(problem, node_key); }
+
+  /// withdraw(), reporting failures. Withdrawing a skill never learned does nothing.
+  expected<void, Error> withdraw_skill(std::string_view problem, std::int64_t node_key) {
+    if (node_key == 0) return make_error("withdraw_skill: no node key, so no skill to name");
+    std::lock_guard lock(mutex_);
+    if (auto r = db_.exec("BEGIN IMMEDIATE"); !r) return unexpected(r.error());
+    Transaction transaction(db_);
+    for (const char* sql : {"DELETE FROM kevo_knowledge WHERE rowid IN "
+                            "(SELECT id FROM kevo_skill_facts WHERE problem = ?1 AND node_key = ?2)",
+                            "DELETE FROM kevo_skill_facts WHERE problem = ?1 AND node_key = ?2"}) {
+      auto st = db_.prepare(sql);
+      if (!st) return unexpected(st.error());
+      st->bind(1, problem);
+      st->bind(2, static_cast<long long>(node_key));
+      if (st->step() != SQLITE_DONE) return make_error(fmt::format("cannot withdraw skill: {}", db_.last_error()));
+    }
+    return transaction.commit();
+  }
+
+  /// The skills learned on `problem` (on every problem when empty) with their facts, oldest first.
+  /// Skills kept from a database file older than the facts have none, and are not listed.
+  std::vector<Skill> skills(std::string_view problem = {}) {
+    std::lock_guard lock(mutex_);
+    auto st = db_.prepare(
+        "SELECT problem, target, bottleneck, knobs_before, knobs_after, improvement, speedup, node_key, summary "
+        "FROM kevo_skill_facts WHERE coalesce(?1, '') = '' OR problem = ?1 ORDER BY id");
+    if (!st) return {};
+    st->bind(1, problem);
+    std::vector<Skill> out;
+    while (st->step() == SQLITE_ROW) {
+      Skill& s = out.emplace_back();
+      s.problem = std::string(st->text(0));
+      for (const Target t : {Target::cpu, Target::cuda, Target::hip})
+        if (to_string(t) == st->text(1)) s.target = t;
+      s.bottleneck = bottleneck_from_string(st->text(2));
+      s.before = kevo::detail::knobs_from_json(st->text(3));
+      s.after = kevo::detail::knobs_from_json(st->text(4));
+      s.improvement = st->real(5);
+      s.speedup = st->real(6);
+      s.node_key = st->integer(7);
+      s.summary = std::string(st->text(8));
+    }
+    return out;
   }
 
   /// How many sections and skills are indexed (for tests and a one-line report).
@@ -315,12 +397,41 @@ class KnowledgeBase {
  private:
   KnowledgeBase(SqliteHandle db, KnowledgeBaseOptions options) : db_(std::move(db)), options_(std::move(options)) {}
 
+  /// Rolls back unless committed, so that every early return leaves the database as it was.
+  class Transaction {
+   public:
+    explicit Transaction(SqliteHandle& db) : db_(db) {}
+    Transaction(const Transaction&) = delete;
+    ~Transaction() {
+      if (!committed_) (void)db_.exec("ROLLBACK");
+    }
+    expected<void, Error> commit() {
+      committed_ = true;
+      return db_.exec("COMMIT");
+    }
+
+   private:
+    SqliteHandle& db_;
+    bool committed_ = false;
+  };
+
   expected<void, Error> create_schema() {
     // porter: "bound"/"bounded", "coalesce"/"coalescing" meet; the metadata columns are unindexed.
+    if (auto r = db_.exec(
+            "CREATE VIRTUAL TABLE IF NOT EXISTS kevo_knowledge USING fts5("
+            "title, tags, body, category UNINDEXED, targets UNINDEXED, architectures UNINDEXED, "
+            "source UNINDEXED, origin UNINDEXED, tokenize = 'porter unicode61')");
+        !r)
+      return r;
+    // A skill's facts live in a side table keyed by its kevo_knowledge rowid, because an FTS5 table
+    // cannot ALTER TABLE ADD COLUMN; creating it is the whole migration of an older file, whose
+    // skills are kept and simply have no facts.
     return db_.exec(
-        "CREATE VIRTUAL TABLE IF NOT EXISTS kevo_knowledge USING fts5("
-        "title, tags, body, category UNINDEXED, targets UNINDEXED, architectures UNINDEXED, "
-        "source UNINDEXED, origin UNINDEXED, tokenize = 'porter unicode61')");
+        "CREATE TABLE IF NOT EXISTS kevo_skill_facts(id INTEGER PRIMARY KEY, problem TEXT NOT NULL, "
+        "node_key INTEGER NOT NULL, target TEXT NOT NULL, bottleneck TEXT NOT NULL, knobs_before TEXT NOT NULL, "
+        "knobs_after TEXT NOT NULL, knob_diff TEXT NOT NULL, improvement REAL NOT NULL, speedup REAL NOT NULL, "
+        "summary TEXT NOT NULL);"
+        "CREATE UNIQUE INDEX IF NOT EXISTS kevo_skill_node ON kevo_skill_facts(problem, node_key) WHERE node_key <> 0");
   }
 
   expected<SqliteStatement, Error> prepare_insert() {
@@ -371,5 +482,6 @@ class KnowledgeBase {
 };
 
 static_assert(KnowledgeRetriever<KnowledgeBase>);
+static_assert(kevo::detail::retriever_withdraws<KnowledgeBase>);
 
 }  // namespace kevo::knowledge

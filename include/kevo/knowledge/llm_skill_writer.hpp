@@ -1,13 +1,15 @@
 // kevo/knowledge/llm_skill_writer.hpp: lets an LLM write the summary of each learned skill. It wraps
 // any KnowledgeRetriever: retrieval passes through; learn() first asks the model to restate the
 // distilled skill (knob diff, the change's own description, diagnosis, gain) as a short reusable
-// lesson, and keeps the distilled text when the model fails or answers nothing usable.
+// lesson, and keeps the distilled text when the model fails, answers nothing usable, or contradicts
+// the measured facts (a figure or a knob value they lack: see contradiction()).
 //
 //   kevo::knowledge::LlmSkillWriter writer(knowledge_base, llm);   // both by reference
 //   SearchLoop<..., decltype(writer), ...> loop(..., writer, ...);
 //   writer.learn(skill);   // stored with the model's summary
 #pragma once
 
+#include <kevo/knowledge/skill_facts.hpp>
 #include <kevo/knowledge_retriever.hpp>
 #include <kevo/net/chat.hpp>
 
@@ -33,7 +35,13 @@ class LlmSkillWriter {
     retriever_->learn(written);
   }
 
-  /// The model's summary, or empty when it could not give one.
+  void withdraw(const std::string& problem, std::int64_t node_key)
+    requires kevo::detail::retriever_withdraws<Retriever>
+  {
+    retriever_->withdraw(problem, node_key);
+  }
+
+  /// The model's summary, or empty when it could not give one or gave one the facts contradict.
   std::string summarize(const Skill& skill) {
     net::ChatRequest request;
     request.system =
@@ -44,7 +52,7 @@ class LlmSkillWriter {
          fmt::format("An optimization search on the problem '{}' ({} target) found this improvement:\n{}\n"
                      "Knobs before: {}\nKnobs after: {}\nThe parent was {}-bound; the change made it {:.2f}x faster.\n"
                      "State what was changed and where in the kernel, why it helped given the bottleneck, and the measured gain, "
-                     "so the lesson can be applied to similar kernels.",
+                     "so the lesson can be applied to similar kernels. Quote only the figures and knob values given here.",
                      skill.problem, to_string(skill.target), skill.summary, skill.before.empty() ? "(none)" : to_string(skill.before),
                      skill.after.empty() ? "(none)" : to_string(skill.after), to_string(skill.bottleneck), skill.improvement)});
     request.max_tokens = max_tokens_;
@@ -56,8 +64,15 @@ class LlmSkillWriter {
     while (!text.empty() && std::isspace(static_cast<unsigned char>(text.front()))) text.erase(text.begin());
     // Code or an essay is not a skill summary; the distilled text is better than either.
     if (text.empty() || text.find("```") != std::string::npos || text.size() > 1200) return {};
+    if (auto why = contradiction(skill, text)) {
+      last_contradiction_ = std::move(*why);
+      return {};
+    }
     return text;
   }
+
+  /// Why the last summary the model wrote was refused, for a log line; empty when none was.
+  const std::string& last_contradiction() const { return last_contradiction_; }
 
   Retriever& retriever() { return *retriever_; }
 
@@ -65,6 +80,7 @@ class LlmSkillWriter {
   Retriever* retriever_;
   Completer* completer_;
   std::size_t max_tokens_;
+  std::string last_contradiction_;
 };
 
 namespace detail {

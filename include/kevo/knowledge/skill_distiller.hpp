@@ -8,6 +8,7 @@
 
 #include <kevo/candidate.hpp>
 #include <kevo/knowledge/document.hpp>
+#include <kevo/knowledge/skill_facts.hpp>
 #include <kevo/knowledge_retriever.hpp>
 #include <kevo/problem.hpp>
 
@@ -50,23 +51,6 @@ inline LineChanges changed_lines(std::string_view before, std::string_view after
   return out;
 }
 
-/// "vector_width 4->8, unroll 1->2" for the knobs that differ (added or removed ones included).
-inline std::string knob_diff(const Knobs& before, const Knobs& after) {
-  std::string out;
-  auto add = [&](std::string_view name, std::string_view from, std::string_view to) {
-    if (!out.empty()) out += ", ";
-    out += fmt::format("{} {}->{}", name, from.empty() ? "(unset)" : from, to.empty() ? "(unset)" : to);
-  };
-  for (const auto& [name, value] : after) {
-    auto it = before.find(name);
-    if (it == before.end()) add(name, "", value);
-    else if (it->second != value) add(name, it->second, value);
-  }
-  for (const auto& [name, value] : before)
-    if (!after.contains(name)) add(name, value, "");
-  return out;
-}
-
 /// A skill when `child` is correct and faster than `parent` (a failed parent counts as speedup 0,
 /// so fixing it is a skill too); nullopt otherwise.
 inline std::optional<Skill> distill_skill(const Problem& problem, const Candidate& parent, const Evaluation& parent_eval,
@@ -82,6 +66,7 @@ inline std::optional<Skill> distill_skill(const Problem& problem, const Candidat
   skill.after = child.knobs;
   skill.bottleneck = parent_eval.ok() ? parent_eval.diagnostics.bottleneck : child_eval.diagnostics.bottleneck;
   skill.improvement = before > 0 ? child_eval.speedup / before : child_eval.speedup;
+  skill.speedup = child_eval.speedup;
 
   std::string change;
   const bool both_templated = !parent.knobs.empty() && !child.knobs.empty();

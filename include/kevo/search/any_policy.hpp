@@ -48,11 +48,14 @@ static_assert(SearchPolicy<AnyPolicy>);
 inline constexpr std::string_view policy_names = "mcts, evolutionary, greedy, random";
 
 /// The shipped policy called `name`, with its default arguments.
-inline expected<AnyPolicy, Error> make_policy(std::string_view name) {
-  if (name == "mcts") return AnyPolicy(Mcts{});
-  if (name == "evolutionary") return AnyPolicy(Evolutionary{});
-  if (name == "greedy") return AnyPolicy(Greedy{});
-  if (name == "random") return AnyPolicy(Random{});
+/// A shipped policy by name, with its defaults except `repair_share`: the selections it spends on
+/// repairing failed nodes when the synthesizer repairs (0 to 1).
+inline expected<AnyPolicy, Error> make_policy(std::string_view name, double repair_share = 0.2) {
+  if (!(repair_share >= 0 && repair_share <= 1)) return make_error(fmt::format("repair share {} is not between 0 and 1", repair_share));
+  if (name == "mcts") return AnyPolicy(Mcts({.repair_share = repair_share}));
+  if (name == "evolutionary") return AnyPolicy(Evolutionary({.repair_share = repair_share}));
+  if (name == "greedy") return AnyPolicy(Greedy({.repair_share = repair_share}));
+  if (name == "random") return AnyPolicy(Random({.repair_share = repair_share}));
   return make_error(fmt::format("unknown policy '{}' (choose one of: {})", name, policy_names));
 }
 

@@ -139,7 +139,7 @@ namespace kevo::store {
 class PostgresStore {
  public:
   /// The schema version this code writes; open() migrates an older store up to it.
-  static constexpr int schema_version = 1;
+  static constexpr int schema_version = 2;
 
   /// Connects with libpq's `conninfo` ("host=... port=... dbname=... user=...", or a postgresql://
   /// URI) and creates or migrates the schema in the connection's current schema (search_path).
@@ -152,9 +152,10 @@ class PostgresStore {
   }
 
   expected<std::int64_t, Error> begin_run(const RunInfo& info) {
-    auto r = query("INSERT INTO runs(problem, problem_dir, settings, problem_identity, reference_seconds)"
-                   " VALUES ($1, $2, $3, $4, $5) RETURNING id",
-                   {info.problem, info.problem_dir, info.settings_json, info.problem_identity, real(info.reference_seconds)});
+    auto r = query("INSERT INTO runs(problem, problem_dir, settings, problem_identity, reference_seconds, target_identity)"
+                   " VALUES ($1, $2, $3, $4, $5, $6) RETURNING id",
+                   {info.problem, info.problem_dir, info.settings_json, info.problem_identity, real(info.reference_seconds),
+                    info.target_identity});
     if (!r) return unexpected(r.error());
     return r->integer(0, 0);
   }
@@ -252,16 +253,25 @@ class PostgresStore {
   }
 
   /// The fastest correct candidates that earlier runs of `problem` found (by settled figures),
-  /// other searches' runs on this database included: a later run starts from them.
+  /// other searches' runs on this database included, on whatever target they were measured: a
+  /// later run starts from them.
   expected<std::vector<Candidate>, Error> best_of_earlier_runs(const std::string& problem, std::int64_t except_run,
                                                               std::size_t limit) {
+    return best_of_earlier_runs(problem, /*any target:*/ std::string(), except_run, limit);
+  }
+
+  /// The same, from runs measured on `target_identity` only (another GPU's figures do not rank
+  /// candidates for this one); an empty identity takes every target's.
+  expected<std::vector<Candidate>, Error> best_of_earlier_runs(const std::string& problem, const std::string& target_identity,
+                                                              std::int64_t except_run, std::size_t limit) {
     auto r = query("SELECT source, knobs, speedup FROM ("
                    "  SELECT DISTINCT ON (n.source_hash) n.source, n.knobs, e.speedup"
                    "  FROM nodes n JOIN evaluations e ON e.node_id = n.id JOIN runs r ON r.id = n.run_id"
                    "  WHERE r.problem = $1 AND r.id <> $2 AND e.failure = 'ok' AND e.settled"
+                   "  AND ($4 = '' OR r.target_identity = $4)"
                    "  ORDER BY n.source_hash, e.speedup DESC) best"
                    " ORDER BY speedup DESC LIMIT $3",
-                   {problem, integer(except_run), integer(static_cast<std::int64_t>(limit))});
+                   {problem, integer(except_run), integer(static_cast<std::int64_t>(limit)), target_identity});
     if (!r) return unexpected(r.error());
     std::vector<Candidate> out;
     for (int i = 0; i < r->rows(); ++i)
@@ -298,6 +308,10 @@ class PostgresStore {
       roofline_fraction double precision NOT NULL, message text NOT NULL, detail text NOT NULL,
       settled boolean NOT NULL DEFAULT true, finished_at timestamptz NOT NULL DEFAULT now());
     CREATE INDEX evaluations_by_run ON evaluations(run_id);
+  )sql",
+      // 2: what a run's figures were measured on (RunInfo::target_identity); '' for earlier runs: unknown.
+      R"sql(
+    ALTER TABLE runs ADD COLUMN target_identity text NOT NULL DEFAULT '';
   )sql"};
   static_assert(std::size(migrations) == schema_version);
 
@@ -334,7 +348,7 @@ class PostgresStore {
 
   static constexpr const char* run_columns =
       "id, problem, problem_dir, settings, coalesce(stopped_because, ''), problem_identity,"
-      " reference_seconds, coalesce(best_node, 0), coalesce(verified_speedup, 0)";
+      " reference_seconds, coalesce(best_node, 0), coalesce(verified_speedup, 0), target_identity";
 
   explicit PostgresStore(detail::PgConnection conn) : conn_(std::move(conn)), mutex_(std::make_unique<std::mutex>()) {}
 
@@ -357,7 +371,8 @@ class PostgresStore {
                    .problem_identity = std::string(r.text(0, 5)),
                    .reference_seconds = r.real(0, 6),
                    .best_node = r.integer(0, 7),
-                   .verified_speedup = r.real(0, 8)};
+                   .verified_speedup = r.real(0, 8),
+                   .target_identity = std::string(r.text(0, 9))};
   }
 
   unexpected<Error> failure(std::string_view what, const detail::PgResult& r) const {

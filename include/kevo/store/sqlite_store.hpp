@@ -32,8 +32,8 @@ class SqliteStore {
 
   expected<std::int64_t, Error> begin_run(const RunInfo& info) {
     auto st = prepare(
-        "INSERT INTO runs(problem, problem_dir, settings, started_at, problem_identity, reference_seconds)"
-        " VALUES (?1, ?2, ?3, ?4, ?5, ?6)");
+        "INSERT INTO runs(problem, problem_dir, settings, started_at, problem_identity, reference_seconds, target_identity)"
+        " VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)");
     if (!st) return unexpected(st.error());
     st->bind(1, info.problem);
     st->bind(2, info.problem_dir);
@@ -41,6 +41,7 @@ class SqliteStore {
     st->bind(4, now());
     st->bind(5, info.problem_identity);
     st->bind(6, info.reference_seconds);
+    st->bind(7, info.target_identity);
     if (auto ok = step_done(*st); !ok) return unexpected(ok.error());
     return static_cast<std::int64_t>(sqlite3_last_insert_rowid(db_.get()));
   }
@@ -163,18 +164,27 @@ class SqliteStore {
     return out;
   }
 
-  /// The fastest correct candidates that earlier runs of `problem` found (by settled figures): a
-  /// later run starts from them.
+  /// The fastest correct candidates that earlier runs of `problem` found (by settled figures), on
+  /// whatever target they were measured: a later run starts from them.
   expected<std::vector<Candidate>, Error> best_of_earlier_runs(const std::string& problem, std::int64_t except_run,
                                                               std::size_t limit) {
+    return best_of_earlier_runs(problem, /*any target:*/ std::string(), except_run, limit);
+  }
+
+  /// The same, from runs measured on `target_identity` only (another GPU's figures do not rank
+  /// candidates for this one); an empty identity takes every target's.
+  expected<std::vector<Candidate>, Error> best_of_earlier_runs(const std::string& problem, const std::string& target_identity,
+                                                              std::int64_t except_run, std::size_t limit) {
     auto st = prepare(
         "SELECT n.source, n.knobs, n.origin, max(e.speedup) FROM nodes n JOIN evaluations e ON e.node_id = n.id"
         " JOIN runs r ON r.id = n.run_id WHERE r.problem = ?1 AND r.id <> ?2 AND e.failure = 'ok' AND e.settled = 1"
+        " AND (?4 = '' OR r.target_identity = ?4)"
         " GROUP BY n.source_hash ORDER BY max(e.speedup) DESC LIMIT ?3");
     if (!st) return unexpected(st.error());
     st->bind(1, problem);
     st->bind(2, static_cast<long long>(except_run));
     st->bind(3, static_cast<long long>(limit));
+    st->bind(4, target_identity);
     std::vector<Candidate> out;
     int rc;
     while ((rc = st->step()) == SQLITE_ROW)
@@ -215,6 +225,7 @@ class SqliteStore {
     };
     for (const Column& c : {Column{"runs", "problem_identity", "TEXT NOT NULL DEFAULT ''"},
                             Column{"runs", "reference_seconds", "REAL NOT NULL DEFAULT 0"},
+                            Column{"runs", "target_identity", "TEXT NOT NULL DEFAULT ''"},
                             Column{"evaluations", "settled", "INTEGER NOT NULL DEFAULT 1"}}) {
       auto st = prepare(fmt::format("SELECT count(*) FROM pragma_table_info('{}') WHERE name = '{}'", c.table, c.name));
       if (!st) return unexpected(st.error());
@@ -228,7 +239,7 @@ class SqliteStore {
 
   static constexpr const char* run_columns =
       "id, problem, problem_dir, settings, coalesce(stopped_because, ''), coalesce(problem_identity, ''),"
-      " coalesce(reference_seconds, 0), coalesce(best_node, 0), coalesce(verified_speedup, 0)";
+      " coalesce(reference_seconds, 0), coalesce(best_node, 0), coalesce(verified_speedup, 0), coalesce(target_identity, '')";
 
   SqliteStore(detail::SqliteHandle db, std::string path) : db_(std::move(db)), path_(std::move(path)) {}
 
@@ -271,7 +282,8 @@ class SqliteStore {
                    .problem_identity = std::string(st->text(5)),
                    .reference_seconds = st->real(6),
                    .best_node = st->integer(7),
-                   .verified_speedup = st->real(8)};
+                   .verified_speedup = st->real(8),
+                   .target_identity = std::string(st->text(9))};
   }
 
   detail::SqliteHandle db_;
