@@ -288,7 +288,33 @@ class FailingEngine final : public RetrievalBackend {
   CpuRetrievalBackend engine_;
 };
 
+/// A CPU engine that says it serves with a kernel policy, as the GPU backend does after --tuning.
+class TunedEngine final : public RetrievalBackend {
+ public:
+  explicit TunedEngine(const Workload& w) : engine_(w.schema(), w.model(), 1) {}
+  std::string name() const override { return "tuned"; }
+  std::string kernel_policy() const override { return "tuned for d=64 on \"this GPU\": scoring.stages=2"; }
+  const Schema& schema() const override { return engine_.schema(); }
+  const Model& model() const override { return engine_.model(); }
+  expected<std::vector<ScoredAd>, Error> search(const Request& r) override { return engine_.search(r); }
+  expected<void, Error> upsert(std::span<const AdRecord> ads) override { return engine_.upsert(ads); }
+  expected<std::size_t, Error> expire(std::span<const std::uint32_t> ids) override { return engine_.expire(ids); }
+
+ private:
+  CpuRetrievalBackend engine_;
+};
+
 }  // namespace
+
+TEST_CASE("/health names the kernel policy the backend serves with, through the batching layer", "[retrieval][server]") {
+  const Workload w({.seed = 4, .dim = 64, .features = 32, .hidden = 48});
+  TunedEngine engine(w);
+  BatchingBackend batching(engine, {.max_batch = 4});
+  RunningServer running(batching);
+  Reply health = call(running.server.port(), http::verb::get, "/health", "");
+  CHECK(health.status == 200);
+  CHECK(health.body == "{\"backend\":\"tuned\",\"kernel_policy\":\"tuned for d=64 on \\\"this GPU\\\": scoring.stages=2\"}");
+}
 
 TEST_CASE("a backend's error is answered by its kind: the caller's 400, capacity 503, the backend's or a bug 500",
           "[retrieval][server]") {

@@ -210,6 +210,7 @@ TEST_CASE("retrieval_server refuses bad flags and a port in use with a clear err
            {"--batch x", "--batch"},
            {"--deadline-ms -5", "--deadline-ms"},
            {"--host not-an-address", "--host"},
+           {"--tuning /nonexistent/kevo-tuning.json", "--tuning"},
            {"--port", "usage"},
        }) {
     const auto [status, output] = run_command(binary + " " + flags);

@@ -4,12 +4,12 @@
 namespace kevo::retrieval {
 
 std::unique_ptr<RetrievalBackend> make_cuda_backend(const Schema& schema, const Model& model, std::size_t capacity,
-                                                    std::string& why) {
+                                                    PolicyChooser choose_policy, std::string& why) {
   if (gpu_device_count() == 0) {
     why = "no GPU on this machine";
     return nullptr;
   }
-  auto backend = CudaRetrievalBackend::create(schema, model, {.capacity = capacity});
+  auto backend = CudaRetrievalBackend::create(schema, model, {.capacity = capacity, .choose_policy = std::move(choose_policy)});
   if (!backend) {
     why = backend.error().message;
     return nullptr;

@@ -12,6 +12,7 @@
 //   curl -s localhost:8080/search -d '{"features":[...256 floats...],"query":[{"category":0,"values":[1]}],"k":10}'
 #include <kevo/retrieval/retrieval.hpp>
 #include <kevo/retrieval/serving.hpp>
+#include <kevo/retrieval/tuning/tuning_file.hpp>
 
 #include <boost/asio/signal_set.hpp>
 
@@ -20,6 +21,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <limits>
 #include <iterator>
 #include <optional>
@@ -32,7 +34,7 @@ using namespace kevo::retrieval;
 namespace kevo::retrieval {
 // In cuda_backend.cu: the GPU backend, or nullptr with the reason in `why` (no GPU, no memory).
 std::unique_ptr<RetrievalBackend> make_cuda_backend(const Schema& schema, const Model& model, std::size_t capacity,
-                                                    std::string& why);
+                                                    PolicyChooser choose_policy, std::string& why);
 }  // namespace kevo::retrieval
 #endif
 
@@ -46,6 +48,7 @@ struct Options {
   std::string model;
   std::string ads_file;  // load the pool from here instead of generating it
   std::string save_ads;  // write the generated pool here before serving
+  std::string tuning;    // kernel policies a search found (kevo-tune-pipeline --out), for the GPU backend
   std::string backend = "auto";
   unsigned threads = 4;   // I/O threads: read, parse, write
   std::size_t batch = 8;  // concurrent searches answered together (1: one at a time)
@@ -57,7 +60,7 @@ struct Options {
 constexpr const char* kUsage =
     "usage: %s [--host 127.0.0.1] [--port 8080] [--ads 100000] [--seed 1] "
     "[--model FILE.safetensors] [--ads-file FILE.safetensors | --save-ads FILE.safetensors] "
-    "[--backend auto|cpu|gpu] [--threads 4] [--batch 8] [--dtype fp16|int8] [--search-threads 8] "
+    "[--backend auto|cpu|gpu] [--tuning kevo-tuning.json] [--threads 4] [--batch 8] [--dtype fp16|int8] [--search-threads 8] "
     "[--max-queue 1024] [--deadline-ms 30000] [--drain-ms 10000] [--max-connections 1024] "
     "[--max-body-bytes 67108864] [--max-body-bytes-in-flight 1073741824] [--io-timeout-ms 10000]\n";
 
@@ -94,6 +97,10 @@ std::optional<std::string> parse(int argc, char** argv, Options& o) {
     else if (a == "--model") o.model = v;
     else if (a == "--ads-file") o.ads_file = v;
     else if (a == "--save-ads") o.save_ads = v;
+    else if (a == "--tuning") {
+      if (!std::filesystem::is_regular_file(v)) return "--tuning names no file: '" + std::string(v) + "'";
+      o.tuning = v;
+    }
     else if (a == "--backend" && (std::strcmp(v, "auto") == 0 || std::strcmp(v, "cpu") == 0 || std::strcmp(v, "gpu") == 0)) o.backend = v;
     else if (a == "--threads") { if (!(bad = take(1, 1024))) o.threads = static_cast<unsigned>(n); }
     else if (a == "--batch") { if (!(bad = take(1, 4096))) o.batch = n; }
@@ -120,7 +127,9 @@ std::unique_ptr<RetrievalBackend> make_backend(const Options& o, const Schema& s
   std::string why = "this build has no CUDA";
 #if defined(KEVO_RETRIEVAL_SERVER_CUDA)
   if (o.backend != "cpu") {
-    if (auto gpu = make_cuda_backend(schema, model, o.ads + (1u << 20), why)) return gpu;
+    // The tuning file is read here, in host code (simdjson); the pipeline only calls the chooser.
+    PolicyChooser choose_policy = o.tuning.empty() ? PolicyChooser{} : tuned_policies(o.tuning);
+    if (auto gpu = make_cuda_backend(schema, model, o.ads + (1u << 20), std::move(choose_policy), why)) return gpu;
   }
 #endif
   if (o.backend == "gpu") {
@@ -128,6 +137,7 @@ std::unique_ptr<RetrievalBackend> make_backend(const Options& o, const Schema& s
     return nullptr;
   }
   if (o.backend == "auto") std::fprintf(stderr, "no GPU backend (%s); serving from the CPU\n", why.c_str());
+  if (!o.tuning.empty()) std::fprintf(stderr, "--tuning: the CPU backend runs no tuned kernels; %s is not used\n", o.tuning.c_str());
   return std::make_unique<CpuRetrievalBackend>(schema, model);
 }
 
@@ -185,6 +195,7 @@ int main(int argc, char** argv) {
   }
   std::unique_ptr<RetrievalBackend> backend = make_backend(o, schema, model);
   if (!backend) return 1;
+  if (const std::string policy = backend->kernel_policy(); !policy.empty()) std::fprintf(stderr, "kernel policy: %s\n", policy.c_str());
   std::vector<AdRecord> generated;  // kept only for --save-ads
   for (std::uint64_t begin = 0; begin < o.ads; begin += 10000) {
     std::vector<AdRecord> batch;

@@ -56,6 +56,9 @@ class RetrievalBackend {
   /// Rebuilds whatever index speeds up searches after a bulk load (the GPU's matching postings);
   /// results never depend on it. Nothing to do on the CPU.
   virtual expected<void, Error> reindex() { return {}; }
+  /// The kernel policy each stage serves with and where it came from (a tuning file, the defaults
+  /// and why); empty for a backend that runs no tuned kernels (the CPU's). `/health` shows it.
+  virtual std::string kernel_policy() const { return {}; }
 };
 
 /// The CPU backend: the reference over a HostAdPool. Searches share a lock that updates take
@@ -153,6 +156,7 @@ class BatchingBackend final : public RetrievalBackend {
       : engine_(engine), max_batch_(std::max<std::size_t>(1, options.max_batch)) {}
 
   std::string name() const override { return engine_.name(); }
+  std::string kernel_policy() const override { return engine_.kernel_policy(); }
   const Schema& schema() const override { return engine_.schema(); }
   const Model& model() const override { return engine_.model(); }
 

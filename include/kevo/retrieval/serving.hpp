@@ -10,7 +10,7 @@
 //   POST /ads     {"ads":[{"id":7,"embedding":[...],"bias":0.1,"clauses":[{"category":3,"value":5,"exclude":false}],"live":true}]}
 //              -> {"upserted":1}
 //   POST /expire  {"ids":[7]} -> {"expired":1}
-//   GET  /health  -> {"backend":"cpu"}
+//   GET  /health  -> {"backend":"cpu"}   (a GPU backend adds "kernel_policy": the policy it serves with, and where from)
 //   GET  /metrics -> the Prometheus text format: answers and latency histograms per endpoint, shed
 //                    requests by reason, queue depth, connections, /search_batch sizes, BatchingBackend's batches
 //
@@ -474,14 +474,22 @@ class RetrievalHttpServer {
   }
   static Prepared answer(HttpAnswer a) { return {std::move(a), {}, false}; }
 
+  /// {"backend":"cuda","kernel_policy":"tuned for ..."}: the backend, and the kernel policy it serves
+  /// with where it has one.
+  std::string health_json() const {
+    namespace sd = serving_detail;
+    std::string json = "{\"backend\":\"" + sd::json_escape(backend_.name()) + "\"";
+    if (const std::string policy = backend_.kernel_policy(); !policy.empty()) json += ",\"kernel_policy\":\"" + sd::json_escape(policy) + "\"";
+    return json + "}";
+  }
+
   Prepared prepare(boost::beast::http::verb method, std::string_view target, const std::string& body,
                    simdjson::ondemand::parser& parser) {
     using boost::beast::http::status;
     using boost::beast::http::verb;
     namespace sd = serving_detail;
     if (target == "/health")
-      return answer(method == verb::get ? HttpAnswer{status::ok, "{\"backend\":\"" + sd::json_escape(backend_.name()) + "\"}"}
-                                        : error(status::method_not_allowed, "use GET"));
+      return answer(method == verb::get ? HttpAnswer{status::ok, health_json()} : error(status::method_not_allowed, "use GET"));
     if (target == "/metrics")
       return answer(method == verb::get ? HttpAnswer{status::ok, metrics_text()} : error(status::method_not_allowed, "use GET"));
     if (target != "/search" && target != "/search_batch" && target != "/ads" && target != "/expire")

@@ -64,6 +64,8 @@ class ShardedBackend final : public RetrievalBackend {
   RetrievalBackend& shard(std::size_t i) { return *shards_[i]; }
 
   std::string name() const override { return std::to_string(shards_.size()) + " shards of " + shards_[0]->name(); }
+  /// The first shard's: the shards are alike, one pool split by id.
+  std::string kernel_policy() const override { return shards_[0]->kernel_policy(); }
   const Schema& schema() const override { return shards_[0]->schema(); }
   const Model& model() const override { return shards_[0]->model(); }
 

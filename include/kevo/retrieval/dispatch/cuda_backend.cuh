@@ -38,6 +38,7 @@ class CudaRetrievalBackend final : public RetrievalBackend {
     return pipeline_->index().expire(ids);
   }
   expected<void, Error> reindex() override { return pipeline_->index().reindex(); }
+  std::string kernel_policy() const override { return pipeline_->policy_origin(); }
   FusedRetrievalPipeline& pipeline() { return *pipeline_; }
 
  private:
