@@ -9,17 +9,10 @@
 #include <cstring>
 #include <vector>
 
+#include "../variants/timing.cuh"
 #include "kevo_problem.hpp"
 
 namespace {
-
-unsigned mix(unsigned long x) {
-  x ^= x >> 33;
-  x *= 0xff51afd7ed558ccdUL;
-  x ^= x >> 33;
-  x *= 0xc4ceb9fe1a85ec53UL;
-  return unsigned(x >> 32);
-}
 
 // Values k/16 with |k| <= 16: products and sums stay exact in fp32 for these K.
 std::vector<__half> grid_values(long n, unsigned long salt) {
@@ -66,29 +59,12 @@ int main() {
   const auto a = grid_values(s.M * s.K, 1), b = grid_values(s.K * s.N, 2);
   __half *A, *B;
   float* C;
-  void* flush;
   cudaMalloc(&A, a.size() * 2);
   cudaMalloc(&B, b.size() * 2);
   cudaMalloc(&C, s.M * s.N * 4);
-  cudaMalloc(&flush, 256 << 20);
   cudaMemcpy(A, a.data(), a.size() * 2, cudaMemcpyHostToDevice);
   cudaMemcpy(B, b.data(), b.size() * 2, cudaMemcpyHostToDevice);
-  cudaEvent_t start, stop;
-  cudaEventCreate(&start);
-  cudaEventCreate(&stop);
-  std::vector<float> ms;
-  for (int i = 0; i < 13; ++i) {
-    cudaMemsetAsync(flush, i, 256 << 20);
-    cudaEventRecord(start);
-    kernel(s, A, B, C);
-    cudaEventRecord(stop);
-    cudaEventSynchronize(stop);
-    float t = 0;
-    cudaEventElapsedTime(&t, start, stop);
-    if (i >= 3) ms.push_back(t);
-  }
-  std::sort(ms.begin(), ms.end());
-  const float median = ms[ms.size() / 2];
+  const float median = median_ms_after_flush([&] { kernel(s, A, B, C); }, 3, 10);
   std::printf("%.4f ms %.1f TFLOP/s %s\n", median, 2.0 * s.M * s.N * s.K / (median * 1e-3) / 1e12,
               cudaGetErrorString(cudaGetLastError()));
 }

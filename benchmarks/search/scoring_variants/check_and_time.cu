@@ -11,16 +11,11 @@
 #include <cstdio>
 #include <vector>
 
+#include "../variants/timing.cuh"
 #include "kevo_problem.hpp"
 #define C(d, s, n) cudaMemcpy(d, s, n, cudaMemcpyDefault)
 
-unsigned h(unsigned long x) {
-  x ^= x >> 33;
-  x *= 0xff51afd7ed558ccdUL;
-  x ^= x >> 33;
-  x *= 0xc4ceb9fe1a85ec53UL;
-  return unsigned(x >> 32);
-}
+unsigned h(unsigned long x) { return mix(x); }
 int main() {
   long S[][4] = {{1, 64, 1, 1},      {1, 128, 8, 2},    {15, 128, 8, 2},     {33, 64, 4, 1},
                  {97, 256, 8, 8},    {129, 128, 2, 1},  {1000, 128, 8, 2},   {4099, 128, 3, 2},

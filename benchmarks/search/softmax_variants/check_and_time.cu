@@ -10,6 +10,7 @@
 #include <random>
 #include <vector>
 
+#include "../variants/timing.cuh"
 #include "kevo_problem.hpp"
 
 namespace {
@@ -50,30 +51,13 @@ int main() {
   const Shape s{16384, 4096};
   const long n = s.R * s.C;
   float *x, *y;
-  void* flush;
   cudaMalloc(&x, n * 4);
   cudaMalloc(&y, n * 4);
-  cudaMalloc(&flush, 256 << 20);
   std::vector<float> host(n);
   std::mt19937 rng(7);
   std::normal_distribution<float> normal(0.0f, 3.0f);
   for (float& v : host) v = normal(rng);
   cudaMemcpy(x, host.data(), n * 4, cudaMemcpyHostToDevice);
-  cudaEvent_t start, stop;
-  cudaEventCreate(&start);
-  cudaEventCreate(&stop);
-  std::vector<float> ms;
-  for (int i = 0; i < 23; ++i) {
-    cudaMemsetAsync(flush, i, 256 << 20);
-    cudaEventRecord(start);
-    kernel(s, x, y);
-    cudaEventRecord(stop);
-    cudaEventSynchronize(stop);
-    float t = 0;
-    cudaEventElapsedTime(&t, start, stop);
-    if (i >= 3) ms.push_back(t);
-  }
-  std::sort(ms.begin(), ms.end());
-  const float median = ms[ms.size() / 2];
+  const float median = median_ms_after_flush([&] { kernel(s, x, y); }, 3, 20);
   std::printf("%.4f ms %.0f GB/s %s\n", median, 8.0 * n / (median * 1e-3) / 1e9, cudaGetErrorString(cudaGetLastError()));
 }
