@@ -197,6 +197,30 @@ TEST_CASE("the shipped problems classify sensibly: the scalar references are lat
   CHECK(plain.diagnostics.achieved_gflops > 0);
 }
 
+TEST_CASE("a problem's allow_asm lets asm statements past the screen; without it they are refused") {
+  auto problem = kevo::load_problem(shipped / "softmax");
+  REQUIRE(problem);
+  REQUIRE_FALSE(problem->allow_asm);
+  // A compiler barrier in the kernel: harmless, but an asm statement all the same.
+  const kevo::Candidate with_asm{.source = "#include \"kevo_problem.hpp\"\n"
+                                           "void kernel(const Shape& shape, const float* x, float* y) {\n"
+                                           "  asm volatile(\"\" ::: \"memory\");\n  reference(shape, x, y);\n}\n" +
+                                           unique_comment()};
+  {
+    kevo::eval::CpuEvaluator refusing(*problem, test_options());
+    REQUIRE(refusing.prepare());
+    const kevo::Evaluation e = refusing.evaluate(with_asm, 1);
+    CHECK(e.failure == kevo::FailureKind::screened_out);
+    CHECK_THAT(e.diagnostics.message, Catch::Contains("asm statement"));
+  }
+  problem->allow_asm = true;
+  kevo::eval::CpuEvaluator allowing(*problem, test_options());
+  REQUIRE(allowing.prepare());
+  const kevo::Evaluation e = allowing.evaluate(with_asm, 2);
+  INFO(e.diagnostics.message);
+  CHECK(e.ok());
+}
+
 TEST_CASE("a candidate the screen refuses costs one evaluation, is named, and is never compiled") {
   auto evaluator = make_evaluator("softmax");
   REQUIRE(evaluator.prepare());

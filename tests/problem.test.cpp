@@ -78,6 +78,16 @@ TEST_CASE("a knob with an empty domain names the file and the knob") {
   CHECK(contains(message, "empty"));
 }
 
+TEST_CASE("allow_asm that is not true or false names the file and the key") {
+  auto problem = kevo::load_problem(fixtures / "bad_allow_asm");
+  REQUIRE_FALSE(problem);
+  const std::string& message = problem.error().message;
+  INFO(message);
+  CHECK(contains(message, "bad_allow_asm/problem.json"));
+  CHECK(contains(message, "allow_asm"));
+  CHECK(contains(message, "true or false"));
+}
+
 TEST_CASE("a template that uses an undeclared knob names the template, its line and the knob") {
   auto problem = kevo::load_problem(fixtures / "undeclared_knob");
   REQUIRE_FALSE(problem);

@@ -1,6 +1,8 @@
 // The HTML report, drawn from a real store after a real (synthetic-landscape) search.
+#include <kevo/report/comparison_report.hpp>
 #include <kevo/report/html_report.hpp>
 #include <kevo/default_search_loop.hpp>
+#include <kevo/search/any_policy.hpp>
 #include <kevo/store/sqlite_store.hpp>
 
 #include "support/synthetic_evaluator.hpp"
@@ -76,4 +78,55 @@ TEST_CASE("the report of an unknown run is an error", "[report]") {
   auto html = report::render_html(store, 42);
   REQUIRE_FALSE(html);
   CHECK_THAT(html.error().message, Catch::Contains("no run 42"));
+}
+
+TEST_CASE("the comparison draws one curve per run of a problem, named by its policy and verified figure", "[report]") {
+  const Problem problem = kevo::testing::synthetic_problem();
+  kevo::testing::SyntheticEvaluator evaluator;
+  auto store = store::SqliteStore::open(":memory:").value();
+  std::vector<std::pair<std::string, SearchResult>> runs;
+  for (std::string name : {"greedy", "random", "evolutionary"}) {
+    SearchLoop<synth::TemplateSynthesizer, search::AnyPolicy, memory::Adaptive, kevo::testing::SyntheticEvaluator,
+               knowledge::NullRetriever, store::SqliteStore>
+        loop(problem, synth::TemplateSynthesizer(problem), search::make_policy(name).value(), memory::Adaptive{}, evaluator,
+             knowledge::NullRetriever{}, store,
+             {.max_evaluations = 12, .seed = runs.size() + 1, .warm_start = 0, .settings_json = fmt::format(R"({{"policy":"{}"}})", name)});
+    auto result = loop.run(loop.synthesizer().seed());
+    REQUIRE(result);
+    REQUIRE(result->verified);
+    runs.emplace_back(name, std::move(*result));
+  }
+  // A run whose settings name no policy is still compared; a run of another problem is not.
+  auto plain = make_search_loop(problem, evaluator, store, {.max_evaluations = 6, .seed = 9, .warm_start = 0});
+  auto unnamed = plain.run(plain.synthesizer().seed());
+  REQUIRE(unnamed);
+  Problem other_problem = problem;
+  other_problem.name = "other";
+  auto other_loop = make_search_loop(other_problem, evaluator, store, {.max_evaluations = 4, .seed = 1, .warm_start = 0});
+  auto other = other_loop.run(other_loop.synthesizer().seed());
+  REQUIRE(other);
+
+  auto html = report::render_comparison_html(store, "synthetic");
+  REQUIRE(html);
+  CHECK_THAT(*html, Catch::Contains("synthetic, 4 runs compared"));
+  CHECK(count(*html, "<polyline class=\"run\"") == 4);
+  for (std::size_t k = 0; k < runs.size(); ++k) {
+    const auto& [name, r] = runs[k];
+    CHECK_THAT(*html, Catch::Contains(fmt::format(R"(data-run="{}" points=")", r.run_id)));
+    CHECK_THAT(*html, Catch::Contains(fmt::format(R"(stroke="{}" stroke-width="2"><title>run {}</title>)", report::detail::run_colours[k], r.run_id)));
+    CHECK_THAT(*html, Catch::Contains(fmt::format("run {}, {}: verified {:.2f}x (node {})", r.run_id, name, r.verified_speedup, r.best_key)));
+  }
+  CHECK_THAT(*html, Catch::Contains(fmt::format("run {}: verified {:.2f}x", unnamed->run_id, unnamed->verified_speedup)));
+  CHECK_THAT(*html, !Catch::Contains(fmt::format(R"(data-run="{}")", other->run_id)));
+  // One point per finished evaluation: the seed and the budget's twelve.
+  const auto points = html->find(fmt::format(R"(data-run="{}" points=")", runs[0].second.run_id));
+  const std::string line = html->substr(points, html->find('"', html->find("points=\"", points) + 8) - points);
+  CHECK(count(line, ",") == 13);
+}
+
+TEST_CASE("the comparison of a problem the store has no run of is an error", "[report]") {
+  auto store = store::SqliteStore::open(":memory:").value();
+  auto html = report::render_comparison_html(store, "synthetic");
+  REQUIRE_FALSE(html);
+  CHECK_THAT(html.error().message, Catch::Contains("no run of 'synthetic'"));
 }

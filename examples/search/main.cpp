@@ -15,6 +15,7 @@
 #include <kevo/eval/slurm_executor.hpp>
 #include <kevo/memory/any_memory.hpp>
 #include <kevo/problem_loader.hpp>
+#include <kevo/report/comparison_report.hpp>
 #include <kevo/report/html_report.hpp>
 #include <kevo/search/any_policy.hpp>
 #include <kevo/search_loop.hpp>
@@ -50,6 +51,7 @@ struct Options {
   fs::path out;
   fs::path json;
   fs::path report;
+  fs::path compare_report;  // empty: none
   bool resume = false;
   bool retime_reference = false;  // a resumed run keeps its stored reference time unless asked
   bool warm_start_any_target = false;  // other machines' figures do not rank candidates for this one unless asked
@@ -84,6 +86,8 @@ void describe(CLI::App& app, Options& o) {
   app.add_option("--out", o.out, "where to write the best kernel (default kevo-runs/PROBLEM.best.cpp)");
   app.add_option("--json", o.json, "also write a JSON summary there");
   app.add_option("--report", o.report, "an HTML report: progress plot, tree, best kernels (default kevo-runs/PROBLEM.html)");
+  app.add_option("--compare-report", o.compare_report,
+                 "also an HTML page comparing every run of this problem in the store (one curve per run, e.g. per policy)");
   app.add_flag("--quiet", o.quiet, "print only the last line");
   app.add_option("--executor", o.executor, "where candidates run: local, or slurm (each run a job step through srun; the build "
                                            "cache must be on a filesystem the nodes share)")
@@ -148,7 +152,7 @@ int search_main(int argc, char** argv) {
   if (o.report.empty()) o.report = fs::path("kevo-runs") / (problem->name + ".html");
   // A place that cannot be created is the user's to fix, said in one line (exit 2, as for a bad
   // argument), before any work.
-  for (auto [flag, p] : {std::pair{"--store", o.store}, {"--out", o.out}, {"--json", o.json}, {"--report", o.report}}) {
+  for (auto [flag, p] : {std::pair{"--store", o.store}, {"--out", o.out}, {"--json", o.json}, {"--report", o.report}, {"--compare-report", o.compare_report}}) {
     if (!p.has_parent_path()) continue;
     std::error_code ec;
     fs::create_directories(p.parent_path(), ec);
@@ -262,6 +266,12 @@ int search_main(int argc, char** argv) {
     if (auto ok = kevo::report::write_html(*store, result->run_id, o.report); !ok) fmt::print(stderr, "kevo-search: {}\n", ok.error().message);
     if (!o.quiet)
       fmt::print("report: {}\n", o.report.string());
+    if (!o.compare_report.empty()) {
+      if (auto ok = kevo::report::write_comparison_html(*store, problem->name, o.compare_report); !ok)
+        fmt::print(stderr, "kevo-search: {}\n", ok.error().message);
+      else if (!o.quiet)
+        fmt::print("comparison of this problem's runs: {}\n", o.compare_report.string());
+    }
     if (!o.quiet)
       fmt::print("stopped: {} after {} evaluations in {:.1f} s; failures:{}\nbest kernel: {} (node {}, {})\n",
                  kevo::to_string(result->stopped_because), result->evaluations, result->elapsed_seconds,

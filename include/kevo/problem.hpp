@@ -103,6 +103,7 @@ struct Problem {
   std::string bytes_model;           ///< C++ expression over params: bytes the kernel must move
   std::string flops_model;           ///< C++ expression over params: useful FLOPs
   std::vector<std::string> compile_flags;
+  bool allow_asm = false;            ///< candidates may hold asm statements (inline PTX) inside functions
   std::string reference_file;
   std::string reference_source;
   std::string template_file;

@@ -175,6 +175,11 @@ inline expected<Problem, Error> load_problem(const std::filesystem::path& direct
     }
   }
 
+  // allow_asm: whether the candidate screen lets asm statements through (inline PTX for ldmatrix, mma)
+  if (auto allow = root["allow_asm"]; allow.error() != simdjson::NO_SUCH_FIELD) {
+    if (allow.get_bool().get(p.allow_asm)) return wrong("allow_asm", "true or false");
+  }
+
   // knobs: {"name": {"domain": [...], "default": v, "side": "memory"}}
   simdjson::dom::object knobs;
   if (root["knobs"].get(knobs)) return missing("knobs");

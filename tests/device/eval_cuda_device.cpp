@@ -16,17 +16,20 @@ namespace {
 
 const std::filesystem::path problems = std::filesystem::path(KEVO_TEST_DATA_DIR) / "problems";
 
+kevo::eval::CudaEvaluator make_evaluator(bool profile) {
+  auto problem = kevo::load_problem(problems / "cuda_axpy");
+  if (!problem) throw std::runtime_error(problem.error().message);
+  kevo::eval::EvaluatorOptions options;
+  options.cache_dir = std::filesystem::temp_directory_path() / "kevo-device-cache";
+  options.run_timeout = std::chrono::seconds(5);
+  options.compile_timeout = std::chrono::seconds(120);
+  options.screen = false;  // the hostile candidates test the jail and the checker, the wall behind the screen
+  options.profile_new_bests = profile;
+  return kevo::eval::CudaEvaluator(*problem, options);
+}
+
 kevo::eval::CudaEvaluator& evaluator() {
-  static kevo::eval::CudaEvaluator e = [] {
-    auto problem = kevo::load_problem(problems / "cuda_axpy");
-    if (!problem) throw std::runtime_error(problem.error().message);
-    kevo::eval::EvaluatorOptions options;
-    options.cache_dir = std::filesystem::temp_directory_path() / "kevo-device-cache";
-    options.run_timeout = std::chrono::seconds(5);
-    options.compile_timeout = std::chrono::seconds(120);
-    options.screen = false;  // the hostile candidates test the jail and the checker, the wall behind the screen
-    return kevo::eval::CudaEvaluator(*problem, options);
-  }();
+  static kevo::eval::CudaEvaluator e = make_evaluator(false);  // the profiler has its own test
   return e;
 }
 
@@ -174,6 +177,26 @@ TEST_CASE("the default candidate is right at about the reference's speed, with p
   REQUIRE(race);
   CHECK(race->challenger_failure == kevo::FailureKind::none);
   std::printf("race against the reference: %.4f ms vs %.4f ms\n", race->challenger_seconds * 1e3, race->incumbent_seconds * 1e3);
+}
+
+TEST_CASE("a new best is profiled by Nsight Compute in its jail, and ncu's class replaces the roofline's") {
+  const auto ncu = kevo::eval::find_ncu();
+  if (!ncu) {
+    WARN("no ncu on this machine: the profile is not tested");
+    return;
+  }
+  kevo::eval::CudaEvaluator profiling = make_evaluator(true);
+  REQUIRE(profiling.prepare());
+  const kevo::Evaluation first = profiling.evaluate(profiling.default_candidate(), 5);
+  INFO(first.diagnostics.message << "\n" << first.diagnostics.detail);
+  REQUIRE(first.ok());
+  CHECK(contains(first.diagnostics.detail, "profiled by ncu"));
+  CHECK(contains(first.diagnostics.message, "DRAM"));  // ncu's line, not the roofline's
+  std::printf("profiled: %s\n", first.diagnostics.message.c_str());
+  // No faster than the last profiled: not profiled again.
+  const kevo::Evaluation again = profiling.evaluate(profiling.default_candidate(), 6);
+  REQUIRE(again.ok());
+  if (again.speedup <= 1.05 * first.speedup) CHECK_FALSE(contains(again.diagnostics.detail, "profiled"));
 }
 
 TEST_CASE("hostile CUDA candidates are contained and named") {

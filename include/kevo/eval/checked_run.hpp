@@ -42,6 +42,7 @@ struct CheckedRunRequest {
   SandboxLimits runner_limits = {};              ///< rlimits and the wall clock of the candidate
   SandboxLimits checker_limits = {};
   JailOptions jail = {};                         ///< `program` and `info_pipe` are set here
+  bool profile = false;                          ///< one checked call for a profiler (jail.launcher) to see, untimed
 };
 
 /// What a checked run found: a failure with its one-line message, or the timing.
@@ -55,6 +56,7 @@ struct RunReport {
   double round_trip_seconds = 0;                 ///< what the GPU checker took off each timed batch
   double reference_in_process_seconds = 0;       ///< the GPU checker's own CUDA-event timing of the reference (its first run only)
   int samples = 0;
+  std::string runner_output;                     ///< a profiled run's: what the launcher (ncu) printed
 };
 
 namespace detail {
@@ -201,11 +203,14 @@ inline RunReport run_checked(CheckedRunRequest request) {
                                                  std::to_string(info.get()), "--seed", std::to_string(request.seed), "--warmup",
                                                  std::to_string(request.warmup), "--repetitions", std::to_string(request.repetitions),
                                                  "--call-timeout", std::to_string(request.call_timeout.count()), "--flush",
-                                                 request.flush_caches ? "1" : "0", "--round-trip", fmt::format("{:.9g}", request.round_trip_seconds)};
+                                                 request.flush_caches ? "1" : "0", "--round-trip", fmt::format("{:.9g}", request.round_trip_seconds),
+                                                 "--profile", request.profile ? "1" : "0"};
   checker_limits.handed_over_fds = {checker_end.release(), info.release()};
   const SandboxResult checker = run_sandboxed(checker_argv, checker_limits);
   const SandboxResult runner_result = runner.get();
-  return detail::interpret(checker, runner_result, request);
+  RunReport verdict = detail::interpret(checker, runner_result, request);
+  if (request.profile) verdict.runner_output = runner_result.stdout_text;
+  return verdict;
 }
 
 }  // namespace kevo::eval

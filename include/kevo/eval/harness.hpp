@@ -304,6 +304,7 @@ struct Options {
   bool flush = true;
   bool validate_tolerance = false;
   double round_trip = -1;  // seconds; < 0: measure it here
+  bool profile = false;    // one checked call on the timing shape, for a profiler that started the runner; no timing
 } options;
 
 double now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
@@ -466,6 +467,7 @@ void parse_options(int argc, char** argv) {
     else if (flag == "--flush") options.flush = value != "0";
     else if (flag == "--validate-tolerance") options.validate_tolerance = value != "0";
     else if (flag == "--round-trip") options.round_trip = std::atof(value.c_str());
+    else if (flag == "--profile") options.profile = value != "0";
   }
   ::signal(SIGPIPE, SIG_IGN);
 }

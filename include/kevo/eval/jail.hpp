@@ -46,6 +46,10 @@ struct JailOptions {
   bool seccomp = true;                                  ///< refuse new processes, sockets and the like
   bool gpu = false;                                     ///< the NVIDIA device nodes and driver files
   bool info_pipe = false;                               ///< bwrap reports the program's pid (see Jail::info_read)
+  /// A program that starts `program` inside the jail (a profiler: ncu): its argv, before the
+  /// program's. It runs under the same filter, less `seccomp_exempt`.
+  std::vector<std::string> launcher = {};
+  std::vector<std::string> seccomp_exempt = {};         ///< calls the filter lets through (a launcher's fork and exec)
 };
 
 /// A descriptor that closes itself.
@@ -180,7 +184,7 @@ inline expected<Jail, Error> make_jail(const JailOptions& options) {
   for (const auto& path : options.writable) a.insert(a.end(), {"--bind", path.string(), path.string()});
   a.insert(a.end(), {"--chdir", options.working_directory.string()});
   if (options.seccomp) {
-    auto filter = detail::compile_seccomp_filter(options.gpu);
+    auto filter = detail::compile_seccomp_filter(options.gpu, options.seccomp_exempt);
     if (!filter) return unexpected(filter.error());
     jail.seccomp_filter = std::move(*filter);
     a.insert(a.end(), {"--seccomp", std::to_string(jail.seccomp_filter.get())});
@@ -202,6 +206,7 @@ inline expected<Jail, Error> make_jail(const JailOptions& options) {
     a.insert(a.end(), {"--perms", "0555", "--ro-bind-data", std::to_string(jail.program.get()), inside});
   }
   a.push_back("--");
+  a.insert(a.end(), options.launcher.begin(), options.launcher.end());
   if (!inside.empty()) a.push_back(inside);
   return jail;
 }

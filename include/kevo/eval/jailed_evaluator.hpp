@@ -19,6 +19,7 @@
 #include <kevo/eval/executor.hpp>
 #include <kevo/eval/harness.hpp>
 #include <kevo/eval/jail.hpp>
+#include <kevo/eval/ncu_profile.hpp>
 #include <kevo/eval/roofline.hpp>
 #include <kevo/eval/sandbox.hpp>
 #include <kevo/eval/screening.hpp>
@@ -76,6 +77,7 @@ struct EvaluatorOptions {
   bool screen = true;                             ///< parse each candidate with clang-15 first (screening.hpp)
   std::size_t tmpfs_bytes = std::size_t{64} << 20;  ///< each of the candidate's /tmp, /var/tmp, /dev/shm, scratch
   bool machine_wide_gate = true;                  ///< also keep other kevo processes' compiles off timed runs
+  bool profile_new_bests = true;                  ///< GPU: run each new best once more under Nsight Compute (where ncu is found)
 };
 
 /// Removes the temporaries (`NAME.tmp-PID[-TID]`) that killed runs left in `directory`: those of a
@@ -189,6 +191,7 @@ class JailedEvaluator {
                                        report.samples == 1 && options_.repetitions > 1 ? " (over 10x slower than the reference: not timed further)" : "",
                                        report.round_trip_seconds > 0 ? fmt::format(" (kevo's round trip of {:.0f} us taken off each batch)", report.round_trip_seconds * 1e6) : "",
                                        reference_seconds_ * 1e3, built.notes.empty() ? "" : "; ", built.notes);
+    if constexpr (Toolchain::uses_gpu) profile_if_new_best(e, built.executable, seed);
     return e;
   }
 
@@ -241,6 +244,13 @@ class JailedEvaluator {
   const std::filesystem::path& build_directory() const { return problem_dir_; }
 
  private:
+  // The target's screen, with asm statements let through where the problem allows them.
+  ScreeningRules screening_rules() const {
+    ScreeningRules rules = ScreeningRules::for_target(problem_.target);
+    rules.allow_asm = problem_.allow_asm;
+    return rules;
+  }
+
   struct Build {
     FailureKind failure = FailureKind::none;
     std::filesystem::path executable;
@@ -577,7 +587,7 @@ class JailedEvaluator {
     std::error_code ec;
     // Defence in depth before the compiler sees it; a refusal is kept like a compile error.
     if (options_.screen) {
-      const ScreeningVerdict verdict = screen_candidate(source, problem_.target, problem_dir_, ScreeningRules::for_target(problem_.target));
+      const ScreeningVerdict verdict = screen_candidate(source, problem_.target, problem_dir_, screening_rules());
       if (verdict.refused) {
         b.failure = FailureKind::screened_out;
         b.message = "refused before compiling: " + verdict.reason;
@@ -670,6 +680,54 @@ class JailedEvaluator {
     return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
   }
 
+  /// Nsight Compute's view of a new best (5% past the last profiled): the runner started under ncu in its jail (the filter lets
+  /// ncu fork, exec and talk to its child), one checked call on the timing shape, and ncu's class
+  /// and line in place of the roofline's. Only new bests, since ncu replays each kernel once per
+  /// metric pass. Advisory: a verdict or a figure never comes from it, and where ncu is missing or
+  /// fails the roofline's class stands, with the reason in the detail.
+  void profile_if_new_best(Evaluation& e, const std::filesystem::path& executable, std::uint64_t seed) {
+    if (!options_.profile_new_bests || executor_.remote()) return;
+    {
+      std::lock_guard lock(profile_mutex_);
+      if (e.speedup <= 1.05 * best_profiled_speedup_) return;  // a new best by 5% at least: a few profiles a search
+      best_profiled_speedup_ = e.speedup;
+    }
+    static const std::optional<std::filesystem::path> ncu = find_ncu();
+    if (!ncu) {
+      e.diagnostics.detail += "; not profiled: ncu not found";
+      return;
+    }
+    JailOptions jail = candidate_jail();
+    jail.launcher = ncu_launcher({.ncu = ncu->string()});
+    jail.seccomp_exempt = ncu_seccomp_exempt();
+    if (!ncu->string().starts_with("/usr/")) jail.read_only.push_back(ncu->parent_path());
+    // The toolkit's ncu is a script that finds Nsight Compute beside the toolkit or under /opt/nvidia.
+    if (std::error_code ec; std::filesystem::is_directory("/opt/nvidia", ec)) jail.read_only.push_back("/opt/nvidia");
+    SandboxLimits runner = candidate_limits(), checker = checker_limits();
+    runner.environment.insert(runner.environment.end(), {"HOME=/scratch", "TMPDIR=/tmp"});  // where ncu keeps its files
+    runner.wall_time = checker.wall_time = std::chrono::seconds(180);  // ncu starts slowly and replays each kernel
+    runner.output_bytes = std::size_t{4} << 20;
+    RunReport r;
+    {
+      std::unique_lock timing(gate_);
+      r = run_checked(CheckedRunRequest{.checker = problem_dir_ / "checker", .runner = executable, .seed = seed ^ 0x9e3779b9u,
+                                        .flush_caches = false, .call_timeout = std::chrono::seconds(120), .round_trip_seconds = round_trip_seconds_,
+                                        .runner_limits = runner, .checker_limits = checker, .jail = std::move(jail), .profile = true});
+    }
+    if (r.failure != FailureKind::none) {
+      e.diagnostics.detail += "; not profiled: its run under ncu failed: " + r.message + " [" + detail::tail(r.detail + "\n" + r.runner_output, 400) + "]";
+      return;
+    }
+    auto launches = parse_ncu_csv(r.runner_output);
+    if (!launches || launches->empty()) {
+      e.diagnostics.detail += "; not profiled: " + (launches ? std::string("ncu profiled no kernel") : launches.error().message);
+      return;
+    }
+    const std::string detail = e.diagnostics.detail;
+    e.diagnostics = prefer_profile(e.diagnostics, *launches);
+    e.diagnostics.detail = detail + "; profiled by ncu";
+  }
+
   /// Both re-timed in interleaved runs (ABBA...), each run checked on its own fresh inputs.
   expected<Comparison, Error> race(const std::filesystem::path& challenger, const std::filesystem::path& incumbent, std::uint64_t seed) {
     std::unique_lock timing(gate_);  // the whole race, so no compile interleaves with it
@@ -705,6 +763,8 @@ class JailedEvaluator {
   std::filesystem::path reference_build_;   // the reference as a candidate: the yardstick of compare_with_reference
   Roofline roofline_;
   TimingGate gate_;
+  std::mutex profile_mutex_;
+  double best_profiled_speedup_ = 0;  ///< the fastest candidate profiled so far: only a faster one is profiled
   std::atomic<std::size_t> compiles_{0}, cache_hits_{0}, runs_{0};
   RunExecutor executor_;
 };

@@ -1,7 +1,8 @@
 // kevo/eval/ncu_profile.hpp: Nsight Compute (ncu) feedback for a CUDA kernel: the metrics kevo asks
 // ncu for, the command that collects them, a parser of ncu's --csv output, and the bottleneck class
 // (memory-, compute-, latency-bound or occupancy-limited) built on them. Nothing here runs ncu or
-// needs a GPU: the caller runs the command on the device and hands its stdout to the parser.
+// needs a GPU: the caller runs the command on the device and hands its stdout to the parser (the
+// CUDA evaluator starts a new best's runner under ncu_launcher() in its jail: jailed_evaluator.hpp).
 //
 //   auto argv = kevo::eval::ncu_command(program, {"--shape", "4096"}, {.launch_count = 4});
 //   // ... run argv on the device, capture stdout ...
@@ -12,6 +13,7 @@
 #pragma once
 
 #include <kevo/candidate.hpp>
+#include <kevo/eval/sandbox.hpp>
 #include <kevo/expected.hpp>
 
 #include <fmt/format.h>
@@ -20,6 +22,7 @@
 #include <array>
 #include <charconv>
 #include <cmath>
+#include <cstdlib>
 #include <cstddef>
 #include <filesystem>
 #include <map>
@@ -103,11 +106,10 @@ struct NcuOptions {
   int launch_count = 0;             ///< stop after this many profiled launches; 0: no limit
 };
 
-/// The argv that profiles `program args...` under ncu and prints one CSV row per (launch, metric).
+/// ncu's own argv, to which the program to profile and its arguments are appended.
 /// --clock-control none: ncu would otherwise lock the clocks to base, and the device's clock settings
 /// are to be left alone (kevo's timings run at the clocks the device has).
-inline std::vector<std::string> ncu_command(const std::filesystem::path& program, const std::vector<std::string>& args = {},
-                                            const NcuOptions& options = {}) {
+inline std::vector<std::string> ncu_launcher(const NcuOptions& options = {}) {
   std::vector<std::string> argv = {options.ncu, "--clock-control", "none", "--csv", "--metrics", ncu_metric_list()};
   if (!options.kernel_name_regex.empty()) {
     argv.push_back("--kernel-name");
@@ -117,9 +119,32 @@ inline std::vector<std::string> ncu_command(const std::filesystem::path& program
     argv.push_back("--launch-count");
     argv.push_back(std::to_string(options.launch_count));
   }
+  return argv;
+}
+
+/// The argv that profiles `program args...` under ncu and prints one CSV row per (launch, metric).
+inline std::vector<std::string> ncu_command(const std::filesystem::path& program, const std::vector<std::string>& args = {},
+                                            const NcuOptions& options = {}) {
+  std::vector<std::string> argv = ncu_launcher(options);
   argv.push_back(program.string());
   argv.insert(argv.end(), args.begin(), args.end());
   return argv;
+}
+
+/// What a candidate's jail must let through for ncu to start it there: ncu forks and executes the
+/// program, talks to the process it injected over a socket, and signals and regroups its children.
+/// Only a new best, which has passed its checked run under the whole filter, is run so.
+inline std::vector<std::string> ncu_seccomp_exempt() {
+  return {"fork", "vfork", "clone", "clone3", "socket", "socketpair", "connect", "bind", "listen", "accept", "accept4", "kill", "setpgid", "setsid"};
+}
+
+/// ncu's path: $KEVO_NCU, else the toolkit's, else ncu on PATH; nullopt where there is none.
+inline std::optional<std::filesystem::path> find_ncu() {
+  if (const char* ncu = std::getenv("KEVO_NCU"); ncu && *ncu) return std::filesystem::path(ncu);
+  std::error_code ec;
+  if (std::filesystem::exists("/usr/local/cuda/bin/ncu", ec)) return std::filesystem::canonical("/usr/local/cuda/bin/ncu", ec);
+  if (auto path = find_program("ncu")) return std::filesystem::canonical(*path, ec);
+  return std::nullopt;
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -139,6 +139,8 @@ expected<std::string, Error> render_html(Store& store, std::int64_t run_id) {
   else if (!run->stopped_because.empty() && best_node)
     headline = fmt::format("best {:.2f}x over the reference (node {}, NOT verified: it failed its final re-check)", searched,
                            best_node->key);
+  else if (!run->stopped_because.empty())
+    headline = fmt::format("no correct candidate: all {} evaluations failed", finished.size());
   std::sort(finished.begin(), finished.end(), [](auto a, auto b) { return a->finish_order < b->finish_order; });
 
   std::string failures_text;
