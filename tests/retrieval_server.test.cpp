@@ -1,6 +1,7 @@
-// The retrieval server on loopback with the CPU backend: it answers searches like the backend
-// itself, applies upserts and expiries, turns malformed requests into 400s with a message, and
-// keeps serving after them. Every client operation has a timeout; every loop is bounded.
+// The retrieval server on loopback with the CPU backend (the GPU's with KEVO_SERVER_TEST_BACKEND=gpu,
+// support/serving_client.hpp): it answers searches like the backend itself, applies upserts and
+// expiries, turns malformed requests into 400s with a message, and keeps serving after them. Every
+// client operation has a timeout; every loop is bounded.
 #include <catch2/catch.hpp>
 
 #include <boost/asio.hpp>
@@ -43,17 +44,22 @@ std::vector<ScoredAd> parse_results(const std::string& body) {
 
 TEST_CASE("the retrieval server answers on loopback with the CPU backend", "[retrieval][server]") {
   const Workload w({.seed = 4, .dim = 64, .features = 32, .hidden = 48});
-  CpuRetrievalBackend backend(w.schema(), w.model(), 2);
+  const auto engine = make_test_backend(w.schema(), w.model(), 2);
+  RetrievalBackend& backend = *engine;
   std::vector<AdRecord> ads;
   for (int i = 0; i < 3000; ++i) ads.push_back(w.ad(i));
   REQUIRE(backend.upsert(ads));
+  REQUIRE(backend.reindex());  // as the binary does after its load (nothing to do on the CPU)
   RunningServer running(backend);
   const unsigned short port = running.server.port();
   REQUIRE(port != 0);
 
   Reply health = call(port, http::verb::get, "/health", "");
   CHECK(health.status == 200);
-  CHECK(health.body == "{\"backend\":\"cpu\"}");
+  if (backend.kernel_policy().empty())
+    CHECK(health.body == "{\"backend\":\"" + backend.name() + "\"}");  // the CPU's: {"backend":"cpu"}
+  else  // the GPU's names its kernel policy too
+    CHECK_THAT(health.body, Catch::StartsWith("{\"backend\":\"" + backend.name() + "\",\"kernel_policy\":\""));
 
   const Request request = w.request(1, RequestKind::broad, 25);
   Reply first = call(port, http::verb::post, "/search", search_body(request));
@@ -241,8 +247,8 @@ TEST_CASE("the retrieval server answers on loopback with the CPU backend", "[ret
 
 TEST_CASE("a connection that sends garbage gets a 400 and the server goes on", "[retrieval][server]") {
   const Workload w({.seed = 4, .dim = 64, .features = 32, .hidden = 48});
-  CpuRetrievalBackend backend(w.schema(), w.model(), 1);
-  RunningServer running(backend);
+  const auto backend = make_test_backend(w.schema(), w.model(), 1);
+  RunningServer running(*backend);
   {
     asio::io_context io;
     beast::tcp_stream stream(io);

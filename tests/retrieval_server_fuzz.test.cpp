@@ -1,6 +1,7 @@
 // The retrieval server under hostile input (issue 25): hundreds of malformed requests, at the HTTP
 // and at the JSON level, each answered 4xx (or the connection closed) and never 5xx, while other
-// clients' valid searches all succeed with the backend's own answers. On loopback, CPU backend.
+// clients' valid searches all succeed with the backend's own answers. On loopback, CPU backend (the
+// GPU's with KEVO_SERVER_TEST_BACKEND=gpu, support/serving_client.hpp).
 #include <catch2/catch.hpp>
 
 #include <boost/asio.hpp>
@@ -81,10 +82,12 @@ unsigned send_raw(unsigned short port, const std::string& raw) {
 TEST_CASE("hostile requests are each answered 4xx or closed, never 5xx, and valid searches meanwhile all succeed",
           "[retrieval][server][fuzz]") {
   const Workload w({.seed = 4, .dim = 64, .features = 32, .hidden = 48});
-  CpuRetrievalBackend backend(w.schema(), w.model(), 1);
+  const auto engine = make_test_backend(w.schema(), w.model(), 1);
+  RetrievalBackend& backend = *engine;
   std::vector<AdRecord> ads;
   for (int i = 0; i < 2000; ++i) ads.push_back(w.ad(i));
   REQUIRE(backend.upsert(ads));
+  REQUIRE(backend.reindex());
   ServingOptions options{.io_timeout = std::chrono::milliseconds(3000)};
   options.search_threads = 2;
   RunningServer running(backend, options, 2);

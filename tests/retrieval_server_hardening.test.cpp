@@ -1,5 +1,6 @@
 // The retrieval server as a hostile client and a careful operator find it (issue 25), on loopback
-// with the CPU backend: trailing JSON, type errors naming their field, HEAD and other methods,
+// with the CPU backend (the GPU's with KEVO_SERVER_TEST_BACKEND=gpu, support/serving_client.hpp; the
+// retrieval_server binary is then started with --backend gpu): trailing JSON, type errors naming their field, HEAD and other methods,
 // `Expect: 100-continue`, the binary's flags and a port in use, searches kept off the I/O threads
 // (`/health` and a large upsert stay prompt under search load), the queue's bound and deadline,
 // slow bodies cut off, graceful drain, and the connection and in-flight byte caps. Every client
@@ -60,11 +61,13 @@ std::string ads_body(const Workload& w, std::uint32_t first, std::size_t count) 
 /// A small pool: every search is quick.
 struct SmallPool {
   Workload w{{.seed = 4, .dim = 64, .features = 32, .hidden = 48}};
-  CpuRetrievalBackend backend{w.schema(), w.model(), 1};
+  std::unique_ptr<RetrievalBackend> engine = make_test_backend(w.schema(), w.model(), 1);
+  RetrievalBackend& backend = *engine;
   SmallPool() {
     std::vector<AdRecord> ads;
     for (int i = 0; i < 2000; ++i) ads.push_back(w.ad(i));
     REQUIRE(backend.upsert(ads));
+    REQUIRE(backend.reindex());
   }
 };
 
@@ -84,14 +87,21 @@ struct SleepingBackend final : RetrievalBackend {
   kevo::expected<std::size_t, kevo::Error> expire(std::span<const std::uint32_t> ids) override { return engine.expire(ids); }
 };
 
-/// A pool large enough that one search, on one thread, takes tens of milliseconds.
+/// A pool large enough that one search, on one CPU thread, takes tens of milliseconds. On the GPU a
+/// search of it takes well under one: there each is padded with a sleep to `gpu_search_delay`, so
+/// that the search workers are as busy as on the CPU (what a test of the I/O threads under search
+/// load needs), while the answers still come from the GPU.
 struct LargePool {
   Workload w{{.seed = 5, .dim = 64, .features = 32, .hidden = 48}};
-  CpuRetrievalBackend backend{w.schema(), w.model(), 1};
-  explicit LargePool(int n) {
+  std::unique_ptr<RetrievalBackend> engine = make_test_backend(w.schema(), w.model(), 1);
+  SleepingBackend padded;
+  RetrievalBackend& backend;
+  LargePool(int n, milliseconds gpu_search_delay)
+      : padded(*engine, gpu_search_delay), backend(testing_gpu_backend() ? static_cast<RetrievalBackend&>(padded) : *engine) {
     std::vector<AdRecord> ads;
     for (int i = 0; i < n; ++i) ads.push_back(w.ad(i));
-    REQUIRE(backend.upsert(ads));
+    REQUIRE(engine->upsert(ads));
+    REQUIRE(engine->reindex());
   }
 };
 
@@ -138,7 +148,10 @@ TEST_CASE("trailing JSON, type errors, other methods and 100-continue are answer
     CHECK(head.keep_alive());
     auto after = c.send(http::verb::get, "/health", "");  // on the same connection: read as its own answer
     CHECK(after.result_int() == 200);
-    CHECK(after.body() == "{\"backend\":\"cpu\"}");
+    if (pool.backend.kernel_policy().empty())
+      CHECK(after.body() == "{\"backend\":\"" + pool.backend.name() + "\"}");  // the CPU's: {"backend":"cpu"}
+    else  // the GPU's names its kernel policy too
+      CHECK_THAT(after.body(), Catch::StartsWith("{\"backend\":\"" + pool.backend.name() + "\",\"kernel_policy\":\""));
     auto head_health = c.send(http::verb::head, "/health", "");
     CHECK(head_health.result_int() == 405);
     CHECK(head_health[http::field::allow] == "GET");
@@ -172,16 +185,6 @@ TEST_CASE("trailing JSON, type errors, other methods and 100-continue are answer
 
 namespace {
 
-/// The retrieval_server binary beside this test's build: build/<dir>/tests/<this> ->
-/// build/<dir>/examples/retrieval_server/retrieval_server. Empty where examples were not built.
-std::string server_binary() {
-  std::error_code ec;
-  const auto self = std::filesystem::read_symlink("/proc/self/exe", ec);
-  if (ec) return {};
-  const auto binary = self.parent_path().parent_path() / "examples" / "retrieval_server" / "retrieval_server";
-  return std::filesystem::exists(binary) ? binary.string() : std::string();
-}
-
 /// Runs `command` (stderr with stdout) under a time limit; its exit status and output.
 std::pair<int, std::string> run_command(const std::string& command) {
   std::string output;
@@ -196,8 +199,9 @@ std::pair<int, std::string> run_command(const std::string& command) {
 }  // namespace
 
 TEST_CASE("retrieval_server refuses bad flags and a port in use with a clear error and exit 2", "[retrieval][server]") {
-  const std::string binary = server_binary();
+  const std::string binary = server_binary();  // (support/serving_client.hpp: KEVO_RETRIEVAL_SERVER, or the build's)
   if (binary.empty()) {
+    if (testing_gpu_backend()) FAIL("KEVO_SERVER_TEST_BACKEND=gpu and no retrieval_server: set KEVO_RETRIEVAL_SERVER");
     WARN("retrieval_server is not built beside this test; its flags are not checked");
     return;
   }
@@ -211,18 +215,28 @@ TEST_CASE("retrieval_server refuses bad flags and a port in use with a clear err
            {"--deadline-ms -5", "--deadline-ms"},
            {"--host not-an-address", "--host"},
            {"--tuning /nonexistent/kevo-tuning.json", "--tuning"},
-           {"--port", "usage"},
+           {"--port", "--port"},  // no value
+           {"--backend tpu", "--backend"},
+           {"--dtype fp32", "--dtype"},
+           {"--max-body-bytes 1099511627777", "--max-body-bytes"},
+           {"--no-such-flag 1", "--no-such-flag"},
+           {"--ads-file a.safetensors --save-ads b.safetensors", "--ads-file"},
        }) {
+    INFO(flags);
     const auto [status, output] = run_command(binary + " " + flags);
     CHECK(status == 2);
     CHECK_THAT(output, Catch::Contains(message));
   }
+  const auto [help_status, help] = run_command(binary + " --help");  // every flag, listed; exit 0
+  CHECK(help_status == 0);
+  CHECK_THAT(help, Catch::Contains("--max-body-bytes-in-flight"));
   // The port is bound before the pool is loaded: 100M ads would take minutes, the refusal comes at once.
   asio::io_context io;
   asio::ip::tcp::acceptor taken(io, {asio::ip::make_address("127.0.0.1"), 0});
   const auto started = Clock::now();
   const auto [status, output] =
-      run_command(fmt::format("{} --backend cpu --ads 100000000 --port {}", binary, taken.local_endpoint().port()));
+      run_command(fmt::format("{} --backend {} --ads 100000000 --port {}", binary, server_test_backend(),
+                              taken.local_endpoint().port()));
   CHECK(status == 2);
   CHECK_THAT(output, Catch::Contains("in use"));
   CHECK(ms_since(started) < 5000);
@@ -277,10 +291,11 @@ TEST_CASE("retrieval_server on SIGTERM answers every request, 200 or 503, and ex
           "[retrieval][server]") {
   const std::string binary = server_binary();
   if (binary.empty()) {
+    if (testing_gpu_backend()) FAIL("KEVO_SERVER_TEST_BACKEND=gpu and no retrieval_server: set KEVO_RETRIEVAL_SERVER");
     WARN("retrieval_server is not built beside this test; its drain is not checked");
     return;
   }
-  Child server({binary, "--backend", "cpu", "--ads", "30000", "--port", "0", "--search-threads", "1", "--drain-ms", "1000"});
+  Child server({binary, "--backend", server_test_backend(), "--ads", "30000", "--port", "0", "--search-threads", "1", "--drain-ms", "1000"});
   char line[512] = {};
   REQUIRE(std::fgets(line, sizeof line, server.out) != nullptr);  // "serving N ads on http://127.0.0.1:PORT with ..."
   const std::string announced = line;
@@ -330,7 +345,7 @@ TEST_CASE("retrieval_server on SIGTERM answers every request, 200 or 503, and ex
 
 TEST_CASE("searches run off the I/O threads: /health and a large upsert stay prompt under search load",
           "[retrieval][server]") {
-  LargePool pool(60000);
+  LargePool pool(60000, milliseconds(30));
   ServingOptions options = quick();
   options.search_threads = 2;
   RunningServer running(pool.backend, options, 1);  // one I/O thread: a search run there would hold it
@@ -605,10 +620,20 @@ TEST_CASE("RSS stays bounded under 100 connections each sending a 57 MB body onc
   RunningServer running(pool.backend, options, 2);
   const unsigned short port = running.server.port();
   std::string ids = "{\"ids\":[";
-  for (std::uint32_t i = 0; ids.size() < (57u << 20); ++i) ids += std::to_string(9000000 + i) + ",";
+  std::uint32_t count = 0;
+  for (; ids.size() < (57u << 20); ++count) ids += std::to_string(9000000 + count) + ",";
   ids.back() = ']';
   ids += "}";
   const std::string header = fmt::format("POST /expire HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n", ids.size());
+  if (testing_gpu_backend()) {
+    // The GPU backend stages an update's ids in pinned host memory, two buffers taking turns that keep
+    // their largest size (~140 MB each for these ~7M ids): grown here, before the baseline, they are
+    // the backend's own, not what the server or a connection holds.
+    std::vector<std::uint32_t> staged(count);
+    for (std::uint32_t i = 0; i < count; ++i) staged[i] = 9000000 + i;
+    REQUIRE(pool.backend.expire(staged));
+    REQUIRE(pool.backend.expire(staged));
+  }
   ::malloc_trim(0);
   const std::size_t baseline = resident_bytes();
 

@@ -9,6 +9,7 @@
 //   retrieval_server --port 8080 --ads 1000000 [--dtype int8] [--save-ads pool.safetensors]
 //   retrieval_server --port 8080 --ads-file pool.safetensors --model model.safetensors
 //   retrieval_server --port 8080 --search-threads 8 --max-queue 1024 --deadline-ms 30000 --drain-ms 10000
+//   retrieval_server --help   # every flag, its default and its range
 //   curl -s localhost:8080/search -d '{"features":[...256 floats...],"query":[{"category":0,"values":[1]}],"k":10}'
 #include <kevo/retrieval/retrieval.hpp>
 #include <kevo/retrieval/serving.hpp>
@@ -16,27 +17,25 @@
 
 #include <boost/asio/signal_set.hpp>
 
+#include "../common/command_line.hpp"
+
+#include <CLI/CLI.hpp>
+
 #include <charconv>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
-#include <filesystem>
 #include <limits>
 #include <iterator>
 #include <optional>
 #include <string>
 #include <thread>
 
-using namespace kevo::retrieval;
-
 #if defined(KEVO_RETRIEVAL_SERVER_CUDA)
-namespace kevo::retrieval {
-// In cuda_backend.cu: the GPU backend, or nullptr with the reason in `why` (no GPU, no memory).
-std::unique_ptr<RetrievalBackend> make_cuda_backend(const Schema& schema, const Model& model, std::size_t capacity,
-                                                    PolicyChooser choose_policy, std::string& why);
-}  // namespace kevo::retrieval
+#include "cuda_backend.hpp"  // make_cuda_backend, from cuda_backend.cu
 #endif
+
+using namespace kevo::retrieval;
 
 namespace {
 
@@ -57,66 +56,88 @@ struct Options {
   std::chrono::milliseconds drain{10000};  // on SIGTERM: how long queued work may still run
 };
 
-constexpr const char* kUsage =
-    "usage: %s [--host 127.0.0.1] [--port 8080] [--ads 100000] [--seed 1] "
-    "[--model FILE.safetensors] [--ads-file FILE.safetensors | --save-ads FILE.safetensors] "
-    "[--backend auto|cpu|gpu] [--tuning kevo-tuning.json] [--threads 4] [--batch 8] [--dtype fp16|int8] [--search-threads 8] "
-    "[--max-queue 1024] [--deadline-ms 30000] [--drain-ms 10000] [--max-connections 1024] "
-    "[--max-body-bytes 67108864] [--max-body-bytes-in-flight 1073741824] [--io-timeout-ms 10000]\n";
+/// What every number flag takes, as kevo's own parser took it before CLI11: decimal digits only (no
+/// sign, so "-1" is not 2^64 - 1; no "0x"; a leading 0 not octal), within 64 bits. It hands CLI11
+/// the number written plainly, for the flag's CLI::Range and its conversion.
+const CLI::Validator whole_number(
+    [](std::string& text) -> std::string {
+      std::uint64_t value = 0;
+      const char* end = text.data() + text.size();
+      const auto [at, ec] = std::from_chars(text.data(), end, value);
+      if (text.empty() || ec != std::errc() || at != end) return "takes a whole number, not '" + text + "'";
+      text = std::to_string(value);
+      return {};
+    },
+    "", "");
 
-/// `text` as a whole decimal number in [least, most], or a message naming the flag.
-std::optional<std::string> number(const std::string& flag, const char* text, std::uint64_t least, std::uint64_t most,
-                                  std::uint64_t& out) {
-  const char* end = text + std::strlen(text);
-  const auto [at, ec] = std::from_chars(text, end, out);
-  if (ec != std::errc() || at != end || *text == '\0' || out < least || out > most)
-    return flag + " takes a whole number from " + std::to_string(least) + " to " + std::to_string(most) + ", not '" +
-           text + "'";
-  return std::nullopt;
+/// A number flag in [least, most].
+template <class T>
+CLI::Option* number(CLI::Option* option, T least, T most) {
+  return option->capture_default_str()->transform(whole_number)->check(CLI::Range(least, most));
 }
 
-/// The flags, or the reason they are refused (usage, or a flag's message).
-std::optional<std::string> parse(int argc, char** argv, Options& o) {
-  using ms = std::chrono::milliseconds;
+// The command line, with CLI11 (examples/common/command_line.hpp): --help lists the flags; a bad flag or
+// value is one line that names it, and exit code 2, before anything is bound or loaded.
+void describe(CLI::App& app, Options& o, std::uint64_t& deadline_ms, std::uint64_t& drain_ms, std::uint64_t& io_timeout_ms,
+              std::string& dtype) {
   constexpr std::uint64_t most = std::numeric_limits<std::uint32_t>::max();
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (i + 1 >= argc) return std::string("usage");
-    const char* v = argv[++i];
-    std::uint64_t n = 0;
-    auto take = [&](std::uint64_t least, std::uint64_t top) { return number(a, v, least, top, n); };
-    std::optional<std::string> bad;
-    if (a == "--host") {
-      boost::system::error_code ec;
-      boost::asio::ip::make_address(v, ec);
-      if (ec) return "--host takes an IP address, not '" + std::string(v) + "'";
-      o.host = v;
-    } else if (a == "--port") { if (!(bad = take(0, 65535))) o.port = static_cast<unsigned short>(n); }
-    else if (a == "--ads") { if (!(bad = take(0, most))) o.ads = n; }
-    else if (a == "--seed") { if (!(bad = take(0, std::numeric_limits<std::uint64_t>::max()))) o.seed = n; }
-    else if (a == "--model") o.model = v;
-    else if (a == "--ads-file") o.ads_file = v;
-    else if (a == "--save-ads") o.save_ads = v;
-    else if (a == "--tuning") {
-      if (!std::filesystem::is_regular_file(v)) return "--tuning names no file: '" + std::string(v) + "'";
-      o.tuning = v;
-    }
-    else if (a == "--backend" && (std::strcmp(v, "auto") == 0 || std::strcmp(v, "cpu") == 0 || std::strcmp(v, "gpu") == 0)) o.backend = v;
-    else if (a == "--threads") { if (!(bad = take(1, 1024))) o.threads = static_cast<unsigned>(n); }
-    else if (a == "--batch") { if (!(bad = take(1, 4096))) o.batch = n; }
-    else if (a == "--dtype" && (std::strcmp(v, "fp16") == 0 || std::strcmp(v, "int8") == 0))
-      o.dtype = std::strcmp(v, "int8") == 0 ? EmbeddingType::int8 : EmbeddingType::fp16;
-    else if (a == "--search-threads") { if (!(bad = take(1, 1024))) o.serving.search_threads = static_cast<unsigned>(n); }
-    else if (a == "--max-queue") { if (!(bad = take(1, most))) o.serving.max_queued = n; }
-    else if (a == "--deadline-ms") { if (!(bad = take(1, most))) o.serving.request_deadline = ms(n); }
-    else if (a == "--drain-ms") { if (!(bad = take(0, most))) o.drain = ms(n); }
-    else if (a == "--io-timeout-ms") { if (!(bad = take(1, most))) o.serving.io_timeout = ms(n); }
-    else if (a == "--max-connections") { if (!(bad = take(1, most))) o.serving.max_connections = n; }
-    else if (a == "--max-body-bytes") { if (!(bad = take(1, std::uint64_t{1} << 40))) o.serving.max_body_bytes = n; }
-    else if (a == "--max-body-bytes-in-flight") { if (!(bad = take(1, std::uint64_t{1} << 48))) o.serving.max_body_bytes_in_flight = n; }
-    else return std::string("usage");
-    if (bad) return bad;
-  }
+  const CLI::Validator ip_address(
+      [](std::string& text) -> std::string {
+        boost::system::error_code ec;
+        boost::asio::ip::make_address(text, ec);
+        return ec ? "not an IP address: '" + text + "'" : std::string();
+      },
+      "IP", "IP address");
+  app.description("kevo's fused retrieval pipeline behind HTTP: top-K searches and real-time ad updates as JSON.");
+  app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);  // a flag given twice: the last counts
+  app.add_option("--host", o.host, "the address to listen on")->capture_default_str()->check(ip_address);
+  number(app.add_option("--port", o.port, "the port to listen on (0: any free one)"), 0, 65535);
+  number(app.add_option("--ads", o.ads, "synthetic ads to serve (the spec's workload)"), std::uint64_t{0}, most);
+  app.add_option("--seed", o.seed, "the synthetic workload's seed")->capture_default_str()->transform(whole_number);
+  app.add_option("--model", o.model, "the model, a safetensors file (default: the workload's own)");
+  auto* ads_file = app.add_option("--ads-file", o.ads_file, "load the pool from this ad file instead of generating it");
+  auto* save_ads = app.add_option("--save-ads", o.save_ads, "write the generated pool to this ad file before serving");
+  ads_file->excludes(save_ads);
+  save_ads->excludes(ads_file);
+  app.add_option("--backend", o.backend, "the engine: the GPU where one exists (auto), or cpu, or gpu")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"auto", "cpu", "gpu"}));
+  app.add_option("--tuning", o.tuning, "kernel policies a search found (kevo-tune-pipeline --out), for the GPU backend")
+      ->check(CLI::ExistingFile);
+  number(app.add_option("--threads", o.threads, "I/O threads: read, parse, write"), 1u, 1024u);
+  number(app.add_option("--batch", o.batch, "concurrent searches answered together (1: one at a time)"), std::size_t{1},
+         std::size_t{4096});
+  app.add_option("--dtype", dtype, "the pool's embeddings")->capture_default_str()->check(CLI::IsMember({"fp16", "int8"}));
+  number(app.add_option("--search-threads", o.serving.search_threads, "workers that run searches and batches"), 1u, 1024u);
+  number(app.add_option("--max-queue", o.serving.max_queued, "searches, batches and updates queued or running; more: 503"),
+         std::size_t{1}, std::size_t{most});
+  number(app.add_option("--deadline-ms", deadline_ms, "a search still queued after this: 503, not run"), std::uint64_t{1}, most);
+  number(app.add_option("--drain-ms", drain_ms, "on SIGTERM: how long queued work may still run"), std::uint64_t{0}, most);
+  number(app.add_option("--max-connections", o.serving.max_connections, "open connections; more: 503 and closed"),
+         std::size_t{1}, std::size_t{most});
+  number(app.add_option("--max-body-bytes", o.serving.max_body_bytes, "a larger body: 413"), std::size_t{1},
+         std::size_t{1} << 40);
+  number(app.add_option("--max-body-bytes-in-flight", o.serving.max_body_bytes_in_flight,
+                        "declared bodies being read or served; more: 503"),
+         std::size_t{1}, std::size_t{1} << 48);
+  number(app.add_option("--io-timeout-ms", io_timeout_ms, "a whole request's read (header and body), and each write"),
+         std::uint64_t{1}, most);
+}
+
+/// The flags into `o`, or the exit code where the program should stop now (--help: 0; a bad flag: 2).
+std::optional<int> parse(int argc, char** argv, Options& o) {
+  using ms = std::chrono::milliseconds;
+  auto deadline_ms = static_cast<std::uint64_t>(o.serving.request_deadline.count());
+  auto drain_ms = static_cast<std::uint64_t>(o.drain.count());
+  auto io_timeout_ms = static_cast<std::uint64_t>(o.serving.io_timeout.count());
+  std::string dtype = o.dtype == EmbeddingType::int8 ? "int8" : "fp16";
+  CLI::App app{"", "retrieval_server"};
+  describe(app, o, deadline_ms, drain_ms, io_timeout_ms, dtype);
+  if (auto stop = kevo_examples::parse_command_line(app, argc, argv)) return stop;
+  o.serving.request_deadline = ms(deadline_ms);
+  o.drain = ms(drain_ms);
+  o.serving.io_timeout = ms(io_timeout_ms);
+  o.dtype = dtype == "int8" ? EmbeddingType::int8 : EmbeddingType::fp16;
   return std::nullopt;
 }
 
@@ -157,12 +178,7 @@ std::optional<std::string> listen(boost::asio::ip::tcp::acceptor& acceptor, cons
 
 int main(int argc, char** argv) {
   Options o;
-  if (auto refused = parse(argc, argv, o)) {
-    if (*refused != "usage") std::fprintf(stderr, "retrieval_server: %s\n", refused->c_str());
-    std::fprintf(stderr, kUsage, argv[0]);
-    return 2;
-  }
-  if (!o.ads_file.empty() && !o.save_ads.empty()) return std::fprintf(stderr, "--ads-file and --save-ads exclude each other\n"), 2;
+  if (auto stop = parse(argc, argv, o)) return *stop;
   // The port first: one in use is reported at once, not after loading every ad.
   boost::asio::io_context io;
   boost::asio::ip::tcp::acceptor acceptor(io);

@@ -604,6 +604,11 @@ int main(int argc, char** argv) {
       Command quit{};
       quit.kind = command_quit;
       ::send(options.control_fd, &quit, sizeof quit, MSG_NOSIGNAL);
+      // The profiler prints its metrics once the program it started has exited: it is let finish
+      // (report() would kill it), up to the call timeout.
+      thaw();
+      const double deadline = now() + options.call_timeout;
+      while (process_alive(runner) && now() < deadline) ::usleep(20000);
       report("{\"status\":\"ok\",\"profiled\":1}");
       return 0;
     }

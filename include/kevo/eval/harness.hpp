@@ -373,6 +373,15 @@ void freeze() {
 
 void thaw() { ::kill(runner, SIGCONT); }
 
+// Whether a process is still running: not gone, and not a zombie its parent has yet to reap.
+bool process_alive(pid_t pid) {
+  if (pid <= 0 || ::kill(pid, 0) != 0) return false;
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string text((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
+  const auto paren = text.rfind(')');
+  return paren == std::string::npos || paren + 2 >= text.size() || (text[paren + 2] != 'Z' && text[paren + 2] != 'X');
+}
+
 Reply wait_reply(const std::string& during) {
   pollfd p{options.control_fd, POLLIN, 0};
   const int ready = ::poll(&p, 1, static_cast<int>(options.call_timeout * 1e3));

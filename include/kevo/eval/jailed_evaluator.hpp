@@ -720,7 +720,8 @@ class JailedEvaluator {
     }
     auto launches = parse_ncu_csv(r.runner_output);
     if (!launches || launches->empty()) {
-      e.diagnostics.detail += "; not profiled: " + (launches ? std::string("ncu profiled no kernel") : launches.error().message);
+      e.diagnostics.detail += "; not profiled: " + (launches ? std::string("ncu profiled no kernel") : launches.error().message) + " [" +
+                              detail::tail(r.runner_output, 400) + "]";
       return;
     }
     const std::string detail = e.diagnostics.detail;
