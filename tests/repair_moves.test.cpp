@@ -181,6 +181,33 @@ TEST_CASE("an LLM search repairs the candidates the model breaks, from their com
   CHECK(repairs_seen > 0);
 }
 
+TEST_CASE("a resumed run's summary counts the repairs made before the resume too", "[repair][llm]") {
+  const Problem& problem = scoring();
+  BreakingModelRig rig(/*break_every=*/2);
+  RepairCounts before;
+  std::int64_t run_id = 0;
+  {
+    auto first = rig.loop<search::Greedy>(problem, search::Greedy({.repair_share = 0.4}), {.jobs = 1, .max_evaluations = 16, .warm_start = 0});
+    auto result = first.run(seed_of(problem));
+    REQUIRE(result);
+    before = result->repairs;
+    run_id = result->run_id;
+  }
+  REQUIRE(before.requested > 0);
+  auto second = rig.loop<search::Greedy>(problem, search::Greedy({.repair_share = 0.4}), {.jobs = 1, .max_evaluations = 30, .warm_start = 0});
+  auto resumed = second.resume(run_id);
+  REQUIRE(resumed);
+  const RepairCounts& after = resumed->repairs;
+  std::printf("before the resume: %s; the whole run: %s\n", before.summary().c_str(), after.summary().c_str());
+  CHECK(after.requested >= before.requested);
+  CHECK(after.candidates >= before.candidates);
+  CHECK(after.repaired >= before.repaired);
+  // The summary agrees with the whole tree, the first process's repairs included.
+  const auto [all, correct] = repair_children(second);
+  CHECK(all == after.requested);
+  CHECK(correct == after.succeeded);
+}
+
 TEST_CASE("a repair that fails gets a second try, and the fraction counts within two tries", "[repair][llm]") {
   const Problem& problem = scoring();
   BreakingModelRig rig(/*break_every=*/2, /*repair_fails_every=*/2);  // every other repair is broken again

@@ -19,7 +19,7 @@ printf '#include <boost/unordered/unordered_flat_map.hpp>\n#include <boost/unord
     relative=${header#/usr/include/}
     mkdir -p ".carry/${relative%/*}" && cp "$header" ".carry/$relative"
   done
-"$nvcc" "${nvcc_flags[@]}" tests/cuda/retrieval_pipeline.test.cu -o .carry/bin/retrieval_pipeline_test &
+build_pipeline_test .carry/bin/retrieval_pipeline_test &
 tests=$!
 "$nvcc" "${nvcc_flags[@]}" benchmarks/retrieval/retrieval_benchmark.cu -o .carry/bin/retrieval_benchmark &
 bench=$!

@@ -22,7 +22,7 @@ elif [[ -f .carry/bin/STAMP ]]; then
 fi
 pids=()
 if [[ $prebuilt == 0 && " $* " == *" tests "* ]]; then
-  nvcc "${nvcc_flags[@]}" -Xptxas -v tests/cuda/retrieval_pipeline.test.cu -o build-gpu/retrieval_pipeline_test > "$OUT/build-test.log" 2>&1 &
+  build_pipeline_test build-gpu/retrieval_pipeline_test -Xptxas -v > "$OUT/build-test.log" 2>&1 &
   pids+=($!)
 fi
 if [[ $prebuilt == 0 && " $* " == *" bench "* ]]; then

@@ -121,7 +121,7 @@ struct SearchResult {
   double elapsed_seconds = 0;
   double reference_seconds = 0;   ///< the reference time the run's speedups are over (0: the evaluator's own)
   bool reference_from_store = false;  ///< a resume reused the time stored with the run rather than re-timing it
-  RepairCounts repairs;           ///< repair moves asked and their outcome (this process's, not a resumed run's earlier ones)
+  RepairCounts repairs;           ///< repair moves asked and their outcome, over the whole run (a resume counts the earlier ones from the tree)
 };
 
 /// This host's architecture, in the knowledge base's words.
@@ -280,7 +280,7 @@ class SearchLoop {
       if (!e.ok()) ++failures_[e.failure];
     }
     rng_.seed(detail::mix(args_.seed, finish_order.size()));
-    if (tree_[tree_.root()].state == NodeState::failed) repair_tries_[tree_.root()] = tree_[tree_.root()].child_count;
+    if constexpr (synthesizer_repairs<Synth>) restore_repair_counts();
     if (stored_reference > 0 && !args_.retime_reference) {
       reference_seconds_ = stored_reference;
       reference_from_store_ = true;
@@ -444,6 +444,26 @@ class SearchLoop {
     r.repair = e.repair;
     r.repair_try = e.repair ? repair_tries_[e.parent] : 0;
     return r;
+  }
+
+  /// A resumed run's repairs so far, rebuilt from its tree, so that the summary counts the whole run:
+  /// a failed node is expanded only by repairs, so each of its children is one, the k-th its k-th try.
+  /// Generations that gave no candidate left no node, and are not counted in `requested`.
+  void restore_repair_counts() {
+    for (NodeId id = 0; id < tree_.size(); ++id) {
+      const NodeId parent = tree_[id].parent;
+      if (parent == no_node || tree_[parent].state != NodeState::failed) continue;
+      std::uint32_t& tries = repair_tries_[parent];
+      if (tries == 0) ++repairs_.candidates;
+      ++tries;
+      ++repairs_.requested;
+      if (repair_try_.size() <= id) repair_try_.resize(id + 1, 0);
+      repair_try_[id] = tries;  // one still to evaluate counts when it finishes, as it would have
+      if (tree_[id].state == NodeState::evaluated) {
+        ++repairs_.succeeded;
+        if (tries <= repairs_.within && repaired_.insert(parent).second) ++repairs_.repaired;
+      }
+    }
   }
 
   /// The seed failed and nothing correct has been found since (a repair, a warm start).

@@ -1,12 +1,12 @@
 // kevo/synth/llm_synthesizer.hpp: a Synthesizer that asks an LLM for new kernel code. One adaptive
 // prompt (synth/prompt_builder.hpp) carries the problem, the target's constraints, the parent's
 // diagnostics, the memory context and the retrieved knowledge; the answer is taken as a whole-file
-// rewrite or as SEARCH/REPLACE edits. An answer that repeats the parent or tried code, holds no code,
-// or gives edits that do not apply is sent back once with the reason. A generation that still
-// fails is counted by its fault and tried afresh: failed generations never spend the search's
-// budget of evaluations; they have their own caps, and reaching one stops the search with a named
-// reason ("the model repeats the parent"). An exhausted token budget stops it too. The API key is
-// redacted from every answer and prompt.
+// rewrite or as SEARCH/REPLACE edits (synth/answer_parser.hpp). An answer that repeats the parent
+// or tried code, holds no code, or gives edits that do not apply is sent back once with the reason.
+// A generation that still fails is counted by its fault and tried afresh: failed generations never
+// spend the search's budget of evaluations; they have their own caps, and reaching one stops the
+// search with a named reason ("the model repeats the parent"). An exhausted token budget stops it
+// too. The API key is redacted from every answer and prompt.
 //
 //   auto llm = kevo::net::BlockingLlmClient::create({.base_url = url, .model = "gpt-x", .api_key_env = "OPENAI_API_KEY"});
 //   kevo::synth::LlmSynthesizer synth(std::move(*llm));
@@ -14,6 +14,7 @@
 #pragma once
 
 #include <kevo/net/chat.hpp>
+#include <kevo/synth/answer_parser.hpp>
 #include <kevo/synth/prompt_builder.hpp>
 #include <kevo/synthesizer.hpp>
 
