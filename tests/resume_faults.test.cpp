@@ -87,6 +87,36 @@ TEST_CASE("resume refuses a run made on another problem, and names both", "[resu
 }
 
 namespace {
+/// The synthetic landscape, measured on a named target.
+struct EvaluatorOn : SyntheticEvaluator {
+  std::string target;
+  std::string target_identity() const { return target; }
+};
+}  // namespace
+
+TEST_CASE("resume refuses a run measured on another target, and names both", "[resume][store]") {
+  const Problem problem = kevo::testing::synthetic_problem();
+  EvaluatorOn h200{.target = "cuda; gpu: NVIDIA H200, 9.0; nvcc 13.0"};
+  auto store = store::SqliteStore::open(temp_path("other_target.db")).value();
+  auto first = make_loop(problem, h200, store, {.jobs = 1, .max_evaluations = 3});
+  auto made = first.run(first.synthesizer().seed());
+  REQUIRE(made);
+
+  EvaluatorOn h100{.target = "cuda; gpu: NVIDIA H100 80GB HBM3, 9.0; nvcc 13.0"};
+  auto elsewhere = make_loop(problem, h100, store, {.jobs = 1, .max_evaluations = 6});
+  auto refused = elsewhere.resume(made->run_id);
+  REQUIRE_FALSE(refused);
+  CHECK_THAT(refused.error().message, Catch::Contains("NVIDIA H200") && Catch::Contains("NVIDIA H100") &&
+                                          Catch::Contains("--warm-start-any-target"));
+  CHECK(store.load_nodes(made->run_id)->size() == 4);  // nothing measured there was added
+
+  // An evaluator that cannot say (not yet prepared) is not refused; the same target resumes.
+  EvaluatorOn unknown{.target = ""};
+  CHECK(make_loop(problem, unknown, store, {.jobs = 1, .max_evaluations = 5}).resume(made->run_id));
+  CHECK(make_loop(problem, h200, store, {.jobs = 1, .max_evaluations = 6}).resume(made->run_id));
+}
+
+namespace {
 /// Truthful for the seed; every later candidate's first measurement is a hundred times too fast
 /// (a lucky timing). Its race, which would expose it, outlasts the test: the test kills it there.
 struct LuckyThenKilledEvaluator {

@@ -168,6 +168,16 @@ inline expected<void, Error> check_resumable(const RunInfo& run, const Problem& 
   return {};
 }
 
+/// Whether a stored run's figures were measured where this evaluator measures (`target_identity`,
+/// empty where unknown: an older store, or an evaluator not yet prepared). Figures from another
+/// device or compiler do not compare with this one's, so such a run is not continued here.
+inline expected<void, Error> check_same_target(const RunInfo& run, const std::string& here) {
+  if (run.target_identity.empty() || here.empty() || run.target_identity == here) return {};
+  return make_error(fmt::format("run {} was measured on another target ({}) than this one ({}): its figures do not compare with "
+                                "this machine's. Start a new run here; --warm-start-any-target seeds it with that run's best kernels",
+                                run.id, run.target_identity, here));
+}
+
 namespace detail {
 inline std::uint64_t mix(std::uint64_t a, std::uint64_t b) {
   std::uint64_t x = a ^ (b + 0x9e3779b97f4a7c15ull + (a << 6) + (a >> 2));
@@ -243,6 +253,8 @@ class SearchLoop {
     auto info = store_->find_run(run_id);
     if (!info) return unexpected(info.error());
     if (auto ok = check_resumable(*info, *problem_); !ok) return unexpected(ok.error());
+    if constexpr (requires { evaluator_->target_identity(); })
+      if (auto ok = check_same_target(*info, evaluator_->target_identity()); !ok) return unexpected(ok.error());
     auto stored = store_->load_nodes(run_id);
     if (!stored) return unexpected(stored.error());
     if (stored->empty()) return make_error(fmt::format("run {} holds no nodes to resume", run_id));
