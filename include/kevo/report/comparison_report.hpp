@@ -168,12 +168,7 @@ timing: compare runs measured on the same target.</p>
 
 template <SearchStore Store>
 expected<void, Error> write_comparison_html(Store& store, std::string_view problem, const std::filesystem::path& path) {
-  auto html = render_comparison_html(store, problem);
-  if (!html) return unexpected(html.error());
-  std::ofstream out(path);
-  out << *html;
-  if (!out) return make_error(fmt::format("{}: cannot be written", path.string()));
-  return {};
+  return write_page(render_comparison_html(store, problem), path);
 }
 
 }  // namespace kevo::report

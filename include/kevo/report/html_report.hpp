@@ -192,12 +192,7 @@ stopped: {stopped}.</p>
 
 template <SearchStore Store>
 expected<void, Error> write_html(Store& store, std::int64_t run_id, const std::filesystem::path& path) {
-  auto html = render_html(store, run_id);
-  if (!html) return unexpected(html.error());
-  std::ofstream out(path);
-  out << *html;
-  if (!out) return make_error(fmt::format("{}: cannot be written", path.string()));
-  return {};
+  return write_page(render_html(store, run_id), path);
 }
 
 }  // namespace kevo::report
