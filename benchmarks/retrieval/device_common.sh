@@ -8,20 +8,18 @@ source_stamp() {
        \( -name '*.hpp' -o -name '*.cuh' -o -name '*.cu' -o -name '*.cpp' \) -print0 |
     LC_ALL=C sort -z | xargs -0 sha1sum | sha1sum | cut -d' ' -f1
 }
-# Builds the retrieval pipeline's test binary ($1) from tests/cuda/retrieval_pipeline/*.cu (one file
-# per facility): one nvcc per file, up to NVCC_JOBS (default: the cores) at once, then the link.
-# Further arguments go to every compile. Uses $nvcc where the caller set it, else nvcc on PATH.
+# Builds the retrieval pipeline's test binary ($1) from tests/cuda/retrieval_pipeline/ (main.cu and
+# one *.test.cu per facility) compiled as one translation unit: each file on its own compiles the
+# whole pipeline's kernels again (several times the time, and a binary too large to carry). Further
+# arguments go to nvcc. Uses $nvcc where the caller set it, else nvcc on PATH.
 build_pipeline_test() {
-  local out=$1 objects status=0
+  local out=$1 unit source status=0
   shift
-  objects=$(mktemp -d)
-  printf '%s\0' tests/cuda/retrieval_pipeline/*.cu |
-    xargs -0 -n 1 -P "${NVCC_JOBS:-$(nproc)}" bash -c \
-      'source=${!#}; exec "${@:1:$#-1}" -c "$source" -o "$0/$(basename "$source" .cu).o"' \
-      "$objects" "${nvcc:-nvcc}" "${nvcc_flags[@]}" "$@" || status=1
-  if [[ $status == 0 ]]; then
-    "${nvcc:-nvcc}" "${nvcc_flags[@]}" "$objects"/*.o -o "$out" || status=1
-  fi
-  rm -rf "$objects"
+  unit=$(mktemp --suffix=.cu)
+  for source in tests/cuda/retrieval_pipeline/main.cu tests/cuda/retrieval_pipeline/*.test.cu; do
+    echo "#include \"$PWD/$source\""  # main.cu first: it includes Catch2 with its runner
+  done > "$unit"
+  "${nvcc:-nvcc}" "${nvcc_flags[@]}" "$@" "$unit" -o "$out" || status=1
+  rm -f "$unit"
   return $status
 }

@@ -1,0 +1,155 @@
+// The whole pipeline against the reference: single searches, bad requests refused with a clear
+// error, and searches enqueued from several threads on their own streams.
+// (One of the files of test_cuda_retrieval_pipeline; its main is main.cu.)
+#include <atomic>
+#include <thread>
+
+#include "../support/pipeline_fixtures.cuh"
+
+using namespace kevo::retrieval;
+using namespace kevo_tests::retrieval_pipeline;
+
+TEST_CASE("the whole pipeline agrees with the reference", "[cuda][pipeline]") {
+  const EmbeddingType type = GENERATE(EmbeddingType::fp16, EmbeddingType::int8);
+  const int n = GENERATE(5000, 250000);
+  const std::uint64_t seed = GENERATE(7, 8);
+  Loaded pool(small_options(seed, type), n);
+  for (RequestKind kind : {RequestKind::typical, RequestKind::broad, RequestKind::narrow}) {
+    for (int k : {1, 100, 1000, 4096}) {
+      for (int routing : {1, 2, 8}) {
+        const Request request = pool.workload.request(seed * 31 + static_cast<std::uint64_t>(k), kind, k, routing);
+        auto top = pool.pipeline->search(request);
+        REQUIRE(top);
+        const RequestVectors v = compute_request_vectors(pool.workload.model(), request.features);
+        auto ok = compare_with_reference(pool.host, v, request, *top);
+        INFO("type " << to_string(type) << " n " << n << " seed " << seed << " kind " << int(kind) << " k " << k
+                     << " routing " << routing << ": " << (ok ? "ok" : ok.error().message));
+        REQUIRE(ok);
+      }
+    }
+  }
+}
+
+TEST_CASE("bad requests come back as errors", "[cuda][pipeline]") {
+  Loaded pool(small_options(5, EmbeddingType::fp16), 100);
+  Request r = pool.workload.request(0);
+  r.k = 5000;
+  auto top = pool.pipeline->search(r);
+  REQUIRE(!top);
+  CHECK_THAT(top.error().message, Catch::Contains("K out of range"));
+  r = pool.workload.request(0);
+  r.query.push_back({99, {0}});
+  CHECK(!pool.pipeline->search(r));
+  r = pool.workload.request(0);
+  r.features.resize(3);
+  CHECK(!pool.pipeline->search(r));
+
+  // Features so large that u_e or g_e overflow fp16 would score every ad NaN: an error instead, and
+  // the next search is unharmed.
+  r = pool.workload.request(0);
+  r.features.assign(r.features.size(), 1e6f);
+  auto overflowing = pool.pipeline->search(r);
+  REQUIRE(!overflowing);
+  CHECK_THAT(overflowing.error().message, Catch::Contains("overflow fp16"));
+  auto in_batch = pool.pipeline->search_batch(std::vector<Request>{pool.workload.request(1), r, pool.workload.request(2)});
+  REQUIRE(!in_batch);
+  CHECK_THAT(in_batch.error().message, Catch::Contains("overflow fp16"));
+  CHECK(pool.pipeline->search(pool.workload.request(0)));
+
+  // A batch names the bad request by its place in the whole batch (not in its group of 8), and
+  // runs none of it.
+  std::vector<Request> ten;
+  for (int i = 0; i < 10; ++i) ten.push_back(pool.workload.request(static_cast<std::uint64_t>(i)));
+  ten[9].k = 0;
+  auto refused = pool.pipeline->search_batch(ten);
+  REQUIRE(!refused);
+  CHECK_THAT(refused.error().message, Catch::Contains("request 9 of the batch: K out of range"));
+
+  // Misaligned temp storage is refused before any kernel could fault on it (a fault would end the
+  // context); the pipeline keeps searching.
+  FusedRetrievalPipeline& p = *pool.pipeline;
+  unsigned char* temp = nullptr;
+  KEVO_GPU_ASSERT(cudaMalloc(&temp, p.search_temp_bytes() + 256));
+  std::uint32_t* out = nullptr;
+  KEVO_GPU_ASSERT(cudaMalloc(&out, (2 * kMaxK + 2) * 4));
+  const SearchOutput output{out, reinterpret_cast<float*>(out + kMaxK), out + 2 * kMaxK};
+  auto misaligned = p.search_async(pool.workload.request(0), temp + 4, p.search_temp_bytes(), output, nullptr);
+  REQUIRE(!misaligned);
+  CHECK_THAT(misaligned.error().message, Catch::Contains("aligned to 256 bytes"));
+  const SearchOutput odd_output{out, reinterpret_cast<float*>(reinterpret_cast<unsigned char*>(out + kMaxK) + 2),
+                                out + 2 * kMaxK};
+  CHECK(!p.search_async(pool.workload.request(0), temp, p.search_temp_bytes(), odd_output, nullptr));
+  REQUIRE(p.search_async(pool.workload.request(0), temp, p.search_temp_bytes(), output, nullptr));
+  KEVO_GPU_ASSERT(cudaDeviceSynchronize());
+  KEVO_GPU_ASSERT(cudaFree(temp));
+  KEVO_GPU_ASSERT(cudaFree(out));
+  CHECK(pool.pipeline->search(pool.workload.request(1)));
+}
+
+TEST_CASE("searches enqueued from several threads on their own streams agree with the reference", "[cuda][pipeline]") {
+  // The pipeline's enqueues are serialised by the index's lock, but the streams run at once; each
+  // reuses its temp storage round after round, which stream order alone must keep apart.
+  const EmbeddingType type = GENERATE(EmbeddingType::fp16, EmbeddingType::int8);
+  Loaded pool(small_options(13, type), 60000);
+  constexpr int streams = 4, rounds = 3, k = 500;
+  FusedRetrievalPipeline& p = *pool.pipeline;
+  struct Lane {
+    cudaStream_t stream = nullptr;
+    void* temp = nullptr;
+    std::uint32_t* ids = nullptr;  // (rounds, k)
+    float* scores = nullptr;
+    std::uint32_t* counts = nullptr;
+  };
+  std::vector<Lane> lanes(streams);
+  for (Lane& l : lanes) {
+    KEVO_GPU_ASSERT(cudaStreamCreateWithFlags(&l.stream, cudaStreamNonBlocking));
+    KEVO_GPU_ASSERT(cudaMalloc(&l.temp, p.search_temp_bytes()));
+    KEVO_GPU_ASSERT(cudaMalloc(&l.ids, rounds * k * 4));
+    KEVO_GPU_ASSERT(cudaMalloc(&l.scores, rounds * k * 4));
+    KEVO_GPU_ASSERT(cudaMalloc(&l.counts, rounds * 4));
+    KEVO_GPU_ASSERT(cudaMemset(l.ids, 0xff, rounds * k * 4));  // poison
+    KEVO_GPU_ASSERT(cudaMemset(l.scores, 0xff, rounds * k * 4));
+    KEVO_GPU_ASSERT(cudaMemset(l.counts, 0xff, rounds * 4));
+  }
+  auto request_of = [&](int lane, int round) {
+    const RequestKind kind = (lane + round) % 3 == 0 ? RequestKind::broad : RequestKind::typical;
+    return pool.workload.request(static_cast<std::uint64_t>(100 + lane * rounds + round), kind, k);
+  };
+  std::atomic<int> failures{0};
+  std::vector<std::thread> threads;
+  for (int lane = 0; lane < streams; ++lane)
+    threads.emplace_back([&, lane] {
+      const Lane& l = lanes[lane];
+      for (int round = 0; round < rounds; ++round)  // no waiting between rounds
+        if (!p.search_async(request_of(lane, round), l.temp, p.search_temp_bytes(),
+                            {l.ids + round * k, l.scores + round * k, l.counts + round}, l.stream))
+          ++failures;
+    });
+  for (std::thread& t : threads) t.join();
+  REQUIRE(failures == 0);
+  for (int lane = 0; lane < streams; ++lane) {
+    const Lane& l = lanes[lane];
+    KEVO_GPU_ASSERT(cudaStreamSynchronize(l.stream));
+    const auto counts = download<std::uint32_t>(l.counts, rounds);
+    const auto ids = download<std::uint32_t>(l.ids, rounds * k);
+    const auto scores = download<float>(l.scores, rounds * k);
+    for (int round = 0; round < rounds; ++round) {
+      const Request request = request_of(lane, round);
+      REQUIRE(counts[round] == static_cast<std::uint32_t>(k));
+      std::vector<ScoredAd> top(k);
+      for (int i = 0; i < k; ++i) top[i] = {ids[round * k + i], scores[round * k + i]};
+      auto ok = compare_with_reference(pool.host, compute_request_vectors(pool.workload.model(), request.features),
+                                       request, top);
+      INFO("type " << to_string(type) << " stream " << lane << " round " << round << ": "
+                   << (ok ? "ok" : ok.error().message));
+      REQUIRE(ok);
+    }
+  }
+  for (Lane& l : lanes) {
+    cudaFree(l.temp);
+    cudaFree(l.ids);
+    cudaFree(l.scores);
+    cudaFree(l.counts);
+    cudaStreamDestroy(l.stream);
+  }
+}
