@@ -107,4 +107,25 @@ TEST_CASE("the shipped CUDA problems load, and their default kernels pass the sc
     INFO(name << ": " << to_string(e.failure) << ": " << e.diagnostics.message << "\n" << e.diagnostics.detail);
     CHECK(e.failure == kevo::FailureKind::none);
   }
+  // GEMM's first starting point: ldmatrix and mma.sync as inline PTX, which its manifest's allow_asm
+  // lets past the screen; without allow_asm the same source is refused before compiling.
+  auto gemm = kevo::load_problem(shipped / "cuda_gemm");
+  REQUIRE(gemm);
+  REQUIRE(gemm->allow_asm);
+  REQUIRE_FALSE(gemm->starting_points.empty());
+  kevo::Knobs knobs = gemm->default_knobs();
+  for (const auto& [knob, value] : gemm->starting_points.front().knobs) knobs[knob] = value;
+  REQUIRE(knobs["engine"] == "mma");
+  const kevo::Candidate mma{.source = gemm->render(knobs), .knobs = knobs, .origin = "starting point"};
+  kevo::eval::EvaluatorOptions options;
+  options.cache_dir = std::filesystem::temp_directory_path() / "kevo-test-cache";
+  options.compile_timeout = std::chrono::seconds(180);
+  kevo::eval::CudaEvaluator allowing(*gemm, options);
+  const kevo::Evaluation built = allowing.compile(mma);
+  INFO("cuda_gemm mma: " << to_string(built.failure) << ": " << built.diagnostics.message << "\n" << built.diagnostics.detail);
+  CHECK(built.failure == kevo::FailureKind::none);
+  CHECK_THAT(built.diagnostics.detail, Catch::Contains("registers"));
+  gemm->allow_asm = false;
+  kevo::eval::CudaEvaluator refusing(*gemm, options);
+  CHECK(refusing.compile(mma).failure == kevo::FailureKind::screened_out);
 }

@@ -452,9 +452,10 @@ class JailedEvaluator {
     const std::string ext(Toolchain::source_extension);
     const std::string flags = join(compile_flags());
     // The machine too (the CPU, the GPU): flags such as -march=native make a build this machine's, and
-    // a cache directory may be shared (an NFS home) by machines of other kinds.
-    const std::uint64_t key =
-        content_hash(header + checker + runner + problem_.reference_source + flags + compiler_identity_ + Toolchain::identity());
+    // a cache directory may be shared (an NFS home) by machines of other kinds. And the screen's rules:
+    // a build cached while asm was allowed is not taken once it is refused.
+    const std::uint64_t key = content_hash(header + checker + runner + problem_.reference_source + flags + compiler_identity_ +
+                                           Toolchain::identity() + (problem_.allow_asm ? "; asm allowed" : ""));
     std::string safe_name = problem_.name;  // the name becomes a directory name
     for (char& c : safe_name)
       if (!std::isalnum(static_cast<unsigned char>(c)) && c != '_' && c != '-') c = '_';
