@@ -51,6 +51,7 @@
 #include <utility>
 #include <vector>
 
+#include "kevo/detail/json_text.hpp"
 #include "kevo/retrieval/backend.hpp"
 #include "kevo/retrieval/types.hpp"
 
@@ -232,22 +233,6 @@ std::string number(T value) {
   char buffer[64];
   const auto end = std::to_chars(buffer, buffer + sizeof buffer, value).ptr;
   return std::string(buffer, end);
-}
-
-inline std::string json_escape(std::string_view s) {
-  std::string out;
-  for (char c : s) {
-    if (c == '"' || c == '\\') out += '\\';
-    if (static_cast<unsigned char>(c) < 0x20) {
-      static constexpr char hex[] = "0123456789abcdef";
-      out += "\\u00";
-      out += hex[(c >> 4) & 0xf];
-      out += hex[c & 0xf];
-    } else {
-      out += c;
-    }
-  }
-  return out;
 }
 
 /// {"results":[{"id":..,"score":..}, ...]}
@@ -470,7 +455,7 @@ class RetrievalHttpServer {
   }
 
   static HttpAnswer error(boost::beast::http::status s, std::string_view message) {
-    return {s, "{\"error\":\"" + serving_detail::json_escape(message) + "\"}"};
+    return {s, "{\"error\":" + kevo::detail::json_quote(message) + "}"};
   }
   static Prepared answer(HttpAnswer a) { return {std::move(a), {}, false}; }
 
@@ -478,8 +463,8 @@ class RetrievalHttpServer {
   /// with where it has one.
   std::string health_json() const {
     namespace sd = serving_detail;
-    std::string json = "{\"backend\":\"" + sd::json_escape(backend_.name()) + "\"";
-    if (const std::string policy = backend_.kernel_policy(); !policy.empty()) json += ",\"kernel_policy\":\"" + sd::json_escape(policy) + "\"";
+    std::string json = "{\"backend\":" + kevo::detail::json_quote(backend_.name());
+    if (const std::string policy = backend_.kernel_policy(); !policy.empty()) json += ",\"kernel_policy\":" + kevo::detail::json_quote(policy);
     return json + "}";
   }
 
@@ -710,7 +695,7 @@ class RetrievalHttpServer {
 
    private:
     static std::string error_body(std::string_view message) {
-      return "{\"error\":\"" + serving_detail::json_escape(message) + "\"}";
+      return "{\"error\":" + kevo::detail::json_quote(message) + "}";
     }
     void on_header(boost::beast::error_code ec) {
       namespace http = boost::beast::http;
