@@ -13,6 +13,9 @@
 //   kevo::SearchLoop<MySynth, MyPolicy, MyMemory, MyEvaluator, kevo::knowledge::NullRetriever, MyStore>
 //       loop(problem, synth, policy, memory, evaluator, {}, store, {.jobs = 2, .max_evaluations = 60});
 //   auto result = loop.run(synth.seed());   // or loop.resume(run_id)
+//
+// Why one file of about 840 lines: the loop is one orchestrator, meant to be read in one sitting;
+// resume, verification, repairs and skills all act on its tree and its work in flight.
 #pragma once
 
 #include <kevo/candidate.hpp>

@@ -7,6 +7,9 @@
 //
 //   std::string checker = kevo::eval::cuda_checker_source(problem);
 //   std::string runner = kevo::eval::cuda_runner_source(problem);
+//
+// Why one file of about 790 lines: most of it is the generated checker's and runner's CUDA text,
+// kept beside the code that fills it in, so both ends of one wire protocol read together.
 #pragma once
 
 #include <kevo/eval/harness.hpp>

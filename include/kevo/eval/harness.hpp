@@ -9,6 +9,9 @@
 //   std::string header = kevo::eval::problem_header(problem);
 //   std::string checker = kevo::eval::checker_source(problem), runner = kevo::eval::runner_source(problem);
 //   // checker --control FD --info FD --seed 7 --warmup 2 --repetitions 7
+//
+// Why one file of about 990 lines: most of it is the generated checker's and runner's C++ text, kept
+// beside the code that fills it in, so both ends of one wire protocol read together.
 #pragma once
 
 #include <kevo/problem.hpp>

@@ -12,6 +12,9 @@
 //   kevo::eval::JailedEvaluator<kevo::eval::CpuToolchain> evaluator(problem);   // = CpuEvaluator
 //   if (auto ready = evaluator.prepare(); !ready) return fail(ready.error().message);
 //   kevo::Evaluation e = evaluator.evaluate(candidate, /*seed=*/7);   // e.speedup over the reference
+//
+// Why one file of about 770 lines: the build cache, the timing gate and the reference's figures are
+// one object's state, which compile, evaluate, race and profile all use.
 #pragma once
 
 #include <kevo/candidate.hpp>

@@ -18,6 +18,9 @@
 //   program is opened before privileges drop and started with fexecve;
 // - stdout and stderr are read through pipes with a cap; past it the group is killed;
 // - a wall-clock timeout kills the whole group; the child is always reaped.
+//
+// Why one file of about 500 lines: the plan made before fork (rlimits, uid, namespaces, descriptors)
+// and the supervision after it are one protocol; split, the plan would travel between files.
 #pragma once
 
 #include <kevo/expected.hpp>

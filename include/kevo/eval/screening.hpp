@@ -20,6 +20,9 @@
 // the dump fails the sentinel after it, and is refused.
 // Where clang cannot parse the candidate, the screen does not refuse for that alone: the verdict's
 // note says so, and the sandbox is relied on.
+//
+// Why one file of about 1030 lines: the rules, the text scan and the AST walk that enforces them sit
+// together, so that a reader checks each rule against its enforcement in one place.
 #pragma once
 
 #include <kevo/candidate.hpp>

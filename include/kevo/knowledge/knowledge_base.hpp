@@ -6,6 +6,9 @@
 //   auto snippets = kb->retrieve({.target = kevo::Target::cpu, .bottleneck = kevo::Bottleneck::memory});
 //   kb->learn(skill);   // a later run on kevo.db retrieves it
 //   kb->withdraw(skill.problem, skill.node_key);   // its candidate was refused later: never retrieved again
+//
+// Why one file of about 490 lines: documents, skills and their facts live in one FTS5 database, and
+// every query ranks them together.
 #pragma once
 
 #include <kevo/knowledge/document.hpp>

@@ -17,6 +17,9 @@
 //
 //   auto llm = kevo::net::BlockingLlmClient::create({.base_url = url, .model = "m", .api_key_env = "OPENAI_API_KEY"});
 //   auto answer = llm->complete({.system = "...", .messages = {{"user", prompt}}});
+//
+// Why one file of about 670 lines: one client object holds the connection, the retries, the rate
+// gate and the meter; the two wire formats differ only inside it.
 #pragma once
 
 #include <kevo/net/chat.hpp>

@@ -27,6 +27,9 @@
 //   auto index = DeviceAdIndex::create(schema, {.capacity = 1 << 20});
 //   (*index)->upsert(ads);
 //   (*index)->expire(ids);
+//
+// Why one file of about 810 lines: the device layout, the update kernels and the host-side packing
+// must agree byte for byte.
 #pragma once
 
 #include <algorithm>

@@ -10,6 +10,9 @@
 //   (*pipeline)->index().upsert(ads);
 //   auto top = (*pipeline)->search(request);              // synchronous convenience
 //   (*pipeline)->search_async(request, d_temp, bytes, out, stream);  // the serving path
+//
+// Why one file of about 780 lines: the pipeline object owns every stage's buffers and streams and
+// orders them; the kernels are in kernels.cuh and the per-thread work in agent/.
 #pragma once
 
 #include <algorithm>
