@@ -203,7 +203,8 @@ Rendered render(const fs::path& dir, const std::string& html, std::size_t charts
   return r;
 }
 
-/// A run of the synthetic problem under the named policy, as kevo-search records it.
+/// A run of the synthetic problem under the named policy, as kevo-search records it: one job, so
+/// that a seed makes the same run every time (with two, which finishes first decides the path).
 SearchResult run_search(store::SqliteStore& store, std::string_view policy_name, std::size_t evaluations, std::uint64_t seed) {
   const Problem problem = kevo::testing::synthetic_problem();
   kevo::testing::SyntheticEvaluator evaluator;
@@ -213,7 +214,7 @@ SearchResult run_search(store::SqliteStore& store, std::string_view policy_name,
              knowledge::NullRetriever, store::SqliteStore>
       loop(problem, synth::TemplateSynthesizer(problem), std::move(*policy), memory::Adaptive{}, evaluator,
            knowledge::NullRetriever{}, store,
-           SearchArguments{.max_evaluations = evaluations, .seed = seed, .warm_start = 0,
+           SearchArguments{.jobs = 1, .max_evaluations = evaluations, .seed = seed, .warm_start = 0,
                            .settings_json = fmt::format(R"({{"policy":"{}"}})", policy_name)});
   auto result = loop.run(loop.synthesizer().seed());
   REQUIRE(result);

@@ -61,22 +61,16 @@ inline std::string outcome_text(const ComparedRun& r) {
 
 /// One best-so-far line per run over a shared scale, so that the curves compare at a glance.
 inline std::string comparison_svg(const std::vector<ComparedRun>& runs) {
-  const double width = 760, height = 300, left = 50, bottom = 30, top = 10;
   std::size_t n = 2;
   double best = 0;
   for (const auto& r : runs) {
     n = std::max(n, r.best_so_far.size());
     if (!r.best_so_far.empty()) best = std::max(best, r.best_so_far.back());
   }
-  const double y_max = std::max(best * 1.1, 1.5);
-  auto x = [&](std::size_t i) { return left + (width - left - 10) * double(i) / double(n - 1); };
-  auto y = [&](double s) { return top + (height - top - bottom) * (1 - s / y_max); };
-  std::string svg = fmt::format(R"(<svg viewBox="0 0 {} {}" width="{}" height="{}" font-size="11">)", width, height, width, height);
-  for (double tick = 0; tick <= y_max; tick += std::max(1.0, std::round(y_max / 6)))
-    svg += fmt::format(R"(<line x1="{}" x2="{}" y1="{:.1f}" y2="{:.1f}" stroke="#eee"/><text x="5" y="{:.1f}">{:.0f}x</text>)",
-                       left, width - 10, y(tick), y(tick), y(tick) + 4, tick);
-  svg += fmt::format(R"(<text x="{}" y="{}">evaluations, in the order each run finished them (1 to {})</text>)", left + 170,
-                     height - 5, n);
+  const SpeedupFrame frame = SpeedupFrame::fitting(best, n);
+  auto x = [&](std::size_t i) { return frame.x(i); };
+  auto y = [&](double s) { return frame.y(s); };
+  std::string svg = frame.open(fmt::format("evaluations, in the order each run finished them (1 to {})", frame.n), 170);
   for (std::size_t k = 0; k < runs.size(); ++k) {
     const auto& r = runs[k];
     std::string points;

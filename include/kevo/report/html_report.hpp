@@ -30,16 +30,10 @@ inline std::string speed_colour(double speedup, double best) {
 
 /// Best-so-far line and one dot per evaluation, in the order evaluations finished.
 inline std::string progress_svg(const std::vector<const StoredNode*>& finished, double best) {
-  const double width = 760, height = 300, left = 50, bottom = 30, top = 10;
-  const double y_max = std::max(best * 1.1, 1.5);
-  const auto n = std::max<std::size_t>(finished.size(), 2);
-  auto x = [&](std::size_t i) { return left + (width - left - 10) * double(i) / double(n - 1); };
-  auto y = [&](double s) { return top + (height - top - bottom) * (1 - s / y_max); };
-  std::string svg = fmt::format(R"(<svg viewBox="0 0 {} {}" width="{}" height="{}" font-size="11">)", width, height, width, height);
-  for (double tick = 0; tick <= y_max; tick += std::max(1.0, std::round(y_max / 6)))
-    svg += fmt::format(R"(<line x1="{}" x2="{}" y1="{:.1f}" y2="{:.1f}" stroke="#eee"/><text x="5" y="{:.1f}">{:.0f}x</text>)",
-                       left, width - 10, y(tick), y(tick), y(tick) + 4, tick);
-  svg += fmt::format(R"(<text x="{}" y="{}">evaluations, in the order they finished</text>)", left + 200, height - 5);
+  const SpeedupFrame frame = SpeedupFrame::fitting(best, finished.size());
+  auto x = [&](std::size_t i) { return frame.x(i); };
+  auto y = [&](double s) { return frame.y(s); };
+  std::string svg = frame.open("evaluations, in the order they finished", 200);
   std::string line;
   double best_so_far = 0;
   for (std::size_t i = 0; i < finished.size(); ++i) {
