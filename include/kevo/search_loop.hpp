@@ -468,17 +468,25 @@ class SearchLoop {
     for (NodeId id = 0; id < tree_.size(); ++id) {
       const NodeId parent = tree_[id].parent;
       if (parent == no_node || tree_[parent].state != NodeState::failed) continue;
-      std::uint32_t& tries = repair_tries_[parent];
-      if (tries == 0) ++repairs_.candidates;
-      ++tries;
-      ++repairs_.requested;
-      if (repair_try_.size() <= id) repair_try_.resize(id + 1, 0);
-      repair_try_[id] = tries;  // one still to evaluate counts when it finishes, as it would have
-      if (tree_[id].state == NodeState::evaluated) {
-        ++repairs_.succeeded;
-        if (tries <= repairs_.within && repaired_.insert(parent).second) ++repairs_.repaired;
-      }
+      count_repair_try(parent, id);  // one still to evaluate counts when it finishes, as it would have
+      if (tree_[id].state == NodeState::evaluated) count_repair_success(id);
     }
+  }
+
+  /// `child` as its failed parent's next repair try.
+  void count_repair_try(NodeId parent, NodeId child) {
+    std::uint32_t& tries = repair_tries_[parent];
+    if (tries == 0) ++repairs_.candidates;
+    ++tries;
+    ++repairs_.requested;
+    if (repair_try_.size() <= child) repair_try_.resize(child + 1, 0);
+    repair_try_[child] = tries;
+  }
+
+  /// A repair that came out correct: its parent counts as repaired if this was a try within `within`.
+  void count_repair_success(NodeId repair) {
+    ++repairs_.succeeded;
+    if (repair_try_[repair] <= repairs_.within && repaired_.insert(tree_[repair].parent).second) ++repairs_.repaired;
   }
 
   /// The seed failed and nothing correct has been found since (a repair, a warm start).
@@ -514,14 +522,7 @@ class SearchLoop {
     if (e.repair && (!synthesizer_repairs<Synth> || tree_[e.parent].state != NodeState::failed)) e.repair = false;
     const NodeId child = tree_.add_child(e.parent);
     policy_.on_expand(tree_, child);
-    if (e.repair) {
-      std::uint32_t& tries = repair_tries_[e.parent];
-      if (tries == 0) ++repairs_.candidates;
-      ++tries;
-      ++repairs_.requested;
-      if (repair_try_.size() <= child) repair_try_.resize(child + 1, 0);
-      repair_try_[child] = tries;
-    }
+    if (e.repair) count_repair_try(e.parent, child);
     generate(child, e, make_request(e, child), 0);
   }
 
@@ -666,12 +667,8 @@ class SearchLoop {
     if (!done.ok()) ++failures_[done.failure];
     const bool repair = id < repair_try_.size() && repair_try_[id] > 0;
     if (repair) {
-      const NodeId target = tree_[id].parent;
-      if (target == tree_.root()) seed_repair_in_flight_ = false;
-      if (done.ok()) {
-        ++repairs_.succeeded;
-        if (repair_try_[id] <= repairs_.within && repaired_.insert(target).second) ++repairs_.repaired;
-      }
+      if (tree_[id].parent == tree_.root()) seed_repair_in_flight_ = false;
+      if (done.ok()) count_repair_success(id);
     }
     --in_flight_;
     ++finished_here_;

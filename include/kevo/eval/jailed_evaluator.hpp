@@ -728,9 +728,8 @@ class JailedEvaluator {
                               detail::tail(r.runner_output, 400) + "]";
       return;
     }
-    const std::string detail = e.diagnostics.detail;
-    e.diagnostics = prefer_profile(e.diagnostics, *launches);
-    e.diagnostics.detail = detail + "; profiled by ncu";
+    e.diagnostics = prefer_profile(e.diagnostics, *launches);  // the class and line; the figures and detail stay
+    e.diagnostics.detail += "; profiled by ncu";
   }
 
   /// Both re-timed in interleaved runs (ABBA...), each run checked on its own fresh inputs.
