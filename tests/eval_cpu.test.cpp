@@ -8,7 +8,10 @@
 
 #include "support/require_prepared.hpp"
 
+#include <unistd.h>
+
 #include <filesystem>
+#include <fstream>
 #include <future>
 #include <random>
 #include <string>
@@ -17,6 +20,7 @@
 namespace {
 
 const std::filesystem::path shipped = std::filesystem::path(KEVO_SOURCE_DIR) / "problems";
+const std::filesystem::path fixtures = std::filesystem::path(KEVO_TEST_DATA_DIR) / "problems";
 
 kevo::eval::CpuEvaluatorOptions test_options() {
   kevo::eval::CpuEvaluatorOptions o;
@@ -197,7 +201,7 @@ TEST_CASE("the shipped problems classify sensibly: the scalar references are lat
   CHECK(plain.diagnostics.achieved_gflops > 0);
 }
 
-TEST_CASE("a problem's allow_asm lets asm statements past the screen; without it they are refused") {
+TEST_CASE("a problem's allow_asm lets asm statements past the screen, without it they are refused") {
   auto problem = kevo::load_problem(shipped / "softmax");
   REQUIRE(problem);
   REQUIRE_FALSE(problem->allow_asm);
@@ -219,6 +223,68 @@ TEST_CASE("a problem's allow_asm lets asm statements past the screen; without it
   const kevo::Evaluation e = allowing.evaluate(with_asm, 2);
   INFO(e.diagnostics.message);
   CHECK(e.ok());
+}
+
+TEST_CASE("a problem's library_headers let its candidates include kevo's own headers, and without them the include is refused") {
+  auto problem = kevo::load_problem(fixtures / "library_header");
+  REQUIRE(problem);
+  REQUIRE(problem->library_headers == std::vector<std::string>{"kevo/retrieval/half.hpp"});
+  kevo::Candidate candidate{.source = problem->render(problem->default_knobs()) + unique_comment()};
+  {
+    // kevo's include root found on its own: the headers this test was built against.
+    kevo::eval::CpuEvaluator allowing(*problem, test_options());
+    REQUIRE_PREPARED(allowing);
+    const kevo::Evaluation e = allowing.evaluate(candidate, 1);
+    INFO(to_string(e.failure) << ": " << e.diagnostics.message << "\n" << e.diagnostics.detail);
+    CHECK(e.ok());
+    const auto copy = allowing.build_directory() / "kevo" / "retrieval" / "half.hpp";
+    REQUIRE(std::filesystem::exists(copy));
+    CHECK(kevo::detail::read_text_file(copy).value() ==
+          kevo::detail::read_text_file(std::filesystem::path(KEVO_SOURCE_DIR) / "include" / "kevo" / "retrieval" / "half.hpp").value());
+  }
+  problem->library_headers.clear();
+  kevo::eval::CpuEvaluator refusing(*problem, test_options());
+  REQUIRE_PREPARED(refusing);
+  const auto before = refusing.stats();
+  const kevo::Evaluation e = refusing.evaluate(candidate, 2);
+  INFO(e.diagnostics.message);
+  CHECK(e.failure == kevo::FailureKind::screened_out);
+  CHECK_THAT(e.diagnostics.message, Catch::Contains("kevo/retrieval/half.hpp") && Catch::Contains("allow-list"));
+  CHECK(refusing.stats().compiles == before.compiles);
+}
+
+TEST_CASE("the library headers' text is part of the build directory's key, and a missing one names the root and how to set it") {
+  auto problem = kevo::load_problem(fixtures / "library_header");
+  REQUIRE(problem);
+  const auto root = std::filesystem::temp_directory_path() / ("kevo-test-library-root-" + std::to_string(::getpid()));
+  std::filesystem::remove_all(root);
+  std::filesystem::create_directories(root / "kevo" / "retrieval");
+  const kevo::Candidate candidate{.source = problem->render(problem->default_knobs())};
+
+  kevo::eval::CpuEvaluatorOptions missing_options = test_options();
+  missing_options.library_include_dir = root;
+  kevo::eval::CpuEvaluator missing(*problem, missing_options);
+  const kevo::Evaluation refused = missing.compile(candidate);
+  INFO(refused.diagnostics.message);
+  CHECK(refused.failure == kevo::FailureKind::sandbox_error);
+  CHECK_THAT(refused.diagnostics.message, Catch::Contains("library_header/problem.json") && Catch::Contains("kevo/retrieval/half.hpp") &&
+                                              Catch::Contains(root.string()) && Catch::Contains("KEVO_INCLUDE_DIR"));
+
+  const std::string real =
+      kevo::detail::read_text_file(std::filesystem::path(KEVO_SOURCE_DIR) / "include" / "kevo" / "retrieval" / "half.hpp").value();
+  std::ofstream(root / "kevo" / "retrieval" / "half.hpp") << real << "\n// an edited copy\n";
+  kevo::eval::CpuEvaluatorOptions edited_options = test_options();
+  edited_options.library_include_dir = root;
+  kevo::eval::CpuEvaluatorOptions real_options = test_options();
+  real_options.library_include_dir = std::filesystem::path(KEVO_SOURCE_DIR) / "include";
+  kevo::eval::CpuEvaluator edited(*problem, edited_options), original(*problem, real_options);
+  const kevo::Evaluation a = edited.compile(candidate), b = original.compile(candidate);
+  INFO(a.diagnostics.message << " | " << b.diagnostics.message);
+  CHECK(a.ok());
+  CHECK(b.ok());
+  CHECK(edited.build_directory() != original.build_directory());
+  CHECK(kevo::detail::read_text_file(edited.build_directory() / "kevo" / "retrieval" / "half.hpp").value() == real + "\n// an edited copy\n");
+  std::filesystem::remove_all(root);
 }
 
 TEST_CASE("a candidate the screen refuses costs one evaluation, is named, and is never compiled") {

@@ -8,6 +8,8 @@
 #include <catch2/catch.hpp>
 
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <random>
 #include <string>
 
@@ -128,4 +130,38 @@ TEST_CASE("the shipped CUDA problems load, and their default kernels pass the sc
   gemm->allow_asm = false;
   kevo::eval::CudaEvaluator refusing(*gemm, options);
   CHECK(refusing.compile(mma).failure == kevo::FailureKind::screened_out);
+}
+
+TEST_CASE("the scoring problem's agent starting point includes kevo's own scoring agent, copied into its build directory, read by the screen and compiled") {
+  if (!have_nvcc()) {
+    WARN("no nvcc here: the scoring agent's starting point is not compiled");
+    return;
+  }
+  const std::filesystem::path shipped = std::filesystem::path(KEVO_SOURCE_DIR) / "problems";
+  auto scoring = kevo::load_problem(shipped / "cuda_scoring");
+  REQUIRE(scoring);
+  REQUIRE(scoring->library_headers == std::vector<std::string>{"kevo/retrieval/agent/scoring.cuh"});
+  REQUIRE_FALSE(scoring->allow_asm);  // the agent's inline PTX is its own; a candidate's asm stays refused
+  kevo::Knobs knobs = scoring->default_knobs();
+  for (const auto& [knob, value] : scoring->starting_points.front().knobs) knobs[knob] = value;
+  REQUIRE(knobs["math"] == "pipeline_agent");
+  const kevo::Candidate agent{.source = scoring->render(knobs), .knobs = knobs, .origin = "starting point"};
+  kevo::eval::EvaluatorOptions options;
+  options.cache_dir = std::filesystem::temp_directory_path() / "kevo-test-cache";
+  options.compile_timeout = std::chrono::seconds(180);
+  kevo::eval::CudaEvaluator evaluator(*scoring, options);
+  const kevo::Evaluation built = evaluator.compile(agent);
+  INFO("cuda_scoring agent: " << to_string(built.failure) << ": " << built.diagnostics.message << "\n" << built.diagnostics.detail);
+  CHECK(built.failure == kevo::FailureKind::none);
+  CHECK_THAT(built.diagnostics.detail, Catch::Contains("registers"));
+  // The copy the jail compiled against is kevo's header, byte for byte.
+  std::ifstream copy(evaluator.build_directory() / "kevo/retrieval/agent/scoring.cuh"), real(std::filesystem::path(KEVO_SOURCE_DIR) / "include/kevo/retrieval/agent/scoring.cuh");
+  REQUIRE(copy);
+  CHECK(std::string(std::istreambuf_iterator<char>(copy), {}) == std::string(std::istreambuf_iterator<char>(real), {}));
+  // Without the manifest's library_headers the same candidate is refused by its #include line, before compiling.
+  scoring->library_headers.clear();
+  kevo::eval::CudaEvaluator refusing(*scoring, options);
+  const kevo::Evaluation refused = refusing.compile(agent);
+  CHECK(refused.failure == kevo::FailureKind::screened_out);
+  CHECK_THAT(refused.diagnostics.message + refused.diagnostics.detail, Catch::Contains("kevo/retrieval/agent/scoring.cuh"));
 }

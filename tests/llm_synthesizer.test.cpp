@@ -225,7 +225,7 @@ TEST_CASE("the synthesizer turns answers into candidates and failures into reada
   CHECK(out_of_tokens.failures().total == 0);  // a spent budget is not the model's failure
 }
 
-TEST_CASE("with an LLM configured, the LLM writes the skill summary; without a usable answer the distilled one stays") {
+TEST_CASE("with an LLM configured, the LLM writes the skill summary, without a usable answer the distilled one stays") {
   auto kb = knowledge::KnowledgeBase::open({});
   REQUIRE(kb);
   ScriptedCompleter completer;

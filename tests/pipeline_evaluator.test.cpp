@@ -56,7 +56,7 @@ TEST_CASE("every field of every stage is a knob of the pipeline problem, the def
   CHECK(p.render(other).find("scoring.stages=3") != std::string::npos);
 }
 
-TEST_CASE("a policy is timed against the defaults; one that does not fit, or is not a policy, is a named failure", "[pipeline][tuning]") {
+TEST_CASE("a policy is timed against the defaults, one that does not fit, or is not a policy, is a named failure", "[pipeline][tuning]") {
   PipelineEvaluator evaluator(workload, landscape, PipelinePolicy{});
   REQUIRE(evaluator.prepare());
   CHECK(evaluator.reference_seconds() == Approx(2.0e-3 * 1.32));

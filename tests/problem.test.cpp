@@ -88,6 +88,60 @@ TEST_CASE("allow_asm that is not true or false names the file and the key") {
   CHECK(contains(message, "true or false"));
 }
 
+TEST_CASE("library_headers that could leave kevo/ names the file and the key") {
+  auto problem = kevo::load_problem(fixtures / "bad_library_headers");
+  REQUIRE_FALSE(problem);
+  const std::string& message = problem.error().message;
+  INFO(message);
+  CHECK(contains(message, "bad_library_headers/problem.json"));
+  CHECK(contains(message, "'library_headers[0]'"));
+  CHECK(contains(message, "'..'"));
+}
+
+TEST_CASE("library_headers is read, and each malformed value is refused naming the file and the key") {
+  // The header's name is a path inside the build directory the headers are copied to: it stays inside kevo/.
+  const auto dir = std::filesystem::temp_directory_path() / ("kevo-test-library-headers-" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  std::filesystem::copy(fixtures / "axpy", dir, std::filesystem::copy_options::recursive);
+  const std::string manifest = kevo::detail::read_text_file(dir / "problem.json").value();
+  const std::string anchor = "\"knobs\":";
+  REQUIRE(contains(manifest, anchor));
+  auto load_with = [&](const std::string& value) {
+    std::string text = manifest;
+    text.insert(text.find(anchor), "\"library_headers\": " + value + ",\n  ");
+    std::ofstream(dir / "problem.json") << text;
+    return kevo::load_problem(dir);
+  };
+  {
+    auto problem = kevo::load_problem(dir);
+    REQUIRE(problem);
+    CHECK(problem->library_headers.empty());
+    problem = load_with(R"(["kevo/retrieval/agent/scoring.cuh", "kevo/retrieval/half.hpp"])");
+    REQUIRE(problem);
+    CHECK(problem->library_headers == std::vector<std::string>{"kevo/retrieval/agent/scoring.cuh", "kevo/retrieval/half.hpp"});
+  }
+  const auto [value, key, why] = GENERATE(table<std::string, std::string, std::string>({
+      {R"("kevo/retrieval/half.hpp")", "'library_headers'", "an array"},
+      {R"(["kevo/retrieval/half.hpp", 3])", "'library_headers[1]'", "a string"},
+      {R"([""])", "'library_headers[0]'", "is empty"},
+      {R"(["/usr/include/kevo/retrieval/half.hpp"])", "'library_headers[0]'", "absolute path"},
+      {R"(["kevo/../../etc/passwd"])", "'library_headers[0]'", "'..' component"},
+      {R"(["kevo/retrieval/.."])", "'library_headers[0]'", "'..' component"},
+      {R"(["kevo\\retrieval\\half.hpp"])", "'library_headers[0]'", "backslash"},
+      {R"(["fmt/format.h"])", "'library_headers[0]'", "does not start with kevo/"},
+      {R"(["kevo/retrieval/"])", "'library_headers[0]'", "a directory"},
+  }));
+  auto problem = load_with(value);
+  INFO(value);
+  REQUIRE_FALSE(problem);
+  const std::string& message = problem.error().message;
+  INFO(message);
+  CHECK(contains(message, (dir / "problem.json").string()));
+  CHECK(contains(message, key));
+  CHECK(contains(message, why));
+  std::filesystem::remove_all(dir);
+}
+
 TEST_CASE("a template that uses an undeclared knob names the template, its line and the knob") {
   auto problem = kevo::load_problem(fixtures / "undeclared_knob");
   REQUIRE_FALSE(problem);

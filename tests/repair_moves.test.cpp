@@ -104,7 +104,7 @@ std::pair<std::size_t, std::size_t> repair_children(const Loop& loop) {
 static_assert(synthesizer_repairs<synth::LlmSynthesizer<synth::detail::CompleterArchetype>>);
 static_assert(!synthesizer_repairs<synth::TemplateSynthesizer>);
 
-TEST_CASE("a policy that is not told repairs pay selects as before; told, it spends its share on failed nodes", "[repair]") {
+TEST_CASE("a policy that is not told repairs pay selects as before, told, it spends its share on failed nodes", "[repair]") {
   SearchTree tree;
   search::Greedy off, on({.repair_share = 1.0});
   on.enable_repairs(true);

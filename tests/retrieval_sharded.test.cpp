@@ -136,7 +136,7 @@ TEST_CASE("searches racing routed updates see each ad whole, on one shard only",
   CHECK(searches > 0);
 }
 
-TEST_CASE("a failed shard fails the search, named; a partial answer only where the caller opts in, and marked", "[retrieval][sharded]") {
+TEST_CASE("a failed shard fails the search, named, a partial answer only where the caller opts in, and marked", "[retrieval][sharded]") {
   const Workload w = small_workload();
   for (bool allow_partial : {false, true}) {
     std::vector<std::unique_ptr<RetrievalBackend>> engines;

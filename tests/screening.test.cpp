@@ -2,6 +2,7 @@
 // reason that names the rule and the line; the shipped kernels and ordinary kernel code pass; where
 // clang cannot parse or is missing, the screen falls back with a note instead of refusing.
 #include <kevo/eval/harness.hpp>
+#include <kevo/eval/library_headers.hpp>
 #include <kevo/eval/screening.hpp>
 #include <kevo/problem_loader.hpp>
 
@@ -204,7 +205,7 @@ TEST_CASE("static initializers that run code at start-up or exit are refused") {
   }
 }
 
-TEST_CASE("asm is refused unless the problem allows it; .incbin always") {
+TEST_CASE("asm is refused unless the problem allows it, .incbin always") {
   const std::string with_asm = header + "void kernel(const Shape&, const float*, float*) {\n"
                                "  asm volatile(\"nop\");\n}\n";
   expect_refused(screen(with_asm), ScreeningRule::inline_asm, 3, "asm statement");
@@ -357,6 +358,79 @@ void kernel(const Shape& shape, const float* x, float* y) {
   } else {
     CHECK(contains(v.note, "relying on the sandbox"));
   }
+}
+
+TEST_CASE("a library header's own asm and constants are not the candidate's: only its #include line is screened") {
+  // The build directory as the evaluator lays it out: the problem's header beside the copied kevo headers.
+  const IncludeDir dir{fs::temp_directory_path() / fmt::format("kevo-screening-test-library-{}", ::getpid())};
+  fs::create_directories(dir.path / "kevo");
+  std::ofstream(dir.path / "kevo_problem.hpp") << kevo::eval::problem_header(softmax());
+  std::ofstream(dir.path / "kevo" / "fence.hpp") << "#pragma once\nnamespace kevo {\ninline constexpr int kLanes = 8;\n"
+                                                   "inline void fence() { asm volatile(\"\" ::: \"memory\"); }\n}\n";
+  const std::string kernel = header + "#include \"kevo/fence.hpp\"\n"
+                             "void kernel(const Shape& shape, const float* x, float* y) {\n"
+                             "  kevo::fence();\n"
+                             "  for (long i = 0; i < shape.R * shape.C; ++i) y[i] = x[i] * (kevo::kLanes / 8);\n}\n";
+  ScreeningRules rules = ScreeningRules::for_target(Target::cpu);
+  expect_refused(kevo::eval::screen_candidate(kernel, Target::cpu, dir.path, rules), ScreeningRule::include, 2, "kevo/fence.hpp");
+  rules.allowed_includes.push_back("kevo/fence.hpp");
+  expect_clean(kevo::eval::screen_candidate(kernel, Target::cpu, dir.path, rules));
+  // The candidate's own asm is still its own.
+  const std::string own = kernel + "void barrier() { asm volatile(\"\" ::: \"memory\"); }\n";
+  expect_refused(kevo::eval::screen_candidate(own, Target::cpu, dir.path, rules), ScreeningRule::inline_asm, 7, "asm statement");
+}
+
+TEST_CASE("a candidate that includes kevo's agent header passes the screen where the problem names it and allows asm") {
+  const ScreeningRules cuda = ScreeningRules::for_target(Target::cuda);
+  if (!fs::exists(cuda.cuda_path / "include" / "cuda_runtime.h")) {
+    WARN("no CUDA toolkit at " << cuda.cuda_path << ": the agent header's screening not tested");
+    return;
+  }
+  const std::string name = "kevo/retrieval/agent/scoring.cuh";
+  auto closure = kevo::eval::library_header_closure(fs::path(KEVO_SOURCE_DIR) / "include", {name});
+  REQUIRE(closure);
+  const IncludeDir dir{fs::temp_directory_path() / fmt::format("kevo-screening-test-agent-{}", ::getpid())};
+  fs::create_directories(dir.path);
+  std::ofstream(dir.path / "kevo_problem.hpp") << kevo::eval::problem_header(softmax());
+  for (const auto& h : *closure) {
+    fs::create_directories((dir.path / h.path).parent_path());
+    std::ofstream(dir.path / h.path) << h.content;
+  }
+  const std::string kernel = header + R"(#include <cuda_runtime.h>
+#include "kevo/retrieval/agent/scoring.cuh"
+using Agent = kevo::retrieval::AgentScoring<128, kevo::retrieval::EmbeddingType::fp16>;
+__global__ void score(Agent agent, float* out) {
+  const int lane = threadIdx.x & 31;
+  const Agent::Tile tile = agent.load_tile(lane, lane, lane + 8, true, true);
+  float u[4] = {}, g[4] = {};
+  agent.accumulate(lane, tile, u, g);
+  unsigned id;
+  asm volatile("mov.u32 %0, %%laneid;" : "=r"(id));
+  out[threadIdx.x] = u[0] + g[0] + kevo::retrieval::kMaxGpuExperts * 0 * id;
+}
+void kernel(const Shape& shape, const float* x, float* y) { score<<<1, 32>>>(Agent{}, y); }
+)";
+  ScreeningRules allowed = cuda;
+  allowed.allow_asm = true;
+  allowed.allowed_includes.push_back(name);
+  const auto v = kevo::eval::screen_candidate(kernel, Target::cuda, dir.path, allowed);
+  INFO("reason: " << v.reason << "\nnote: " << v.note);
+  fmt::print("screening: a candidate with kevo's agent header took {:.2f} s (parsed: {}{})\n", v.wall.count(), v.parsed,
+             v.parsed ? "" : "; " + v.note);
+  CHECK_FALSE(v.refused);
+  // The agent's headers keep CUB out (device_intrinsics.cuh), which clang-15 cannot parse: the candidate is read whole.
+  CHECK(v.parsed);
+  // The header's own inline PTX is not the candidate's: without allow_asm only the candidate's asm is refused.
+  ScreeningRules no_asm = allowed;
+  no_asm.allow_asm = false;
+  expect_refused(kevo::eval::screen_candidate(kernel, Target::cuda, dir.path, no_asm), ScreeningRule::inline_asm, 11, "asm");
+  std::string without_asm = kernel;
+  without_asm.replace(without_asm.find("  asm volatile"), without_asm.find("\n", without_asm.find("  asm volatile")) + 1 - without_asm.find("  asm volatile"), "  id = 0;\n");
+  const auto plain = kevo::eval::screen_candidate(without_asm, Target::cuda, dir.path, no_asm);
+  INFO("without asm: " << plain.reason << " / " << plain.note);
+  CHECK(plain.parsed);
+  CHECK_FALSE(plain.refused);
+  expect_refused(kevo::eval::screen_candidate(kernel, Target::cuda, dir.path, cuda), ScreeningRule::include, 3, name);
 }
 
 TEST_CASE("screening a kernel with <cmath> and <vector> is quick") {

@@ -64,7 +64,7 @@ std::size_t knobs_changed(const Knobs& from, const Knobs& to) {
 
 }  // namespace
 
-TEST_CASE("a problem's starting points load; one naming an unknown knob or value is refused by name") {
+TEST_CASE("a problem's starting points load, one naming an unknown knob or value is refused by name") {
   auto good = load_problem(softmax_with_starting_points(
       "good", R"([{"name": "wide rows", "knobs": {"vector_width": 8, "unroll": 4}}, {"name": "one knob", "knobs": {"unroll": 2}}])"));
   REQUIRE(good);
@@ -122,7 +122,7 @@ TEST_CASE("the root's first children are the problem's starting points, in order
   }
 }
 
-TEST_CASE("about one random move in four sets two or three knobs at once; none sets more") {
+TEST_CASE("about one random move in four sets two or three knobs at once, none sets more") {
   const Problem problem = testing::synthetic_problem();
   const Knobs root_knobs = problem.default_knobs();
   std::map<std::size_t, int> moves_by_size;

@@ -17,6 +17,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cctype>
 #include <filesystem>
 #include <fstream>
@@ -25,6 +26,7 @@
 #include <set>
 #include <sstream>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace kevo {
@@ -104,6 +106,7 @@ struct Problem {
   std::string flops_model;           ///< C++ expression over params: useful FLOPs
   std::vector<std::string> compile_flags;
   bool allow_asm = false;            ///< candidates may hold asm statements (inline PTX) inside functions
+  std::vector<std::string> library_headers;  ///< kevo headers candidates may include: "kevo/retrieval/agent/scoring.cuh"
   std::string reference_file;
   std::string reference_source;
   std::string template_file;
@@ -169,6 +172,22 @@ void for_each_placeholder(std::string_view text, F&& f) {
       i = close;
     }
   }
+}
+
+/// What is wrong with a library header's name ("kevo/retrieval/half.hpp"), or nothing: it is copied
+/// from kevo's include root into the build directory, so it must stay inside kevo/ there.
+inline std::optional<std::string_view> library_header_fault(std::string_view name) {
+  if (name.empty()) return "is empty";
+  if (name.front() == '/') return "is an absolute path";
+  if (name.find('\\') != std::string_view::npos) return "holds a backslash";
+  for (std::size_t at = 0; at <= name.size();) {
+    const std::size_t slash = std::min(name.find('/', at), name.size());
+    if (name.substr(at, slash - at) == "..") return "has a '..' component";
+    at = slash + 1;
+  }
+  if (!name.starts_with("kevo/")) return "does not start with kevo/";
+  if (name.back() == '/') return "names a directory, not a header";
+  return std::nullopt;
 }
 
 inline bool is_identifier(std::string_view s) {

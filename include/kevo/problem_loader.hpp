@@ -180,6 +180,22 @@ inline expected<Problem, Error> load_problem(const std::filesystem::path& direct
     if (allow.get_bool().get(p.allow_asm)) return wrong("allow_asm", "true or false");
   }
 
+  // library_headers: kevo headers its candidates may include, copied beside the generated header
+  if (auto headers = root["library_headers"]; headers.error() != simdjson::NO_SUCH_FIELD) {
+    simdjson::dom::array names;
+    if (headers.get(names)) return wrong("library_headers", "an array of kevo header paths, such as [\"kevo/retrieval/agent/scoring.cuh\"]");
+    for (element e : names) {
+      const std::string field = fmt::format("library_headers[{}]", p.library_headers.size());
+      std::string_view name;
+      if (e.get_string().get(name)) return wrong(field, "a string, such as \"kevo/retrieval/agent/scoring.cuh\"");
+      if (auto fault = detail::library_header_fault(name))
+        return make_error(fmt::format("{}: '{}' is \"{}\", which {}: it must be a relative path under kevo/ without '..' or '\\', "
+                                      "such as \"kevo/retrieval/agent/scoring.cuh\"",
+                                      where, field, name, *fault));
+      p.library_headers.emplace_back(name);
+    }
+  }
+
   // knobs: {"name": {"domain": [...], "default": v, "side": "memory"}}
   simdjson::dom::object knobs;
   if (root["knobs"].get(knobs)) return missing("knobs");

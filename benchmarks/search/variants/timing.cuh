@@ -8,7 +8,7 @@
 #include <algorithm>
 #include <vector>
 
-inline unsigned mix(unsigned long x) {
+__host__ __device__ inline unsigned mix(unsigned long x) {
   x ^= x >> 33;
   x *= 0xff51afd7ed558ccdUL;
   x ^= x >> 33;

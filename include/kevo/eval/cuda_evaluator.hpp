@@ -70,7 +70,7 @@ struct CudaToolchain {
   }
   static std::vector<std::string> compile_flags(const Problem& problem) {
     static const std::string arch = architecture();
-    std::vector<std::string> flags{"-std=c++17", "-arch=" + arch};
+    std::vector<std::string> flags{"-std=c++20", "-arch=" + arch};  // as the screen parses, and as kevo's headers need
     flags.insert(flags.end(), problem.compile_flags.begin(), problem.compile_flags.end());
     flags.push_back("-Xptxas=-v");
     return flags;

@@ -22,6 +22,7 @@
 #include <kevo/eval/executor.hpp>
 #include <kevo/eval/harness.hpp>
 #include <kevo/eval/jail.hpp>
+#include <kevo/eval/library_headers.hpp>
 #include <kevo/eval/ncu_profile.hpp>
 #include <kevo/eval/roofline.hpp>
 #include <kevo/eval/sandbox.hpp>
@@ -81,6 +82,7 @@ struct EvaluatorOptions {
   std::size_t tmpfs_bytes = std::size_t{64} << 20;  ///< each of the candidate's /tmp, /var/tmp, /dev/shm, scratch
   bool machine_wide_gate = true;                  ///< also keep other kevo processes' compiles off timed runs
   bool profile_new_bests = true;                  ///< GPU: run each new best once more under Nsight Compute (where ncu is found)
+  std::filesystem::path library_include_dir = {}; ///< where a problem's library_headers are read (the dir holding kevo/); empty: library_include_root()
 };
 
 /// Removes the temporaries (`NAME.tmp-PID[-TID]`) that killed runs left in `directory`: those of a
@@ -247,10 +249,12 @@ class JailedEvaluator {
   const std::filesystem::path& build_directory() const { return problem_dir_; }
 
  private:
-  // The target's screen, with asm statements let through where the problem allows them.
+  // The target's screen, with asm statements and the named kevo headers let through where the problem
+  // allows them (the headers those include need no allowing: the screen reads only #include lines of the candidate).
   ScreeningRules screening_rules() const {
     ScreeningRules rules = ScreeningRules::for_target(problem_.target);
     rules.allow_asm = problem_.allow_asm;
+    rules.allowed_includes.insert(rules.allowed_includes.end(), problem_.library_headers.begin(), problem_.library_headers.end());
     return rules;
   }
 
@@ -454,11 +458,17 @@ class JailedEvaluator {
     const std::string runner = Toolchain::runner_source(problem_);
     const std::string ext(Toolchain::source_extension);
     const std::string flags = join(compile_flags());
+    // The kevo headers its candidates may include, read now: their text is part of the key, so an
+    // edited kevo header gets a build directory of its own.
+    auto library = library_header_closure(library_include_root(options_.library_include_dir), problem_.library_headers);
+    if (!library) return make_error(fmt::format("{}: 'library_headers': {}", (problem_.directory / "problem.json").string(), library.error().message));
+    std::string library_text;
+    for (const auto& h : *library) library_text += fmt::format("\n{} {}\n{}", h.path, h.content.size(), h.content);
     // The machine too (the CPU, the GPU): flags such as -march=native make a build this machine's, and
     // a cache directory may be shared (an NFS home) by machines of other kinds. And the screen's rules:
     // a build cached while asm was allowed is not taken once it is refused.
     const std::uint64_t key = content_hash(header + checker + runner + problem_.reference_source + flags + compiler_identity_ +
-                                           Toolchain::identity() + (problem_.allow_asm ? "; asm allowed" : ""));
+                                           Toolchain::identity() + (problem_.allow_asm ? "; asm allowed" : "") + library_text);
     std::string safe_name = problem_.name;  // the name becomes a directory name
     for (char& c : safe_name)
       if (!std::isalnum(static_cast<unsigned char>(c)) && c != '_' && c != '-') c = '_';
@@ -473,6 +483,12 @@ class JailedEvaluator {
     if (!write_file_atomically(problem_dir_ / "kevo_problem.hpp", header) || !write_file_atomically(problem_dir_ / ("checker" + ext), checker) ||
         !write_file_atomically(problem_dir_ / ("runner" + ext), runner))
       return make_error(fmt::format("{}: cannot write the generated sources", problem_dir_.string()));
+    for (const auto& h : *library) {
+      const fs::path copy = problem_dir_ / h.path;
+      fs::create_directories(copy.parent_path(), ec);
+      if (ec || !write_file_atomically(copy, h.content))
+        return make_error(fmt::format("{}: cannot write the library header {}", problem_dir_.string(), h.path));
+    }
 
     const std::string manifest = (problem_.directory / "problem.json").string();
     const std::string reference_path = (problem_.directory / problem_.reference_file).string();

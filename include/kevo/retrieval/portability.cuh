@@ -1,6 +1,7 @@
-// kevo/retrieval/portability.cuh: the one place that names the GPU runtime, so that a HIP build
-// can follow by filling in the other branch. The library's other headers say gpu_* and KEVO_GPU_*
-// for the runtime and gpu_cub for CUB (hipCUB mirrors it), and inline PTX lives only here. Device
+// kevo/retrieval/portability.cuh: with device_intrinsics.cuh, the one place that names the GPU
+// runtime, so that a HIP build can follow by filling in the other branch. The library's other
+// headers say gpu_* and KEVO_GPU_* for the runtime and gpu_cub for CUB (hipCUB mirrors it), and
+// inline PTX lives only in device_intrinsics.cuh. Device
 // code still calls CUDA's intrinsics by name (__shfl_xor_sync, __reduce_max_sync, __vcmpeq4,
 // __half) and assumes 32-lane warps: the HIP issue wraps what HIP lacks and handles 64-lane waves.
 //
@@ -17,12 +18,9 @@
 #include <algorithm>
 
 #include "kevo/expected.hpp"
+#include "kevo/retrieval/device_intrinsics.cuh"
 
-#if defined(__HIPCC__)
-#error "kevo retrieval: the HIP branch of portability.cuh is not written yet (a later issue)"
-#else
-#include <cuda_fp16.h>
-#include <cuda_runtime.h>
+#if !defined(__HIPCC__)
 #include <cub/cub.cuh>
 #endif
 
@@ -138,67 +136,6 @@ gpu_error_t gpu_launch_after_prior(void (*kernel)(Params...), dim3 grid, dim3 bl
   config.attrs = &attribute;
   config.numAttrs = 1;
   return cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
-}
-
-/// First thing in a kernel launched by gpu_launch_after_prior: waits until the grid before it has
-/// finished and its writes are visible. In a kernel launched the ordinary way it returns at once.
-__device__ __forceinline__ void gpu_wait_for_prior_grid() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;\n" ::: "memory");
-#endif
-}
-
-/// D += A * B on tensor cores: one m16n8k16 tile, fp16 inputs, fp32 accumulators (mma.sync
-/// fragment layouts: a = 4 regs of half2, b = 2 regs of half2, d = 4 floats).
-__device__ __forceinline__ void gpu_mma_m16n8k16(float (&d)[4], std::uint32_t a0, std::uint32_t a1, std::uint32_t a2,
-                                                 std::uint32_t a3, std::uint32_t b0, std::uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-
-/// A 16-byte load of data read once: through the non-coherent path, not kept in L1. With
-/// `FetchWholeBlock`, a miss asks L2 to fetch the whole 256-byte block around it (measured: no
-/// faster for scoring's gather on an H200, benchmarks/RESULTS.md runs 23-24).
-template <bool FetchWholeBlock = false>
-__device__ __forceinline__ uint4 gpu_load_streaming(const void* address) {
-  uint4 v;
-  if constexpr (FetchWholeBlock)
-    asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                 : "l"(address));
-  else
-    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                 : "l"(address));
-  return v;
-}
-
-/// Asynchronous global-to-shared copies (cp.async): each thread's copies form groups that it commits
-/// and later waits for, so loads stay in flight while the thread computes on earlier ones. A copy
-/// with `valid` false reads nothing and fills its destination with zeros.
-__device__ __forceinline__ void gpu_copy_async_16(void* shared_dst, const void* src, unsigned valid_bytes) {
-  const auto dst = static_cast<std::uint32_t>(__cvta_generic_to_shared(shared_dst));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid_bytes));
-}
-/// A 4- or 8-byte copy (cp.async.ca: through L1, as small copies must be).
-template <int Bytes>
-__device__ __forceinline__ void gpu_copy_async_small(void* shared_dst, const void* src, bool valid) {
-  static_assert(Bytes == 4 || Bytes == 8, "cp.async.ca copies 4, 8 or 16 bytes; 16 is gpu_copy_async_16");
-  const auto dst = static_cast<std::uint32_t>(__cvta_generic_to_shared(shared_dst));
-  asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;\n" ::"r"(dst), "l"(src), "n"(Bytes), "r"(valid ? Bytes : 0));
-}
-__device__ __forceinline__ void gpu_copy_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-/// Waits until at most `Pending` of this thread's most recently committed groups are still in flight.
-template <int Pending>
-__device__ __forceinline__ void gpu_copy_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(Pending));
-}
-
-/// Bytes picked from the pair (a, b) by selector nibbles, as PTX prmt does.
-__device__ __forceinline__ std::uint32_t gpu_byte_perm(std::uint32_t a, std::uint32_t b, std::uint32_t selector) {
-  return __byte_perm(a, b, selector);
 }
 
 /// Device allocations that live for one host function (an index rebuild's temporaries): each

@@ -10,6 +10,7 @@
 #include <cstdint>
 
 #include "kevo/retrieval/agent/views.cuh"
+#include "kevo/retrieval/portability.cuh"
 
 namespace kevo::retrieval {
 

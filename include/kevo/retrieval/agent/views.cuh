@@ -7,7 +7,7 @@
 
 #include <cstdint>
 
-#include "kevo/retrieval/portability.cuh"
+#include "kevo/retrieval/device_intrinsics.cuh"
 
 namespace kevo::retrieval {
 

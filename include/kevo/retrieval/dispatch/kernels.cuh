@@ -13,6 +13,7 @@
 #include "kevo/retrieval/agent/scoring.cuh"
 #include "kevo/retrieval/agent/topk.cuh"
 #include "kevo/retrieval/agent/views.cuh"
+#include "kevo/retrieval/portability.cuh"
 #include "kevo/retrieval/tuning/policies.hpp"
 
 namespace kevo::retrieval::kernels {
