@@ -4,10 +4,27 @@
 
 #include <CLI/CLI.hpp>
 
+#include <charconv>
+#include <cstdint>
 #include <cstdio>
 #include <optional>
+#include <string>
 
 namespace kevo_examples {
+
+/// For a flag that counts or sizes something: decimal digits only (no sign, so "-1" is not 2^64 - 1
+/// and "+5" is refused too; no "0x"; a leading 0 not octal: CLI11 itself takes all of these), within
+/// 64 bits. It hands CLI11 the number written plainly, for the flag's range check and its conversion.
+inline const CLI::Validator whole_number(
+    [](std::string& text) -> std::string {
+      std::uint64_t value = 0;
+      const char* end = text.data() + text.size();
+      const auto [at, ec] = std::from_chars(text.data(), end, value);
+      if (text.empty() || ec != std::errc() || at != end) return "takes a whole number, not '" + text + "'";
+      text = std::to_string(value);
+      return {};
+    },
+    "", "");
 
 /// Parses argv into what `app` describes; returns the exit code where the program should stop now.
 inline std::optional<int> parse_command_line(CLI::App& app, int argc, char** argv) {

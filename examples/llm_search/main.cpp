@@ -77,22 +77,28 @@ void describe(CLI::App& app, Options& o) {
   app.add_option("--api-key-env", o.api_key_env, "the variable that holds the key (none: send no key)")->envname("KEVO_LLM_API_KEY_ENV");
   app.add_option("--wire", o.wire, "the request format")->envname("KEVO_LLM_WIRE")->capture_default_str()->check(
       CLI::IsMember({"openai", "anthropic"}));
+  using kevo_examples::whole_number;  // counts and seeds: digits only, no sign
   app.add_option("--budget", o.budget,
                  "candidates to evaluate; generations that give nothing to evaluate (code identical to the parent, no code, edits "
                  "that do not apply, failed requests) do not count: they have their own cap")
       ->capture_default_str()
+      ->transform(whole_number)
       ->check(positive);
   app.add_option("--max-failed-generations", o.max_failed_generations,
                  "stop once this many generations failed (default: twice --budget); the summary counts them by fault")
+      ->transform(whole_number)
       ->check(positive);
-  app.add_option("--jobs", o.jobs, "generations and evaluations in flight")->capture_default_str()->check(CLI::Range(std::size_t{1}, std::size_t{4096}));
+  app.add_option("--jobs", o.jobs, "generations and evaluations in flight")
+      ->capture_default_str()
+      ->transform(whole_number)
+      ->check(CLI::Range(std::size_t{1}, std::size_t{4096}));
   app.add_option("--policy", o.policy, "search policy")->capture_default_str()->check(CLI::IsMember({"mcts", "evolutionary", "greedy", "random"}));
   app.add_option("--repair-share", o.repair_share, "selections spent repairing a candidate that failed (0: never)")
       ->capture_default_str()
       ->check(CLI::Range(0.0, 1.0));
   app.add_option("--memory", o.memory, "memory operator")->capture_default_str()->check(
       CLI::IsMember({"adaptive", "combined", "trajectory", "siblings", "fresh"}));
-  app.add_option("--max-tokens", o.max_tokens, "per answer")->capture_default_str()->check(positive);
+  app.add_option("--max-tokens", o.max_tokens, "per answer")->capture_default_str()->transform(whole_number)->check(positive);
   app.add_option("--max-tokens-field", o.max_tokens_field, "the OpenAI-format field for it: max_completion_tokens for OpenAI's newer models")
       ->capture_default_str()
       ->check(CLI::IsMember({"max_tokens", "max_completion_tokens"}));
@@ -100,7 +106,7 @@ void describe(CLI::App& app, Options& o) {
   app.add_flag("--allow-weak-isolation", o.allow_weak_isolation,
                "run an LLM search with its key in this process's environment even where the candidates' jail lacks a layer (kevo "
                "checks each at start and refuses by default)");
-  app.add_option("--token-budget", o.token_budget, "stop the search once this many tokens are spent")->check(positive);
+  app.add_option("--token-budget", o.token_budget, "stop the search once this many tokens are spent")->transform(whole_number)->check(positive);
   app.add_option("--price", o.prices, "US dollars per million input and output tokens, to report and cap cost")
       ->expected(2)
       ->check(positive);
@@ -116,7 +122,7 @@ void describe(CLI::App& app, Options& o) {
   app.add_option("--store", o.store, "SQLite store of the search (default kevo-runs/PROBLEM.llm.db)");
   app.add_flag("--log-prompts", o.log_prompts, "print every prompt and answer to stderr");
   app.add_flag("--warm-start-any-target", o.warm_start_any_target, "warm-start also from earlier runs measured on another device or with another compiler");
-  app.add_option("--seed", o.seed, "random seed")->capture_default_str();
+  app.add_option("--seed", o.seed, "random seed")->capture_default_str()->transform(whole_number);
 }
 
 /// Lends a knowledge base to the loop without giving it away, so main can still report on it.

@@ -21,7 +21,6 @@
 
 #include <CLI/CLI.hpp>
 
-#include <charconv>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -56,19 +55,7 @@ struct Options {
   std::chrono::milliseconds drain{10000};  // on SIGTERM: how long queued work may still run
 };
 
-/// What every number flag takes, as kevo's own parser took it before CLI11: decimal digits only (no
-/// sign, so "-1" is not 2^64 - 1; no "0x"; a leading 0 not octal), within 64 bits. It hands CLI11
-/// the number written plainly, for the flag's CLI::Range and its conversion.
-const CLI::Validator whole_number(
-    [](std::string& text) -> std::string {
-      std::uint64_t value = 0;
-      const char* end = text.data() + text.size();
-      const auto [at, ec] = std::from_chars(text.data(), end, value);
-      if (text.empty() || ec != std::errc() || at != end) return "takes a whole number, not '" + text + "'";
-      text = std::to_string(value);
-      return {};
-    },
-    "", "");
+using kevo_examples::whole_number;  // what every number flag takes (examples/common/command_line.hpp)
 
 /// A number flag in [least, most].
 template <class T>

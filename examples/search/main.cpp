@@ -73,12 +73,16 @@ void describe(CLI::App& app, Options& o) {
       CLI::IsMember({"mcts", "evolutionary", "greedy", "random"}));
   app.add_option("--memory", o.memory, "memory operator")->capture_default_str()->check(
       CLI::IsMember({"adaptive", "combined", "trajectory", "siblings", "fresh"}));
-  app.add_option("--jobs", o.jobs, "generations and evaluations in flight")->capture_default_str()->check(CLI::Range(std::size_t{1}, std::size_t{4096}));
-  app.add_option("--budget", o.budget, "candidates to evaluate")->capture_default_str();
+  using kevo_examples::whole_number;  // counts and seeds: digits only, no sign
+  app.add_option("--jobs", o.jobs, "generations and evaluations in flight")
+      ->capture_default_str()
+      ->transform(whole_number)
+      ->check(CLI::Range(std::size_t{1}, std::size_t{4096}));
+  app.add_option("--budget", o.budget, "candidates to evaluate")->capture_default_str()->transform(whole_number);
   app.add_option("--time", o.wall_seconds, "stop after this much wall time, in seconds")->check(CLI::NonNegativeNumber);
   app.add_option("--target", o.target, "stop once a candidate is this many times faster than the reference")->check(CLI::NonNegativeNumber);
-  app.add_option("--patience", o.patience, "stop after this many evaluations without a new best");
-  app.add_option("--seed", o.seed, "random seed")->capture_default_str();
+  app.add_option("--patience", o.patience, "stop after this many evaluations without a new best")->transform(whole_number);
+  app.add_option("--seed", o.seed, "random seed")->capture_default_str()->transform(whole_number);
   app.add_option("--store", o.store, "SQLite store (default kevo-runs/PROBLEM.db)");
   app.add_flag("--resume", o.resume, "continue the latest run in the store where it stopped");
   app.add_flag("--retime-reference", o.retime_reference, "with --resume: speedups over the reference timed now, not the run's stored time");

@@ -33,16 +33,24 @@ void describe(CLI::App& app, Options& o) {
       "Tunes the retrieval pipeline's kernel policies on this GPU with kevo's search: each candidate policy runs the pipeline on a "
       "synthetic pool, its answers checked against the default policy's, and the verified best is written to the tuning file the "
       "pipeline serves with.");
-  app.add_option("--ads", o.device.ads, "ads in the pool")->capture_default_str()->check(CLI::Range(std::uint64_t{1}, std::uint64_t{1} << 32));
-  app.add_option("--dim", o.device.dim, "embedding width")->capture_default_str()->check(CLI::Range(1, 1024));
+  using kevo_examples::whole_number;  // sizes, counts and seeds: digits only, no sign
+  app.add_option("--ads", o.device.ads, "ads in the pool")
+      ->capture_default_str()
+      ->transform(whole_number)
+      ->check(CLI::Range(std::uint64_t{1}, std::uint64_t{1} << 32));
+  app.add_option("--dim", o.device.dim, "embedding width")->capture_default_str()->transform(whole_number)->check(CLI::Range(1, 1024));
   app.add_option("--dtype", o.dtype, "embedding type")->capture_default_str()->check(CLI::IsMember({"fp16", "int8"}));
   app.add_option("--requests", o.device.request_kind, "request kind")->capture_default_str()->check(CLI::IsMember({"typical", "broad", "narrow"}));
-  app.add_option("--k", o.device.k, "results a search")->capture_default_str()->check(CLI::Range(1, 4096));
+  app.add_option("--k", o.device.k, "results a search")->capture_default_str()->transform(whole_number)->check(CLI::Range(1, 4096));
   app.add_option("--batch", o.device.batch, "1: searches one by one; more: batches of that many (tunes batched scoring)")
       ->capture_default_str()
+      ->transform(whole_number)
       ->check(CLI::Range(1, 64));
-  app.add_option("--budget", o.budget, "policies to evaluate")->capture_default_str()->check(CLI::Range(std::size_t{1}, std::size_t{100000}));
-  app.add_option("--seed", o.seed, "random seed")->capture_default_str();
+  app.add_option("--budget", o.budget, "policies to evaluate")
+      ->capture_default_str()
+      ->transform(whole_number)
+      ->check(CLI::Range(std::size_t{1}, std::size_t{100000}));
+  app.add_option("--seed", o.seed, "random seed")->capture_default_str()->transform(whole_number);
   app.add_option("--store", o.store, "SQLite store")->capture_default_str();
   app.add_option("--out", o.out, "the tuning file to add this shape's entry to")->capture_default_str();
 }

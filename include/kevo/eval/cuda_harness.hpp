@@ -604,9 +604,7 @@ int main(int argc, char** argv) {
       c.offsets = layout(timing_shape, 0, 0);
       std::vector<Case*> one{&c};
       checked_batch(timing_shape, one, "on the timing shape " + shape_text(timing_shape) + " (profiled)", false);
-      Command quit{};
-      quit.kind = command_quit;
-      ::send(options.control_fd, &quit, sizeof quit, MSG_NOSIGNAL);
+      send_quit();
       // The profiler prints its metrics once the program it started has exited: it is let finish
       // (report() would kill it), up to the call timeout.
       thaw();
@@ -692,9 +690,7 @@ int main(int argc, char** argv) {
       checked_batch(timing_shape, one, on_timing + " (inputs of a timed call with 1 element in 256 changed)", false, &last.expected);
     }
 
-    Command quit{};
-    quit.kind = command_quit;
-    ::send(options.control_fd, &quit, sizeof quit, MSG_NOSIGNAL);
+    send_quit();
     char line[768];
     std::snprintf(line, sizeof line,
                   "{\"status\":\"ok\",\"seconds\":%.9g,\"min_seconds\":%.9g,\"samples\":%d,\"bytes\":%.17g,\"flops\":%.17g,"

@@ -349,6 +349,15 @@ int runner_cpus() {
   return std::max(1, CPU_COUNT(&set));
 }
 
+// The state letter of a /proc stat file ('R', 'T', 'Z', ...), or 0 if it cannot be read. It
+// follows the last ')': the comm field before it may itself hold ')' or spaces.
+char stat_state(const std::string& path) {
+  std::ifstream stat(path);
+  const std::string text((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
+  const auto paren = text.rfind(')');
+  return paren == std::string::npos || paren + 2 >= text.size() ? 0 : text[paren + 2];
+}
+
 // Every thread of the runner stopped ('T' in /proc): from here on the arena holds still.
 void freeze() {
   ::kill(runner, SIGSTOP);
@@ -360,12 +369,8 @@ void freeze() {
     if (!dir) runner_gone("while it was being stopped");
     while (dirent* entry = ::readdir(dir)) {
       if (entry->d_name[0] == '.') continue;
-      std::ifstream stat(tasks + "/" + entry->d_name + "/stat");
-      std::string text((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
-      const auto paren = text.rfind(')');
-      if (paren != std::string::npos && paren + 2 < text.size() && text[paren + 2] != 'T' && text[paren + 2] != 't' &&
-          text[paren + 2] != 'Z' && text[paren + 2] != 'X')
-        all_stopped = false;
+      const char state = stat_state(tasks + "/" + entry->d_name + "/stat");  // 0: the thread is gone
+      if (state != 0 && state != 'T' && state != 't' && state != 'Z' && state != 'X') all_stopped = false;
     }
     ::closedir(dir);
     if (all_stopped) return;
@@ -376,13 +381,18 @@ void freeze() {
 
 void thaw() { ::kill(runner, SIGCONT); }
 
+// Tells the runner to return from main(); a runner already gone is no error here.
+void send_quit() {
+  Command quit{};
+  quit.kind = command_quit;
+  ::send(options.control_fd, &quit, sizeof quit, MSG_NOSIGNAL);
+}
+
 // Whether a process is still running: not gone, and not a zombie its parent has yet to reap.
 bool process_alive(pid_t pid) {
   if (pid <= 0 || ::kill(pid, 0) != 0) return false;
-  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
-  std::string text((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
-  const auto paren = text.rfind(')');
-  return paren == std::string::npos || paren + 2 >= text.size() || (text[paren + 2] != 'Z' && text[paren + 2] != 'X');
+  const char state = stat_state("/proc/" + std::to_string(pid) + "/stat");  // 0: unreadable, taken as alive
+  return state != 'Z' && state != 'X';
 }
 
 Reply wait_reply(const std::string& during) {
@@ -841,9 +851,7 @@ int main(int argc, char** argv) {
     checked_call(timing_shape, changed, changed_expected, (calls + 1) % 2, 3, false,
                  on_timing + " (inputs of the last timed call with 1 element in 256 changed)", &expected);
 
-    Command quit{};
-    quit.kind = command_quit;
-    ::send(options.control_fd, &quit, sizeof quit, MSG_NOSIGNAL);
+    send_quit();
     char line[512];
     std::snprintf(line, sizeof line,
                   "{\"status\":\"ok\",\"seconds\":%.9g,\"min_seconds\":%.9g,\"samples\":%d,\"bytes\":%.17g,\"flops\":%.17g,"
