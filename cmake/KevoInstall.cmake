@@ -7,6 +7,12 @@ install(DIRECTORY knowledge DESTINATION ${CMAKE_INSTALL_DATADIR}/kevo OPTIONAL)
 install(DIRECTORY problems DESTINATION ${CMAKE_INSTALL_DATADIR}/kevo)
 install(EXPORT kevoTargets NAMESPACE kevo:: DESTINATION ${KEVO_CMAKE_DIR})
 
+# Whether kevo::cuda was built with the toolkit (and so names CUDA::cudart), for kevoConfig.cmake.
+if(KEVO_HAVE_CUDA)
+  set(KEVO_CONFIG_WITH_CUDA ON)
+else()
+  set(KEVO_CONFIG_WITH_CUDA OFF)
+endif()
 configure_package_config_file(cmake/kevoConfig.cmake.in
   ${CMAKE_CURRENT_BINARY_DIR}/kevoConfig.cmake INSTALL_DESTINATION ${KEVO_CMAKE_DIR})
 write_basic_package_version_file(${CMAKE_CURRENT_BINARY_DIR}/kevoConfigVersion.cmake
