@@ -14,7 +14,7 @@ export LD_LIBRARY_PATH=$PWD/.carry/search${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 # The kevo headers a problem's candidates include (library_headers): this tree's, not the packing machine's.
 export KEVO_INCLUDE_DIR=$PWD/include
 nvidia-smi --query-gpu=name,compute_cap,driver_version,clocks.sm,clocks.mem --format=csv | tee "$out/gpu.txt"
-[ -n "${SKIP_DEVICE_TESTS:-}" ] || timeout ${DEVICE_TEST_TIMEOUT:-200} .carry/search/test_eval_cuda_device --durations yes 2>&1 | tee "$out/device_tests.log" | tail -60
+[ -n "${SKIP_DEVICE_TESTS:-}" ] || timeout ${DEVICE_TEST_TIMEOUT:-300} .carry/search/test_eval_cuda_device --durations yes 2>&1 | tee "$out/device_tests.log" | tail -60
 for problem in "${problems[@]}"; do
   name=$(basename "$problem")
   start=$(date +%s)
