@@ -28,6 +28,24 @@ kevo::eval::CudaEvaluator make_evaluator() {
   return kevo::eval::CudaEvaluator(*problem, options);
 }
 
+const std::filesystem::path shipped_problems = std::filesystem::path(KEVO_SOURCE_DIR) / "problems";
+
+// The test cache, with time for the slow compiles of the shipped problems' kernels.
+kevo::eval::EvaluatorOptions shipped_options() {
+  kevo::eval::EvaluatorOptions options;
+  options.cache_dir = std::filesystem::temp_directory_path() / "kevo-test-cache";
+  options.compile_timeout = std::chrono::seconds(180);
+  return options;
+}
+
+// A problem's first starting point, rendered as the template synthesizer renders it.
+kevo::Candidate first_starting_point(const kevo::Problem& problem) {
+  REQUIRE_FALSE(problem.starting_points.empty());
+  kevo::Knobs knobs = problem.default_knobs();
+  for (const auto& [knob, value] : problem.starting_points.front().knobs) knobs[knob] = value;
+  return kevo::Candidate{.source = problem.render(knobs), .knobs = knobs, .origin = "starting point"};
+}
+
 std::string nonce() {
   std::random_device entropy;
   return "\n// nonce " + std::to_string(entropy()) + std::to_string(entropy()) + "\n";
@@ -88,9 +106,8 @@ TEST_CASE("without a GPU, preparing a CUDA problem is a clear error, not a crash
 }
 
 TEST_CASE("the shipped CUDA problems load, and their default kernels pass the screen and compile") {
-  const std::filesystem::path shipped = std::filesystem::path(KEVO_SOURCE_DIR) / "problems";
   for (const char* name : {"cuda_softmax", "cuda_layernorm", "cuda_gemm", "cuda_topk", "cuda_scoring"}) {
-    auto problem = kevo::load_problem(shipped / name);
+    auto problem = kevo::load_problem(shipped_problems / name);
     INFO(name << ": " << (problem ? "" : problem.error().message));
     REQUIRE(problem);
     CHECK(problem->target == kevo::Target::cuda);
@@ -101,27 +118,19 @@ TEST_CASE("the shipped CUDA problems load, and their default kernels pass the sc
   }
   // The quick ones (top-K's CUB takes ~25 s a candidate; the device run compiles it).
   for (const char* name : {"cuda_softmax", "cuda_layernorm", "cuda_scoring"}) {
-    kevo::eval::EvaluatorOptions options;
-    options.cache_dir = std::filesystem::temp_directory_path() / "kevo-test-cache";
-    options.compile_timeout = std::chrono::seconds(180);
-    kevo::eval::CudaEvaluator evaluator(*kevo::load_problem(shipped / name), options);
+    kevo::eval::CudaEvaluator evaluator(*kevo::load_problem(shipped_problems / name), shipped_options());
     const kevo::Evaluation e = evaluator.compile(evaluator.default_candidate());
     INFO(name << ": " << to_string(e.failure) << ": " << e.diagnostics.message << "\n" << e.diagnostics.detail);
     CHECK(e.failure == kevo::FailureKind::none);
   }
   // GEMM's first starting point: ldmatrix and mma.sync as inline PTX, which its manifest's allow_asm
   // lets past the screen; without allow_asm the same source is refused before compiling.
-  auto gemm = kevo::load_problem(shipped / "cuda_gemm");
+  auto gemm = kevo::load_problem(shipped_problems / "cuda_gemm");
   REQUIRE(gemm);
   REQUIRE(gemm->allow_asm);
-  REQUIRE_FALSE(gemm->starting_points.empty());
-  kevo::Knobs knobs = gemm->default_knobs();
-  for (const auto& [knob, value] : gemm->starting_points.front().knobs) knobs[knob] = value;
-  REQUIRE(knobs["engine"] == "mma");
-  const kevo::Candidate mma{.source = gemm->render(knobs), .knobs = knobs, .origin = "starting point"};
-  kevo::eval::EvaluatorOptions options;
-  options.cache_dir = std::filesystem::temp_directory_path() / "kevo-test-cache";
-  options.compile_timeout = std::chrono::seconds(180);
+  const kevo::Candidate mma = first_starting_point(*gemm);
+  REQUIRE(mma.knobs.at("engine") == "mma");
+  const kevo::eval::EvaluatorOptions options = shipped_options();
   kevo::eval::CudaEvaluator allowing(*gemm, options);
   const kevo::Evaluation built = allowing.compile(mma);
   INFO("cuda_gemm mma: " << to_string(built.failure) << ": " << built.diagnostics.message << "\n" << built.diagnostics.detail);
@@ -137,18 +146,13 @@ TEST_CASE("the scoring problem's agent starting point includes kevo's own scorin
     WARN("no nvcc here: the scoring agent's starting point is not compiled");
     return;
   }
-  const std::filesystem::path shipped = std::filesystem::path(KEVO_SOURCE_DIR) / "problems";
-  auto scoring = kevo::load_problem(shipped / "cuda_scoring");
+  auto scoring = kevo::load_problem(shipped_problems / "cuda_scoring");
   REQUIRE(scoring);
   REQUIRE(scoring->library_headers == std::vector<std::string>{"kevo/retrieval/agent/scoring.cuh"});
   REQUIRE_FALSE(scoring->allow_asm);  // the agent's inline PTX is its own; a candidate's asm stays refused
-  kevo::Knobs knobs = scoring->default_knobs();
-  for (const auto& [knob, value] : scoring->starting_points.front().knobs) knobs[knob] = value;
-  REQUIRE(knobs["math"] == "pipeline_agent");
-  const kevo::Candidate agent{.source = scoring->render(knobs), .knobs = knobs, .origin = "starting point"};
-  kevo::eval::EvaluatorOptions options;
-  options.cache_dir = std::filesystem::temp_directory_path() / "kevo-test-cache";
-  options.compile_timeout = std::chrono::seconds(180);
+  const kevo::Candidate agent = first_starting_point(*scoring);
+  REQUIRE(agent.knobs.at("math") == "pipeline_agent");
+  const kevo::eval::EvaluatorOptions options = shipped_options();
   kevo::eval::CudaEvaluator evaluator(*scoring, options);
   const kevo::Evaluation built = evaluator.compile(agent);
   INFO("cuda_scoring agent: " << to_string(built.failure) << ": " << built.diagnostics.message << "\n" << built.diagnostics.detail);
