@@ -45,7 +45,7 @@
 #include <boost/unordered/unordered_flat_set.hpp>
 
 #include "kevo/retrieval/ad_pool.hpp"
-#include "kevo/retrieval/dispatch/kernels.cuh"
+#include "kevo/retrieval/dispatch/index_kernels.cuh"
 #include "kevo/retrieval/half.hpp"
 #include "kevo/retrieval/portability.cuh"
 #include "kevo/retrieval/reference.hpp"

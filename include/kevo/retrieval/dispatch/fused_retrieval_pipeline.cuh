@@ -12,7 +12,7 @@
 //   (*pipeline)->search_async(request, d_temp, bytes, out, stream);  // the serving path
 //
 // Why one file of about 780 lines: the pipeline object owns every stage's buffers and streams and
-// orders them; the kernels are in kernels.cuh and the per-thread work in agent/.
+// orders them; the kernels are in one dispatch/*_kernels.cuh per algorithm and the per-thread work in agent/.
 #pragma once
 
 #include <algorithm>
@@ -28,7 +28,10 @@
 #include <vector>
 
 #include "kevo/retrieval/dispatch/device_ad_index.cuh"
-#include "kevo/retrieval/dispatch/kernels.cuh"
+#include "kevo/retrieval/dispatch/matching_kernels.cuh"
+#include "kevo/retrieval/dispatch/request_kernels.cuh"
+#include "kevo/retrieval/dispatch/scoring_kernels.cuh"
+#include "kevo/retrieval/dispatch/topk_kernels.cuh"
 #include "kevo/retrieval/fair_mutex.hpp"
 #include "kevo/retrieval/safetensors.hpp"
 #include "kevo/retrieval/tuning/policies.hpp"

@@ -1,0 +1,83 @@
+// kevo/retrieval/dispatch/request_kernels.cuh: a request's preparation: the user towers, the gating keys, the query bitmap.
+// Thin kernels over the agents (agent/): each maps threads to an agent's work. The pipeline
+// (fused_retrieval_pipeline.cuh) and the index (device_ad_index.cuh) launch them.
+#pragma once
+
+#include <cstdint>
+
+#include "kevo/retrieval/agent/request_vectors.cuh"
+#include "kevo/retrieval/agent/scoring.cuh"  // kMaxGpuExperts: the (16, d) vectors buffer is scoring's B operand
+#include "kevo/retrieval/agent/topk.cuh"
+#include "kevo/retrieval/agent/views.cuh"
+
+namespace kevo::retrieval::kernels {
+
+// Every kernel is a template, those with no parameters of their own taking an unused
+// `template <class = void>`: a template's host stub may be defined in each translation unit, so two
+// .cu files of one program can include this header (a plain __global__ function would be defined
+// twice and fail to link). Launch as usual; take an address as `kernel<>`.
+
+/// hidden(E, H) = relu(W1 x + c1); one warp per row.
+template <class = void>
+__global__ void tower_hidden(const float* w1, const float* c1, const float* x, int features, int rows, float* hidden) {
+  const int row = static_cast<int>((blockIdx.x * blockDim.x + threadIdx.x) / 32);
+  if (row >= rows) return;
+  const float dot = warp_dot(w1 + static_cast<std::size_t>(row) * features, x, features, threadIdx.x % 32);
+  if (threadIdx.x % 32 == 0) hidden[row] = fmaxf(__fadd_rn(dot, c1[row]), 0.0f);
+}
+
+/// u(E, d) = W2_e hidden_e + c2_e.
+template <class = void>
+__global__ void tower_expert(const float* w2, const float* c2, const float* hidden, int hidden_dim, int dim, int rows,
+                             float* u) {
+  const int row = static_cast<int>((blockIdx.x * blockDim.x + threadIdx.x) / 32);
+  if (row >= rows) return;
+  const int e = row / dim;
+  const float dot = warp_dot(w2 + static_cast<std::size_t>(row) * hidden_dim,
+                             hidden + static_cast<std::size_t>(e) * hidden_dim, hidden_dim, threadIdx.x % 32);
+  if (threadIdx.x % 32 == 0) u[row] = __fadd_rn(dot, c2[row]);
+}
+
+/// vectors(16, d) fp16: rows 0..7 = u_e, rows 8..15 = g_e = P u_e / sqrt(d); experts >= E are zero.
+/// A value past fp16's range flags kOverflowVectors in the request's state (its scores would be NaN).
+template <class = void>
+__global__ void tower_gate(const float* projection, const float* u, int dim, int experts, __half* vectors,
+                           TopKState* state) {
+  const int row = static_cast<int>((blockIdx.x * blockDim.x + threadIdx.x) / 32);
+  if (row >= kMaxGpuExperts * dim) return;
+  const int e = row / dim, j = row % dim;
+  const int lane = threadIdx.x % 32;
+  if (e >= experts) {
+    if (lane == 0) vectors[row] = vectors[kMaxGpuExperts * dim + row] = __float2half_rn(0.0f);
+    return;
+  }
+  const float dot = warp_dot(projection + static_cast<std::size_t>(j) * dim, u + static_cast<std::size_t>(e) * dim,
+                             dim, lane);
+  if (lane == 0) {
+    const __half g = __float2half_rn(__fdiv_rn(dot, __fsqrt_rn(static_cast<float>(dim))));
+    const __half expert = __float2half_rn(u[row]);
+    vectors[kMaxGpuExperts * dim + row] = g;
+    vectors[row] = expert;
+    if (__hisinf(g) || __hisnan(g) || __hisinf(expert) || __hisnan(expert)) atomicOr(&state->overflow, kOverflowVectors);
+  }
+}
+
+/// Threads of prepare_query's one block.
+inline constexpr int kPrepareQueryThreads = 1024;
+
+/// Clears the request's top-K state and query bitmap, then sets its (category, value) bits. One
+/// block, so that a barrier orders the clearing before the setting: one launch where two memsets
+/// and a kernel were (each costs the host a call and the device a gap, at every pool size).
+template <class = void>
+__global__ void __launch_bounds__(kPrepareQueryThreads)
+    prepare_query(const std::uint32_t* bits, const std::uint32_t* count, std::uint32_t* bitmap,
+                  std::uint32_t bitmap_words, TopKState* state) {
+  static_assert(sizeof(TopKState) % 4 == 0);
+  auto* state_words = reinterpret_cast<std::uint32_t*>(state);
+  for (std::uint32_t i = threadIdx.x; i < sizeof(TopKState) / 4; i += blockDim.x) state_words[i] = 0;
+  for (std::uint32_t i = threadIdx.x; i < bitmap_words; i += blockDim.x) bitmap[i] = 0;
+  __syncthreads();
+  for (std::uint32_t i = threadIdx.x; i < *count; i += blockDim.x) atomicOr(bitmap + (bits[i] >> 5), 1u << (bits[i] & 31u));
+}
+
+}  // namespace kevo::retrieval::kernels
