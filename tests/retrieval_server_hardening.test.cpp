@@ -28,10 +28,12 @@
 #include <fstream>
 #include <future>
 #include <mutex>
+#include <set>
 #include <thread>
 
 #include "kevo/retrieval/retrieval.hpp"
 #include "kevo/retrieval/serving.hpp"
+#include "kevo/retrieval/sharded_backend.hpp"
 #include "support/serving_client.hpp"
 
 using namespace kevo::retrieval;
@@ -221,6 +223,12 @@ TEST_CASE("retrieval_server refuses bad flags and a port in use with a clear err
            {"--max-body-bytes 1099511627777", "--max-body-bytes"},
            {"--no-such-flag 1", "--no-such-flag"},
            {"--ads-file a.safetensors --save-ads b.safetensors", "--ads-file"},
+           {"--shards 0", "--shards"},
+           {"--shards 65", "--shards"},
+           {"--gpus 0 --backend cpu", "--gpus"},
+           {"--gpus 0,x", "--gpus"},
+           {"--shards 2 --gpus 0,0,0", "--shards"},
+           {"--gpus 63 --port 0", "--gpus"},  // no GPU 63 here (nor any GPU, or CUDA, on CI): named at start-up
        }) {
     INFO(flags);
     const auto [status, output] = run_command(binary + " " + flags);
@@ -341,6 +349,97 @@ TEST_CASE("retrieval_server on SIGTERM answers every request, 200 or 503, and ex
   }
   CHECK(status == 0);
   CHECK(exit_ms < 1000 + 200);
+}
+
+namespace {
+
+/// The port a started retrieval_server announces on its first line ("serving N ads on http://127.0.0.1:PORT ...").
+unsigned short announced_port(Child& server) {
+  char line[512] = {};
+  REQUIRE(std::fgets(line, sizeof line, server.out) != nullptr);
+  const std::string announced = line;
+  INFO(announced);
+  const std::size_t colon = announced.find("127.0.0.1:");
+  REQUIRE(colon != std::string::npos);
+  return static_cast<unsigned short>(std::stoi(announced.substr(colon + 10)));
+}
+
+}  // namespace
+
+TEST_CASE("retrieval_server --shards 3 answers as one engine does and updates reach every shard", "[retrieval][server]") {
+  const std::string binary = server_binary();
+  if (binary.empty()) {
+    if (testing_gpu_backend()) FAIL("KEVO_SERVER_TEST_BACKEND=gpu and no retrieval_server: set KEVO_RETRIEVAL_SERVER");
+    WARN("retrieval_server is not built beside this test; --shards is not checked");
+    return;
+  }
+  // The same seed and ads; on the GPU backend the three shards share GPU 0 (--gpus 0,0,0).
+  const std::vector<std::string> common = {binary, "--backend", server_test_backend(), "--ads", "3000", "--seed", "7",
+                                           "--port", "0", "--search-threads", "2"};
+  std::vector<std::string> one_args = common, three_args = common;
+  if (testing_gpu_backend()) three_args.insert(three_args.end(), {"--gpus", "0,0,0"});
+  else three_args.insert(three_args.end(), {"--shards", "3"});
+  Child one(one_args), three(three_args);
+  const unsigned short one_port = announced_port(one), three_port = announced_port(three);
+
+  const Reply health = call(three_port, http::verb::get, "/health", "");
+  CHECK(health.status == 200);
+  CHECK_THAT(health.body, Catch::Contains("3 shards of"));
+  if (testing_gpu_backend()) CHECK_THAT(health.body, Catch::Contains("on GPUs 0,0,0"));
+  CHECK_THAT(call(one_port, http::verb::get, "/health", "").body, !Catch::Contains("shards"));
+
+  const Workload w({.seed = 7});  // the binary's own workload
+  std::vector<std::string> searches;
+  for (std::uint64_t i = 0; i < 6; ++i)
+    for (RequestKind kind : {RequestKind::typical, RequestKind::broad, RequestKind::narrow})
+      searches.push_back(search_body(w.request(i, kind, i % 2 ? 10 : 500)));
+  // Every search, and one batch of them all: the full result lists alike.
+  const auto same_answers = [&](const char* when) {
+    INFO(when);
+    for (const std::string& search : searches) {
+      const Reply a = call(one_port, http::verb::post, "/search", search), b = call(three_port, http::verb::post, "/search", search);
+      REQUIRE(a.status == 200);
+      CHECK(b.status == 200);
+      CHECK(b.body == a.body);
+    }
+    std::string batch = "{\"requests\":[";
+    for (std::size_t i = 0; i < searches.size(); ++i) batch += (i ? "," : "") + searches[i];
+    batch += "]}";
+    const Reply a = call(one_port, http::verb::post, "/search_batch", batch), b = call(three_port, http::verb::post, "/search_batch", batch);
+    REQUIRE(a.status == 200);
+    CHECK(b.body == a.body);
+  };
+  same_answers("as loaded");
+
+  // New ads, with no clauses and a bias that puts them first, on ids of every shard; then an expiry.
+  std::string upsert = "{\"ads\":[";
+  std::set<std::size_t> shards_hit;
+  for (std::uint32_t i = 0; i < 12; ++i) {
+    const std::uint32_t id = 100000 + i;
+    shards_hit.insert(ShardedBackend::shard_of(id, 3));
+    std::string embedding;
+    for (float x : w.ad(i).embedding) embedding += fmt::format("{}{}", embedding.empty() ? "" : ",", x);
+    upsert += fmt::format("{}{{\"id\":{},\"embedding\":[{}],\"bias\":{},\"live\":true}}", i ? "," : "", id, embedding, 40 + i);
+  }
+  upsert += "]}";
+  REQUIRE(shards_hit.size() == 3);
+  for (unsigned short port : {one_port, three_port}) {
+    const Reply r = call(port, http::verb::post, "/ads", upsert);
+    CHECK(r.status == 200);
+    CHECK(r.body == "{\"upserted\":12}");
+  }
+  same_answers("after an upsert");
+  const Reply top = call(three_port, http::verb::post, "/search", search_body(w.request(0, RequestKind::broad, 12)));
+  for (std::uint32_t i = 0; i < 12; ++i) CHECK_THAT(top.body, Catch::Contains(fmt::format("\"id\":{},", 100000 + i)));
+
+  const std::string expire = "{\"ids\":[100000,100001,100002,100003,1,2,3,99999999]}";
+  const Reply expired_one = call(one_port, http::verb::post, "/expire", expire);
+  const Reply expired_three = call(three_port, http::verb::post, "/expire", expire);
+  CHECK(expired_one.status == 200);
+  CHECK(expired_three.body == expired_one.body);
+  same_answers("after an expiry");
+  CHECK_THAT(call(three_port, http::verb::post, "/search", search_body(w.request(0, RequestKind::broad, 12))).body,
+             !Catch::Contains("\"id\":100000,"));
 }
 
 TEST_CASE("searches run off the I/O threads: /health and a large upsert stay prompt under search load",

@@ -9,10 +9,13 @@
 //   retrieval_server --port 8080 --ads 1000000 [--dtype int8] [--save-ads pool.safetensors]
 //   retrieval_server --port 8080 --ads-file pool.safetensors --model model.safetensors
 //   retrieval_server --port 8080 --search-threads 8 --max-queue 1024 --deadline-ms 30000 --drain-ms 10000
+//   retrieval_server --port 8080 --ads 10000000 --gpus 0,1     # one pool, a shard on each GPU (ShardedBackend)
+//   retrieval_server --port 8080 --backend cpu --shards 4      # one pool over four CPU engines
 //   retrieval_server --help   # every flag, its default and its range
 //   curl -s localhost:8080/search -d '{"features":[...256 floats...],"query":[{"category":0,"values":[1]}],"k":10}'
 #include <kevo/retrieval/retrieval.hpp>
 #include <kevo/retrieval/serving.hpp>
+#include <kevo/retrieval/sharded_backend.hpp>
 #include <kevo/retrieval/tuning/tuning_file.hpp>
 
 #include <boost/asio/signal_set.hpp>
@@ -21,6 +24,8 @@
 
 #include <CLI/CLI.hpp>
 
+#include <algorithm>
+#include <charconv>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -29,6 +34,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <vector>
 
 #if defined(KEVO_RETRIEVAL_SERVER_CUDA)
 #include "cuda_backend.hpp"  // make_cuda_backend, from cuda_backend.cu
@@ -48,6 +54,9 @@ struct Options {
   std::string save_ads;  // write the generated pool here before serving
   std::string tuning;    // kernel policies a search found (kevo-tune-pipeline --out), for the GPU backend
   std::string backend = "auto";
+  unsigned shards = 1;   // engines the pool is split over (ShardedBackend), of the chosen backend
+  std::string gpus;      // --gpus as given: "all" or ordinals "0,1" (empty: not given)
+  std::vector<int> devices;  // --gpus's ordinals, a device once per shard on it ("all": filled at start-up)
   unsigned threads = 4;   // I/O threads: read, parse, write
   std::size_t batch = 8;  // concurrent searches answered together (1: one at a time)
   EmbeddingType dtype = EmbeddingType::fp16;
@@ -89,6 +98,25 @@ void describe(CLI::App& app, Options& o, std::uint64_t& deadline_ms, std::uint64
   app.add_option("--backend", o.backend, "the engine: the GPU where one exists (auto), or cpu, or gpu")
       ->capture_default_str()
       ->check(CLI::IsMember({"auto", "cpu", "gpu"}));
+  const CLI::Validator gpu_list(
+      [](std::string& text) -> std::string {
+        if (text == "all") return {};
+        std::size_t begin = 0;
+        for (;;) {
+          const std::size_t end = std::min(text.find(',', begin), text.size());
+          int ordinal = 0;
+          const auto [at, ec] = std::from_chars(text.data() + begin, text.data() + end, ordinal);
+          if (end == begin || ec != std::errc() || at != text.data() + end || ordinal < 0)
+            return "takes all, or device ordinals such as 0,1; not '" + text + "'";
+          if (end == text.size()) return {};
+          begin = end + 1;
+        }
+      },
+      "all|0,1,...", "GPU list");
+  number(app.add_option("--shards", o.shards, "engines the pool is split over, of the chosen backend (ads placed by id)"), 1u, 64u);
+  app.add_option("--gpus", o.gpus,
+                 "the GPU backend's devices: all, or ordinals such as 0,1, one shard on each (0,0: two shards on GPU 0)")
+      ->check(gpu_list);
   app.add_option("--tuning", o.tuning, "kernel policies a search found (kevo-tune-pipeline --out), for the GPU backend")
       ->check(CLI::ExistingFile);
   number(app.add_option("--threads", o.threads, "I/O threads: read, parse, write"), 1u, 1024u);
@@ -121,6 +149,25 @@ std::optional<int> parse(int argc, char** argv, Options& o) {
   CLI::App app{"", "retrieval_server"};
   describe(app, o, deadline_ms, drain_ms, io_timeout_ms, dtype);
   if (auto stop = kevo_examples::parse_command_line(app, argc, argv)) return stop;
+  // What one flag's check cannot see: --gpus against --backend and --shards.
+  const auto refuse = [](const std::string& why) {
+    std::fprintf(stderr, "retrieval_server: %s (--help lists the options)\n", why.c_str());
+    return std::optional<int>(2);
+  };
+  if (!o.gpus.empty()) {
+    if (o.backend == "cpu") return refuse("--gpus " + o.gpus + " names GPUs, and --backend cpu serves from the CPU");
+    if (o.gpus != "all") {
+      for (std::size_t begin = 0; begin <= o.gpus.size();) {  // the validator has checked the syntax
+        const std::size_t end = std::min(o.gpus.find(',', begin), o.gpus.size());
+        o.devices.push_back(std::stoi(o.gpus.substr(begin, end - begin)));
+        begin = end + 1;
+      }
+      if (o.devices.size() > 64) return refuse("--gpus lists " + std::to_string(o.devices.size()) + " devices; 64 at most");
+      if (o.shards != 1 && o.shards != o.devices.size())
+        return refuse("--shards " + std::to_string(o.shards) + " with --gpus " + o.gpus + ": --gpus makes one shard per device listed (" +
+                      std::to_string(o.devices.size()) + "), so --shards must be 1 or that");
+    }
+  }
   o.serving.request_deadline = ms(deadline_ms);
   o.drain = ms(drain_ms);
   o.serving.io_timeout = ms(io_timeout_ms);
@@ -128,25 +175,85 @@ std::optional<int> parse(int argc, char** argv, Options& o) {
   return std::nullopt;
 }
 
-/// The GPU backend where this build has CUDA and the machine a GPU (unless --backend cpu), else the
-/// CPU one; null where --backend gpu was asked for and no GPU backend can be had (a server meant for
-/// a GPU should not quietly serve from the CPU).
-std::unique_ptr<RetrievalBackend> make_backend(const Options& o, const Schema& schema, const Model& model) {
+/// One engine of the pool: the GPU backend where this build has CUDA and the machine a GPU (unless
+/// --backend cpu), else the CPU one; null where --backend gpu (or --gpus) was asked for and no GPU
+/// backend can be had (a server meant for a GPU should not quietly serve from the CPU). `device`:
+/// the GPU to create it on and keep it on (-1: the current one, as without --gpus). `cpu_threads`:
+/// the CPU engine's threads for one search.
+std::unique_ptr<RetrievalBackend> make_engine(const Options& o, const Schema& schema, const Model& model, std::size_t capacity,
+                                              int device, unsigned cpu_threads, bool quiet) {
   std::string why = "this build has no CUDA";
 #if defined(KEVO_RETRIEVAL_SERVER_CUDA)
   if (o.backend != "cpu") {
     // The tuning file is read here, in host code (simdjson); the pipeline only calls the chooser.
     PolicyChooser choose_policy = o.tuning.empty() ? PolicyChooser{} : tuned_policies(o.tuning);
-    if (auto gpu = make_cuda_backend(schema, model, o.ads + (1u << 20), std::move(choose_policy), why)) return gpu;
+    auto gpu = device < 0 ? make_cuda_backend(schema, model, capacity, std::move(choose_policy), why)
+                          : make_cuda_backend_on(device, schema, model, capacity, std::move(choose_policy), why);
+    if (gpu) return gpu;
   }
+#else
+  (void)capacity;
 #endif
-  if (o.backend == "gpu") {
-    std::fprintf(stderr, "--backend gpu: no GPU backend (%s)\n", why.c_str());
+  if (o.backend == "gpu" || device >= 0) {
+    std::fprintf(stderr, "%s: no GPU backend (%s)\n", device >= 0 ? ("--gpus " + o.gpus).c_str() : "--backend gpu", why.c_str());
     return nullptr;
   }
-  if (o.backend == "auto") std::fprintf(stderr, "no GPU backend (%s); serving from the CPU\n", why.c_str());
-  if (!o.tuning.empty()) std::fprintf(stderr, "--tuning: the CPU backend runs no tuned kernels; %s is not used\n", o.tuning.c_str());
-  return std::make_unique<CpuRetrievalBackend>(schema, model);
+  if (!quiet && o.backend == "auto") std::fprintf(stderr, "no GPU backend (%s); serving from the CPU\n", why.c_str());
+  if (!quiet && !o.tuning.empty())
+    std::fprintf(stderr, "--tuning: the CPU backend runs no tuned kernels; %s is not used\n", o.tuning.c_str());
+  return std::make_unique<CpuRetrievalBackend>(schema, model, cpu_threads);
+}
+
+/// The pool as /health and the start-up line name it: "3 shards of cpu", "2 shards of cuda on GPUs 0,0".
+class NamedPool final : public RetrievalBackend {
+ public:
+  NamedPool(std::unique_ptr<ShardedBackend> pool, std::string name) : pool_(std::move(pool)), name_(std::move(name)) {}
+  std::string name() const override { return name_; }
+  std::string kernel_policy() const override { return pool_->kernel_policy(); }
+  const Schema& schema() const override { return pool_->schema(); }
+  const Model& model() const override { return pool_->model(); }
+  kevo::expected<std::vector<ScoredAd>, kevo::Error> search(const Request& request) override { return pool_->search(request); }
+  kevo::expected<std::vector<std::vector<ScoredAd>>, kevo::Error> search_batch(std::span<const Request> requests) override {
+    return pool_->search_batch(requests);
+  }
+  kevo::expected<void, kevo::Error> upsert(std::span<const AdRecord> ads) override { return pool_->upsert(ads); }
+  kevo::expected<std::size_t, kevo::Error> expire(std::span<const std::uint32_t> ids) override { return pool_->expire(ids); }
+  kevo::expected<void, kevo::Error> reindex() override { return pool_->reindex(); }
+
+ private:
+  std::unique_ptr<ShardedBackend> pool_;
+  std::string name_;
+};
+
+/// The serving engine: one engine as before where neither --shards (past 1) nor --gpus is given,
+/// else the pool split over --shards engines, or one on each --gpus device, as a ShardedBackend.
+/// Null, having said why, where an engine cannot be had.
+std::unique_ptr<RetrievalBackend> make_backend(const Options& o, const Schema& schema, const Model& model) {
+  constexpr std::size_t headroom = std::size_t{1} << 20;  // room for ads upserted while serving, over the whole pool
+  const bool on_gpus = !o.devices.empty();
+  const std::size_t count = on_gpus ? o.devices.size() : o.shards;
+  if (count == 1 && !on_gpus) return make_engine(o, schema, model, o.ads + headroom, -1, default_thread_count(), false);
+  // Each shard holds its share of the pool (ads are placed by a hash of the id, so the shares are
+  // nearly even: 1% more covers the spread) and of the headroom; the total stays as one engine's.
+  const std::size_t share = (o.ads + count - 1) / count;
+  const std::size_t capacity = share + share / 100 + std::max<std::size_t>(headroom / count, 4096);
+  // The CPU engines search all at once (ShardedBackend asks every shard together), so each takes its
+  // share of the machine's threads, at least one: together they use what one engine would.
+  const unsigned cpu_threads = std::max(1u, default_thread_count() / static_cast<unsigned>(count));
+  std::vector<std::unique_ptr<RetrievalBackend>> engines;
+  for (std::size_t i = 0; i < count; ++i) {
+    auto engine = make_engine(o, schema, model, capacity, on_gpus ? o.devices[i] : -1, cpu_threads, i > 0);
+    if (!engine) return nullptr;
+    engines.push_back(std::move(engine));
+  }
+  auto pool = ShardedBackend::create(std::move(engines));
+  if (!pool) return std::fprintf(stderr, "%s\n", pool.error().message.c_str()), nullptr;
+  std::string name = std::to_string(count) + (count == 1 ? " shard of " : " shards of ") + (*pool)->shard(0).name();
+  if (on_gpus) {
+    name += o.devices.size() == 1 ? " on GPU " : " on GPUs ";
+    for (std::size_t i = 0; i < o.devices.size(); ++i) name += (i ? "," : "") + std::to_string(o.devices[i]);
+  }
+  return std::make_unique<NamedPool>(std::move(*pool), std::move(name));
 }
 
 /// Binds and listens on host:port, or says why not (a port in use).
@@ -171,6 +278,26 @@ int main(int argc, char** argv) {
   boost::asio::ip::tcp::acceptor acceptor(io);
   if (auto why = listen(acceptor, o.host, o.port))
     return std::fprintf(stderr, "retrieval_server: cannot listen on %s:%u: %s\n", o.host.c_str(), o.port, why->c_str()), 2;
+  if (o.gpus == "all" || !o.devices.empty()) {  // the devices, against this machine's
+#if defined(KEVO_RETRIEVAL_SERVER_CUDA)
+    const int count = cuda_device_count();
+    const char* none = "no GPU on this machine";
+#else
+    const int count = 0;
+    const char* none = "this build has no CUDA";
+#endif
+    if (count == 0) return std::fprintf(stderr, "retrieval_server: --gpus %s: no GPU backend (%s)\n", o.gpus.c_str(), none), 2;
+    if (o.gpus == "all") {
+      for (int d = 0; d < std::min(count, 64); ++d) o.devices.push_back(d);
+      if (o.shards != 1 && o.shards != o.devices.size())
+        return std::fprintf(stderr, "retrieval_server: --shards %u with --gpus all: this machine has %zu GPUs, so --shards must be 1 or %zu\n",
+                            o.shards, o.devices.size(), o.devices.size()), 2;
+    }
+    for (int d : o.devices)
+      if (d >= count)
+        return std::fprintf(stderr, "retrieval_server: --gpus %s: there is no GPU %d; this machine has %d (0 to %d)\n", o.gpus.c_str(), d,
+                            count, count - 1), 2;
+  }
   std::optional<AdFileReader> file;
   if (!o.ads_file.empty()) {
     auto opened = AdFileReader::open(o.ads_file);
