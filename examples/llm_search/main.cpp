@@ -24,6 +24,7 @@
 #include <kevo/synth/llm_synthesizer.hpp>
 
 #include "../common/command_line.hpp"
+#include "../common/shipped_data.hpp"
 
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
@@ -49,7 +50,7 @@ struct Options {
   double timeout_seconds = 120;
   std::string policy = "mcts", memory = "adaptive";
   double repair_share = 0.2;
-  fs::path knowledge_dir = KEVO_KNOWLEDGE_DIR, knowledge_db, store;
+  fs::path knowledge_dir = kevo_examples::shipped_data_dir() / "knowledge", knowledge_db, store;
   std::string max_tokens_field = "max_tokens", ca_file;
   std::vector<double> prices;  // --price IN OUT
   double price_input = 0, price_output = 0, cost_budget = 0;
@@ -70,7 +71,7 @@ void describe(CLI::App& app, Options& o) {
   app.description(
       "Searches for a faster kernel with an LLM writing the candidates. Without a base URL and a model it falls back to the "
       "offline template synthesizer.");
-  app.add_option("problem", o.problem_dir, "the problem directory (problem.json, reference, template)")->required();
+  app.add_option("problem", o.problem_dir, "the problem directory (problem.json, reference, template), or a shipped problem's name")->required();
   app.add_option("--base-url", o.base_url, "e.g. https://api.openai.com/v1, http://127.0.0.1:8000/v1, https://api.anthropic.com")
       ->envname("KEVO_LLM_BASE_URL");
   app.add_option("--model", o.model, "the model's name")->envname("KEVO_LLM_MODEL");
@@ -224,7 +225,7 @@ int llm_search_main(int argc, char** argv) {
   describe(app, o);
   if (auto stop = kevo_examples::parse_command_line(app, argc, argv)) return *stop;
   if (o.prices.size() == 2) o.price_input = o.prices[0], o.price_output = o.prices[1];
-  auto problem = kevo::load_problem(o.problem_dir);
+  auto problem = kevo::load_problem(kevo_examples::resolve_problem(o.problem_dir));
   if (!problem) return fail(problem.error().message);
 
   const fs::path knowledge_db = o.knowledge_db.empty() ? fs::path("kevo-runs") / "knowledge.db" : o.knowledge_db;

@@ -23,6 +23,7 @@
 #include <kevo/synth/template_synthesizer.hpp>
 
 #include "../common/command_line.hpp"
+#include "../common/shipped_data.hpp"
 
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
@@ -68,7 +69,7 @@ void describe(CLI::App& app, Options& o) {
   app.description(
       "Searches for a faster, verified implementation of the problem's kernel on this machine's CPU or GPU (the problem's "
       "\"target\": cpu or cuda).");
-  app.add_option("problem", o.problem_dir, "the problem directory (problem.json, reference, template)")->required();
+  app.add_option("problem", o.problem_dir, "the problem directory (problem.json, reference, template), or a shipped problem's name")->required();
   app.add_option("--policy", o.policy, "search policy")->capture_default_str()->check(
       CLI::IsMember({"mcts", "evolutionary", "greedy", "random"}));
   app.add_option("--memory", o.memory, "memory operator")->capture_default_str()->check(
@@ -149,7 +150,7 @@ int search_main(int argc, char** argv) {
   if (auto stop = kevo_examples::parse_command_line(app, argc, argv)) return *stop;
   o.budget_given = app.count("--budget") > 0;
 
-  auto problem = kevo::load_problem(o.problem_dir);
+  auto problem = kevo::load_problem(kevo_examples::resolve_problem(o.problem_dir));
   if (!problem) return fail(problem.error().message);
   if (o.store.empty()) o.store = fs::path("kevo-runs") / (problem->name + ".db");
   if (o.out.empty()) o.out = fs::path("kevo-runs") / (problem->name + ".best.cpp");

@@ -24,3 +24,15 @@ execute_process(COMMAND ldd ${WORK_DIR}/build/kevo_core_consumer OUTPUT_VARIABLE
 if(core_libraries MATCHES "libsqlite3|libssl|libcrypto|libsimdjson|libseccomp")
   message(FATAL_ERROR "kevo_core_consumer links more than kevo::core should:\n${core_libraries}")
 endif()
+# The installed kevo-search (where the build made it) finds a shipped problem by its name, in
+# share/kevo beside it, from a directory that holds no problems.
+if(EXISTS ${prefix}/bin/kevo-search)
+  file(MAKE_DIRECTORY ${WORK_DIR}/elsewhere)
+  execute_process(COMMAND ${prefix}/bin/kevo-search softmax --budget 1 --jobs 1
+                  WORKING_DIRECTORY ${WORK_DIR}/elsewhere RESULT_VARIABLE rc OUTPUT_VARIABLE said ERROR_VARIABLE said)
+  if(NOT rc EQUAL 0 OR NOT said MATCHES "softmax")
+    message(FATAL_ERROR "the installed kevo-search did not search the shipped softmax by name (${rc}):\n${said}")
+  endif()
+  message(STATUS "installed kevo-search: found the shipped softmax by name")
+endif()
+
