@@ -1,4 +1,4 @@
-# Every dependency comes from Debian's packages (see .ci/install-deps).
+# Every dependency comes from Debian's packages (see scripts/install-deps).
 include(GNUInstallDirs)
 set(THREADS_PREFER_PTHREAD_FLAG ON)
 find_package(Threads REQUIRED)
