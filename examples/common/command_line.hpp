@@ -26,14 +26,20 @@ inline const CLI::Validator whole_number(
     },
     "", "");
 
+/// Says why the command line is refused, in one line that names the program, and gives exit code 2:
+/// for what a flag's own check cannot see (two flags that disagree) as for what CLI11 refuses.
+inline int refuse_command_line(const CLI::App& app, const std::string& why) {
+  std::fprintf(stderr, "%s: %s (--help lists the options)\n", app.get_name().c_str(), why.c_str());
+  return 2;
+}
+
 /// Parses argv into what `app` describes; returns the exit code where the program should stop now.
 inline std::optional<int> parse_command_line(CLI::App& app, int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     if (e.get_exit_code() == 0) return app.exit(e);  // --help
-    std::fprintf(stderr, "%s: %s (--help lists the options)\n", app.get_name().c_str(), e.what());
-    return 2;
+    return refuse_command_line(app, e.what());
   }
   return std::nullopt;
 }

@@ -43,9 +43,7 @@ class OnDevice final : public RetrievalBackend {
 
  private:
   expected<void, Error> select() const {
-    if (const cudaError_t e = cudaSetDevice(device_); e != cudaSuccess)
-      return make_error("cannot make GPU " + std::to_string(device_) + " current: " + cudaGetErrorString(e), ErrorKind::backend);
-    return {};
+    return gpu_check(gpu_set_device(device_), ("cannot make GPU " + std::to_string(device_) + " current").c_str());
   }
   int device_;
   std::unique_ptr<RetrievalBackend> engine_;
@@ -74,8 +72,8 @@ std::unique_ptr<RetrievalBackend> make_cuda_backend_on(int device, const Schema&
     why = "no GPU " + std::to_string(device) + " on this machine (it has " + std::to_string(count) + ")";
     return nullptr;
   }
-  if (const cudaError_t e = cudaSetDevice(device); e != cudaSuccess) {  // the pipeline is created on the current device
-    why = "cannot make GPU " + std::to_string(device) + " current: " + cudaGetErrorString(e);
+  if (auto current = gpu_check(gpu_set_device(device), ("cannot make GPU " + std::to_string(device) + " current").c_str()); !current) {
+    why = current.error().message;  // the pipeline is created on the current device
     return nullptr;
   }
   auto engine = make_cuda_backend(schema, model, capacity, std::move(choose_policy), why);

@@ -33,6 +33,7 @@
 #include <iterator>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -72,6 +73,20 @@ CLI::Option* number(CLI::Option* option, T least, T most) {
   return option->capture_default_str()->transform(whole_number)->check(CLI::Range(least, most));
 }
 
+/// --gpus's device ordinals ("0,1": {0, 1}; a device may repeat), or nothing where `text` is not such a list.
+std::optional<std::vector<int>> gpu_ordinals(std::string_view text) {
+  std::vector<int> ordinals;
+  for (std::size_t begin = 0;;) {
+    const std::size_t end = std::min(text.find(',', begin), text.size());
+    int ordinal = 0;
+    const auto [at, ec] = std::from_chars(text.data() + begin, text.data() + end, ordinal);
+    if (end == begin || ec != std::errc() || at != text.data() + end || ordinal < 0) return std::nullopt;
+    ordinals.push_back(ordinal);
+    if (end == text.size()) return ordinals;
+    begin = end + 1;
+  }
+}
+
 // The command line, with CLI11 (examples/common/command_line.hpp): --help lists the flags; a bad flag or
 // value is one line that names it, and exit code 2, before anything is bound or loaded.
 void describe(CLI::App& app, Options& o, std::uint64_t& deadline_ms, std::uint64_t& drain_ms, std::uint64_t& io_timeout_ms,
@@ -100,17 +115,8 @@ void describe(CLI::App& app, Options& o, std::uint64_t& deadline_ms, std::uint64
       ->check(CLI::IsMember({"auto", "cpu", "gpu"}));
   const CLI::Validator gpu_list(
       [](std::string& text) -> std::string {
-        if (text == "all") return {};
-        std::size_t begin = 0;
-        for (;;) {
-          const std::size_t end = std::min(text.find(',', begin), text.size());
-          int ordinal = 0;
-          const auto [at, ec] = std::from_chars(text.data() + begin, text.data() + end, ordinal);
-          if (end == begin || ec != std::errc() || at != text.data() + end || ordinal < 0)
-            return "takes all, or device ordinals such as 0,1; not '" + text + "'";
-          if (end == text.size()) return {};
-          begin = end + 1;
-        }
+        if (text == "all" || gpu_ordinals(text)) return {};
+        return "takes all, or device ordinals such as 0,1; not '" + text + "'";
       },
       "all|0,1,...", "GPU list");
   number(app.add_option("--shards", o.shards, "engines the pool is split over, of the chosen backend (ads placed by id)"), 1u, 64u);
@@ -150,18 +156,11 @@ std::optional<int> parse(int argc, char** argv, Options& o) {
   describe(app, o, deadline_ms, drain_ms, io_timeout_ms, dtype);
   if (auto stop = kevo_examples::parse_command_line(app, argc, argv)) return stop;
   // What one flag's check cannot see: --gpus against --backend and --shards.
-  const auto refuse = [](const std::string& why) {
-    std::fprintf(stderr, "retrieval_server: %s (--help lists the options)\n", why.c_str());
-    return std::optional<int>(2);
-  };
+  const auto refuse = [&app](const std::string& why) { return std::optional<int>(kevo_examples::refuse_command_line(app, why)); };
   if (!o.gpus.empty()) {
     if (o.backend == "cpu") return refuse("--gpus " + o.gpus + " names GPUs, and --backend cpu serves from the CPU");
     if (o.gpus != "all") {
-      for (std::size_t begin = 0; begin <= o.gpus.size();) {  // the validator has checked the syntax
-        const std::size_t end = std::min(o.gpus.find(',', begin), o.gpus.size());
-        o.devices.push_back(std::stoi(o.gpus.substr(begin, end - begin)));
-        begin = end + 1;
-      }
+      o.devices = *gpu_ordinals(o.gpus);  // the validator has taken it
       if (o.devices.size() > 64) return refuse("--gpus lists " + std::to_string(o.devices.size()) + " devices; 64 at most");
       if (o.shards != 1 && o.shards != o.devices.size())
         return refuse("--shards " + std::to_string(o.shards) + " with --gpus " + o.gpus + ": --gpus makes one shard per device listed (" +

@@ -527,7 +527,8 @@ inline TextScan scan_text(std::string_view source, const ScreeningRules& rules) 
       if (!include_allowed(header, rules.allowed_includes)) {
         add_finding(scan.findings, ScreeningRule::include, l.line,
                     fmt::format("#include {} is not on the allow-list (a kernel includes the standard library's computing "
-                                "headers and \"kevo_problem.hpp\"; no I/O, files or system headers)",
+                                "headers, \"kevo_problem.hpp\" and the kevo headers its problem's library_headers names; "
+                                "no I/O, files or system headers)",
                                 spec.substr(0, close + 1)));
         continue;
       }

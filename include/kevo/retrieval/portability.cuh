@@ -77,6 +77,7 @@ inline gpu_error_t gpu_event_record(gpu_event_t event, gpu_stream_t stream) { re
 inline gpu_error_t gpu_event_synchronize(gpu_event_t event) { return cudaEventSynchronize(event); }
 inline gpu_error_t gpu_device_synchronize() { return cudaDeviceSynchronize(); }
 inline gpu_error_t gpu_current_device(int* device) { return cudaGetDevice(device); }
+inline gpu_error_t gpu_set_device(int device) { return cudaSetDevice(device); }
 inline gpu_error_t gpu_multiprocessor_count(int* count, int device) {
   return cudaDeviceGetAttribute(count, cudaDevAttrMultiProcessorCount, device);
 }
