@@ -579,6 +579,17 @@ void run_updates(Pool& fp16, const Workload& fp16_workload, const Request& typic
           search_ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - s0).count());
         }
       });
+    if (!with_search) {
+      // The host's share alone: checking and packing the same batches (what upsert does before the
+      // device is involved), on every core this process may use. Where this is near the applied
+      // rate below, updates are bound by the host, and the rate follows its cores and load.
+      const auto h = std::chrono::steady_clock::now();
+      std::size_t packed = 0;
+      for (const auto& ads : prepared) packed += PackedAds::from(ads, 128, default_thread_count()).size();
+      const double host = std::chrono::duration<double>(std::chrono::steady_clock::now() - h).count();
+      std::printf("batches of %d: host packing alone %.2f M ads/s on %u threads; %zu ads walked by their clause runs\n",
+                  batch, packed / host * 1e-6, default_thread_count(), fp16.pipeline->index().unindexed_count());
+    }
     const auto a = std::chrono::steady_clock::now();
     for (const auto& ads : prepared) CHECK_OK(fp16.pipeline->index().upsert(ads));
     CHECK_OK(fp16.pipeline->index().synchronize());  // counted once applied, not once enqueued
@@ -617,7 +628,7 @@ void run_batches(Pool& pool, const Workload& w, std::uint64_t n, int repeats, do
   for (int r = 0; r < kMax; ++r)
     outs[r] = {outs_memory + r * kMaxK, reinterpret_cast<float*>(outs_memory + (kMax + r) * kMaxK),
                outs_memory + 2 * kMax * kMaxK + r};
-  const double row = p.index().row_bytes() + 4.0 + (p.schema().embedding_type == EmbeddingType::int8 ? 4 : 0);
+  const double row = p.index().row_bytes() + 4.0 * p.index().side_width();
   const PipelinePolicy original = p.policy();
   for (int size : {1, 2, 4, 8}) {
     std::vector<Request> requests;
@@ -720,8 +731,7 @@ void run_scoring_policy_sweep(const std::array<Pool*, 2>& pools, const Request& 
   std::puts("\n## Scoring policy sweep (typical, fp16 and int8, K = 1000; scoring alone)\n");
   for (Pool* p : pools) {
     const PipelinePolicy original = p->pipeline->policy();
-    const double bytes_per_ad = p->pipeline->index().row_bytes() + 4.0 +
-                                (p->pipeline->schema().embedding_type == EmbeddingType::int8 ? 4 : 0) + 8;
+    const double bytes_per_ad = p->pipeline->index().row_bytes() + 4.0 * p->pipeline->index().side_width() + 8;
     const std::uint32_t eligible = time_stages(*p, typical, n, 1, out, stream).eligible;
     const double probe = time_gather_probe(*p, typical, n, repeats, stream);
     std::printf("%s gather probe (rows + bias read, one word written, no arithmetic): %.2f G ads/s (%.0f%%)\n",
@@ -826,10 +836,18 @@ void run_search_latency(Pool& pool, const Workload& workload, int repeats) {
   }
 }
 
+/// "typical int8: scoring 1.74x fp16's ads/s".
+std::string fmt_ratio(const char* request, const char* dtype, double ratio) {
+  char line[128];
+  std::snprintf(line, sizeof line, "%s %s: scoring %.2fx fp16's ads/s", request, dtype, ratio);
+  return line;
+}
+
 int main(int argc, char** argv) {
   std::uint64_t n = 100'000'000;
   bool quick = false, stages_only = false, updates_only = false, matching_only = false, probes_only = false,
-       batch_only = false, serving_only = false, sweep_only = false, topk_only = false, launches_only = false;
+       batch_only = false, serving_only = false, sweep_only = false, topk_only = false, launches_only = false,
+       int8_only = false;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--n") && i + 1 < argc) n = std::strtoull(argv[++i], nullptr, 10);
     else if (!std::strcmp(argv[i], "--quick")) quick = true;
@@ -842,8 +860,9 @@ int main(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--topk-only")) topk_only = true;    // the top-K boundary-cap sweep alone
     else if (!std::strcmp(argv[i], "--launches-only")) launches_only = true;  // launch costs at 1M and 10M ads
     else if (!std::strcmp(argv[i], "--matching-only")) stages_only = matching_only = true;  // stages, then the matching sweep
+    else if (!std::strcmp(argv[i], "--int8-only")) int8_only = true;  // fp16 and both int8 storages: speed and recall
     else {
-      std::fprintf(stderr, "usage: %s [--n ADS] [--quick] [--stages-only | --matching-only | --sweep-only | --topk-only | --launches-only | --updates-only | --probes-only | --batch-only | --serving-only]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--n ADS] [--quick] [--stages-only | --matching-only | --sweep-only | --topk-only | --launches-only | --int8-only | --updates-only | --probes-only | --batch-only | --serving-only]\n", argv[0]);
       return 2;
     }
   }
@@ -894,12 +913,12 @@ int main(int argc, char** argv) {
   auto report = [&](const char* label, Pool& pool, const Request& request, std::uint64_t slots) {
     const StageTimes st = time_stages(pool, request, slots, repeats, out, stream);
     const double row = static_cast<double>(pool.pipeline->index().row_bytes());
-    const bool is_int8 = pool.pipeline->schema().embedding_type == EmbeddingType::int8;
+    const double side = 4.0 * pool.pipeline->index().side_width();  // the bias and any scales, one record
     const double el = st.eligible;
     // Matching reads a header byte per ad and the postings the user's values list, and writes the list.
     const double match_bytes = 1.0 * slots + 2.0 * matched_postings(pool, request, slots) + 4.0 * el;
-    const double score_bytes = el * (row + 4 + (is_int8 ? 4 : 0) + 4 + 4);
-    const double pipe_bytes = match_bytes - 4.0 * el + el * (row + 4 + (is_int8 ? 4 : 0));
+    const double score_bytes = el * (row + side + 4 + 4);
+    const double pipe_bytes = match_bytes - 4.0 * el + el * (row + side);
     std::printf("| %s | %s | %llu | %.1f%% | %d | %.1f G/s (%.0f%%) | %.1f G/s (%.0f%%) | %.3f ms (%.1f%% of scoring) | %.3f ms | %.2f G/s (%.0f%%) |\n",
                 label, to_string(pool.pipeline->schema().embedding_type), static_cast<unsigned long long>(slots),
                 100.0 * el / slots, request.k, slots / st.matching * 1e-9, 100 * match_bytes / st.matching / roofline,
@@ -941,6 +960,52 @@ int main(int argc, char** argv) {
     const double t = time_scoring_only(fp16, typical, n, repeats, stream);
     std::printf("scoring alone (default policy): %.2f G ads/s (%.1f%%)\n", eligible / t * 1e-9,
                 100 * eligible * (fp16.pipeline->index().row_bytes() + 12.0) / t / roofline);
+    return 0;
+  }
+  // recall@K of a quantised pool's answers against fp16's, over `requests` typical requests.
+  auto recall_against_fp16 = [&](Pool& quantised, int k, int requests) {
+    double recall = 0;
+    for (int q = 0; q < requests; ++q) {
+      const Request r = fp16_workload.request(100 + static_cast<std::uint64_t>(q), RequestKind::typical, k);
+      const auto a = top_k(fp16, r), b = top_k(quantised, r);
+      std::vector<std::uint32_t> ia, ib;
+      for (auto& x : a) ia.push_back(x.id);
+      for (auto& x : b) ib.push_back(x.id);
+      std::sort(ia.begin(), ia.end());
+      std::sort(ib.begin(), ib.end());
+      std::vector<std::uint32_t> both;
+      std::set_intersection(ia.begin(), ia.end(), ib.begin(), ib.end(), std::back_inserter(both));
+      recall += static_cast<double>(both.size()) / std::max<std::size_t>(1, ia.size()) / requests;
+    }
+    return recall;
+  };
+  if (int8_only) {
+    // int8's two storages beside fp16: one scale per ad, or one per group of 32 values (for recall).
+    const Workload group_workload({.seed = 2026, .embedding_type = EmbeddingType::int8_group32});
+    Pool group32 = build_pool(group_workload, n, 99, &targeting);
+    const std::array<Pool*, 3> pools{&fp16, &int8, &group32};
+    std::puts("## fp16, int8 and int8_group32 (median of repeats; % = fraction of the streaming roofline)\n");
+    std::puts("| request | dtype | N | eligible | K | matching | scoring | top-K | pipeline (events) | pipeline |");
+    std::puts("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |");
+    const Request broad = fp16_workload.request(1, RequestKind::broad, 1000);
+    double fp16_scoring[2] = {};
+    std::vector<std::string> ratios;
+    for (int which = 0; which < 2; ++which)
+      for (Pool* p : pools) {
+        const StageTimes st = report(which ? "broad" : "typical", *p, which ? broad : typical, n);
+        const double rate = st.eligible / st.scoring;
+        if (p == &fp16) fp16_scoring[which] = rate;
+        else ratios.push_back(fmt_ratio(which ? "broad" : "typical", to_string(p->pipeline->schema().embedding_type),
+                                        rate / fp16_scoring[which]));
+      }
+    std::puts("");
+    for (const std::string& line : ratios) std::puts(line.c_str());
+    std::puts("\n## recall@K against fp16 (same ads, same typical requests)\n");
+    std::puts("| K | int8 | int8_group32 |");
+    std::puts("| --- | --- | --- |");
+    for (int k : {100, 1000, 4096})
+      std::printf("| %d | %.4f | %.4f |\n", k, recall_against_fp16(int8, k, quick ? 2 : 5),
+                  recall_against_fp16(group32, k, quick ? 2 : 5));
     return 0;
   }
   std::puts("## Stages (median of repeats; G/s = ads per second, % = fraction of the streaming roofline)\n");
@@ -1006,23 +1071,7 @@ int main(int argc, char** argv) {
   }
 
   std::puts("\n## int8 recall@K against fp16 (same ads, same requests)\n");
-  for (int k : {100, 1000, 4096}) {
-    double recall = 0;
-    const int requests = quick ? 2 : 5;
-    for (int q = 0; q < requests; ++q) {
-      const Request r = fp16_workload.request(100 + q, RequestKind::typical, k);
-      const auto a = top_k(fp16, r), b = top_k(int8, r);
-      std::vector<std::uint32_t> ia, ib;
-      for (auto& x : a) ia.push_back(x.id);
-      for (auto& x : b) ib.push_back(x.id);
-      std::sort(ia.begin(), ia.end());
-      std::sort(ib.begin(), ib.end());
-      std::vector<std::uint32_t> both;
-      std::set_intersection(ia.begin(), ia.end(), ib.begin(), ib.end(), std::back_inserter(both));
-      recall += static_cast<double>(both.size()) / std::max<std::size_t>(1, ia.size()) / requests;
-    }
-    std::printf("recall@%d = %.4f\n", k, recall);
-  }
+  for (int k : {100, 1000, 4096}) std::printf("recall@%d = %.4f\n", k, recall_against_fp16(int8, k, quick ? 2 : 5));
 
   std::puts("\n## Pipeline, request in to top-K out on the host (search(), synchronous), and back-to-back async\n");
   for (Pool* p : both_pools) {
@@ -1058,7 +1107,7 @@ int main(int argc, char** argv) {
       const std::uint64_t m = std::min<std::uint64_t>(n, 20u << 20);
       Pool pool = build_pool(w, m, 99, &targeting);
       const StageTimes st = time_stages(pool, w.request(1, RequestKind::typical, 1000), m, repeats, out, stream);
-      const double bytes = st.eligible * (pool.pipeline->index().row_bytes() + 4.0 + (type == EmbeddingType::int8 ? 4 : 0) + 8);
+      const double bytes = st.eligible * (pool.pipeline->index().row_bytes() + 4.0 * pool.pipeline->index().side_width() + 8);
       std::printf("d = %d %s: scoring %.1f G ads/s (%.0f%% of roofline), top-K %.3f ms\n", dim, to_string(type),
                   st.eligible / st.scoring * 1e-9, 100 * bytes / st.scoring / roofline, st.topk * 1e3);
     }

@@ -49,7 +49,7 @@ std::unique_ptr<DeviceTimer> make_device_timer(const DeviceTimerOptions& o, std:
     return nullptr;
   }
   auto workload = std::make_unique<Workload>(WorkloadOptions{
-      .seed = o.workload_seed, .dim = o.dim, .embedding_type = o.int8 ? EmbeddingType::int8 : EmbeddingType::fp16});
+      .seed = o.workload_seed, .dim = o.dim, .embedding_type = o.dtype});
   auto pool = build_synthetic_pool(*workload, o.ads, 99);
   if (!pool) {
     error = "building a pool of " + std::to_string(o.ads) + " ads: " + pool.error().message;

@@ -15,7 +15,7 @@ namespace kevo_tune {
 struct DeviceTimerOptions {
   std::uint64_t ads = 100'000'000;
   int dim = 128;
-  bool int8 = false;
+  kevo::retrieval::EmbeddingType dtype = kevo::retrieval::EmbeddingType::fp16;
   std::string request_kind = "typical";  ///< typical, broad or narrow
   int k = 1000;
   int requests = 5;  ///< drawn per seed

@@ -39,7 +39,12 @@ void describe(CLI::App& app, Options& o) {
       ->transform(whole_number)
       ->check(CLI::Range(std::uint64_t{1}, std::uint64_t{1} << 32));
   app.add_option("--dim", o.device.dim, "embedding width")->capture_default_str()->transform(whole_number)->check(CLI::Range(1, 1024));
-  app.add_option("--dtype", o.dtype, "embedding type")->capture_default_str()->check(CLI::IsMember({"fp16", "int8"}));
+  app.add_option("--dtype", o.dtype, fmt::format("embedding type: {}", kevo::retrieval::kEmbeddingTypeNames))
+      ->capture_default_str()
+      ->check([](const std::string& name) {
+        return kevo::retrieval::embedding_type_named(name) ? std::string()
+                                                           : fmt::format("not {}", kevo::retrieval::kEmbeddingTypeNames);
+      });
   app.add_option("--requests", o.device.request_kind, "request kind")->capture_default_str()->check(CLI::IsMember({"typical", "broad", "narrow"}));
   app.add_option("--k", o.device.k, "results a search")->capture_default_str()->transform(whole_number)->check(CLI::Range(1, 4096));
   app.add_option("--batch", o.device.batch, "1: searches one by one; more: batches of that many (tunes batched scoring)")
@@ -67,7 +72,7 @@ int main(int argc, char** argv) {
   CLI::App app{"", "kevo-tune-pipeline"};
   describe(app, o);
   if (auto stop = kevo_examples::parse_command_line(app, argc, argv)) return *stop;
-  o.device.int8 = o.dtype == "int8";
+  o.device.dtype = *kevo::retrieval::embedding_type_named(o.dtype);
   std::string error;
   if (!kevo_tune::device_present(error)) return fail(error);
   if (const std::filesystem::path store = o.store; store.has_parent_path()) {
@@ -85,8 +90,7 @@ int main(int argc, char** argv) {
   const kevo::retrieval::DeviceIdentity identity = device->device();
 
   const kevo::eval::PipelineWorkload workload{
-      .shape = {o.device.dim, o.device.int8 ? kevo::retrieval::EmbeddingType::int8 : kevo::retrieval::EmbeddingType::fp16,
-                kevo::retrieval::pool_class(o.device.ads)},
+      .shape = {o.device.dim, o.device.dtype, kevo::retrieval::pool_class(o.device.ads)},
       .ads = o.device.ads,
       .request_kind = o.device.request_kind,
       .k = o.device.k};

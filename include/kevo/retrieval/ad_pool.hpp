@@ -1,5 +1,5 @@
 // kevo/retrieval/ad_pool.hpp: the ad pool on the host, in the stored form that the GPU index mirrors
-// (fp16 bits, or int8 with a per-ad scale; targeting as packed clauses).
+// (fp16 bits, or int8 with a scale per ad or per group of 32 values; targeting as packed clauses).
 //
 //   HostAdPool pool(schema);
 //   if (auto ok = pool.upsert(ad); !ok) log(ok.error().message);
@@ -40,23 +40,60 @@ inline expected<void, Error> validate_schema(const Schema& schema) {
   for (std::uint32_t v : schema.category_values)
     if (v < 1 || v > kMaxCategoryValues) return make_error("schema: a category has 1 to 131072 values");
   if (schema.dim < 1 || schema.dim > 1024) return make_error("schema: d from 1 to 1024");
+  if (schema.embedding_type == EmbeddingType::int8_group32 && schema.dim % kScaleGroup != 0)
+    return make_error("schema: int8_group32 needs d to be a multiple of 32, not " + std::to_string(schema.dim));
   return {};
 }
 
-/// Symmetric int8 quantisation of one embedding: a = scale * q, q in [-127, 127].
+/// Symmetric int8 quantisation of one embedding: a = scale * q, q in [-127, 127], with one scale
+/// for the whole embedding (int8) or one per group of 32 consecutive values (int8_group32).
 struct QuantizedEmbedding {
   std::vector<std::int8_t> values;
-  float scale = 0.0f;
+  std::vector<float> scales;  // int8: one; int8_group32: d / 32, each exact in fp16
 };
 
+namespace detail {
+/// Rounds values[begin, end) to q at the max-abs scale `scale`.
+inline void round_to_int8(const std::vector<float>& values, std::size_t begin, std::size_t end, float scale,
+                          std::vector<std::int8_t>& q) {
+  if (scale == 0.0f) return;  // all zeros (or fp16's scale underflowed): q stays 0
+  for (std::size_t k = begin; k < end; ++k)
+    q[k] = static_cast<std::int8_t>(std::clamp(std::lround(values[k] / scale), -127l, 127l));
+}
+inline float max_abs(const std::vector<float>& values, std::size_t begin, std::size_t end) {
+  float m = 0.0f;
+  for (std::size_t k = begin; k < end; ++k) m = std::max(m, std::fabs(values[k]));
+  return m;
+}
+}  // namespace detail
+
+/// One fp32 scale per ad: max |a| / 127.
 inline QuantizedEmbedding quantize_int8(const std::vector<float>& embedding) {
-  float max_abs = 0.0f;
-  for (float a : embedding) max_abs = std::max(max_abs, std::fabs(a));
-  QuantizedEmbedding q{std::vector<std::int8_t>(embedding.size(), 0), max_abs / 127.0f};
-  if (max_abs == 0.0f) return q;
-  for (std::size_t k = 0; k < embedding.size(); ++k)
-    q.values[k] = static_cast<std::int8_t>(std::clamp(std::lround(embedding[k] / q.scale), -127l, 127l));
+  QuantizedEmbedding q{std::vector<std::int8_t>(embedding.size(), 0), {detail::max_abs(embedding, 0, embedding.size()) / 127.0f}};
+  detail::round_to_int8(embedding, 0, embedding.size(), q.scales[0], q.values);
   return q;
+}
+
+/// One fp16 scale per group of 32 values: each group's max |a| / 127, rounded to fp16 (the stored
+/// scale, so that q is rounded against what is dequantised; q is clamped where that rounded down),
+/// and one fp16 step lower where 127 times it would pass fp16's range (the GPU's dequantised values
+/// are fp16).
+inline QuantizedEmbedding quantize_int8_group32(const std::vector<float>& embedding) {
+  const std::size_t groups = embedding.size() / kScaleGroup;
+  QuantizedEmbedding q{std::vector<std::int8_t>(embedding.size(), 0), std::vector<float>(groups, 0.0f)};
+  for (std::size_t g = 0; g < groups; ++g) {
+    const std::size_t begin = g * kScaleGroup, end = begin + kScaleGroup;
+    std::uint16_t scale = float_to_half(detail::max_abs(embedding, begin, end) / 127.0f);
+    if (127.0f * half_to_float(scale) > kMaxHalf) --scale;  // positive fp16 bits step down by one ulp
+    q.scales[g] = half_to_float(scale);
+    detail::round_to_int8(embedding, begin, end, q.scales[g], q.values);
+  }
+  return q;
+}
+
+/// The quantisation an int8 pool of `type` stores.
+inline QuantizedEmbedding quantize(EmbeddingType type, const std::vector<float>& embedding) {
+  return type == EmbeddingType::int8_group32 ? quantize_int8_group32(embedding) : quantize_int8(embedding);
 }
 
 /// The ad pool on the host: slots hold ads; ids map to slots; expired slots are reused.
@@ -107,26 +144,31 @@ class HostAdPool {
   float bias(std::size_t slot) const { return bias_[slot]; }
   const std::vector<std::uint32_t>& clauses(std::size_t slot) const { return clauses_[slot]; }
 
-  /// The embedding value the reference uses: fp16 widened, or int8 dequantised (scale * q in fp32).
+  /// The embedding value the reference uses: fp16 widened, or int8 dequantised (scale * q in fp32,
+  /// with the scale of the ad or of value k's group).
   float embedding(std::size_t slot, int k) const {
     const std::size_t at = slot * static_cast<std::size_t>(schema_.dim) + static_cast<std::size_t>(k);
     if (schema_.embedding_type == EmbeddingType::fp16) return half_to_float(fp16_[at]);
-    return scale_[slot] * static_cast<float>(int8_[at]);
+    const std::size_t group = schema_.embedding_type == EmbeddingType::int8_group32 ? static_cast<std::size_t>(k / kScaleGroup) : 0;
+    return scale_[slot * scales_per_slot() + group] * static_cast<float>(int8_[at]);
   }
 
   // The stored form, for uploads to a device index.
   const std::vector<std::uint16_t>& fp16_values() const { return fp16_; }
   const std::vector<std::int8_t>& int8_values() const { return int8_; }
+  /// (slots, scales_per_ad()): each ad's scale, or its groups' scales.
   const std::vector<float>& scales() const { return scale_; }
 
  private:
+  std::size_t scales_per_slot() const { return static_cast<std::size_t>(scales_per_ad(schema_.embedding_type, schema_.dim)); }
+
   std::size_t grow() {
     const std::size_t slot = ids_.size();
     const auto d = static_cast<std::size_t>(schema_.dim);
     ids_.push_back(0);
     live_.push_back(0);
     bias_.push_back(0.0f);
-    scale_.push_back(0.0f);
+    scale_.resize(scale_.size() + scales_per_slot(), 0.0f);
     clauses_.emplace_back();
     if (schema_.embedding_type == EmbeddingType::fp16) fp16_.resize(fp16_.size() + d);
     else int8_.resize(int8_.size() + d);
@@ -141,9 +183,9 @@ class HostAdPool {
     if (schema_.embedding_type == EmbeddingType::fp16) {
       for (std::size_t k = 0; k < d; ++k) fp16_[slot * d + k] = float_to_half(ad.embedding[k]);
     } else {
-      QuantizedEmbedding q = quantize_int8(ad.embedding);
+      QuantizedEmbedding q = quantize(schema_.embedding_type, ad.embedding);
       std::copy(q.values.begin(), q.values.end(), int8_.begin() + static_cast<std::ptrdiff_t>(slot * d));
-      scale_[slot] = q.scale;
+      std::copy(q.scales.begin(), q.scales.end(), scale_.begin() + static_cast<std::ptrdiff_t>(slot * scales_per_slot()));
     }
     std::vector<std::uint32_t>& packed = clauses_[slot];
     packed.clear();
@@ -161,7 +203,7 @@ class HostAdPool {
   std::vector<std::uint32_t> ids_;
   std::vector<std::uint8_t> live_;
   std::vector<float> bias_;
-  std::vector<float> scale_;
+  std::vector<float> scale_;  // (slots, scales_per_slot())
   std::vector<std::uint16_t> fp16_;
   std::vector<std::int8_t> int8_;
   std::vector<std::vector<std::uint32_t>> clauses_;

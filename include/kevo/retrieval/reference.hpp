@@ -17,6 +17,10 @@
 #include <unordered_set>
 #include <vector>
 
+#if defined(__linux__)
+#include <sched.h>
+#endif
+
 #include "kevo/retrieval/ad_pool.hpp"
 #include "kevo/retrieval/half.hpp"
 #include "kevo/retrieval/types.hpp"
@@ -178,7 +182,15 @@ inline bool ranks_before(const ScoredAd& a, const ScoredAd& b) {
   return a.score > b.score || (a.score == b.score && a.id < b.id);
 }
 
-inline unsigned default_thread_count() { return std::max(1u, std::thread::hardware_concurrency()); }
+/// The cores this process may run on: its CPU affinity where the system says (taskset, a container's
+/// cpuset), which hardware_concurrency() ignores, else every core of the machine.
+inline unsigned default_thread_count() {
+#if defined(__linux__)
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof set, &set) == 0) return static_cast<unsigned>(std::max(1, CPU_COUNT(&set)));
+#endif
+  return std::max(1u, std::thread::hardware_concurrency());
+}
 
 /// Runs body(part, begin, end) over [0, count) split into `parts` ranges, one std::thread each.
 template <class Body>

@@ -7,17 +7,39 @@
 
 #include <cmath>
 #include <cstdint>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "kevo/expected.hpp"
 
 namespace kevo::retrieval {
 
-/// How embeddings are held: fp16, or int8 with one fp32 scale per ad (a = scale * q).
-enum class EmbeddingType { fp16, int8 };
+/// How embeddings are held: fp16; int8 with one fp32 scale per ad (a = scale * q); or int8 with one
+/// fp16 scale per group of 32 consecutive values (the same rule per group: less rounding noise, for
+/// recall, at d / 16 more bytes an ad).
+enum class EmbeddingType { fp16, int8, int8_group32 };
 
-inline const char* to_string(EmbeddingType type) { return type == EmbeddingType::fp16 ? "fp16" : "int8"; }
+inline const char* to_string(EmbeddingType type) {
+  return type == EmbeddingType::fp16 ? "fp16" : type == EmbeddingType::int8 ? "int8" : "int8_group32";
+}
+/// The inverse of to_string (command lines, tuning and ad files); nullopt for any other name.
+inline std::optional<EmbeddingType> embedding_type_named(std::string_view name) {
+  for (EmbeddingType type : {EmbeddingType::fp16, EmbeddingType::int8, EmbeddingType::int8_group32})
+    if (name == to_string(type)) return type;
+  return std::nullopt;
+}
+/// The names to_string gives, for help texts and refusals.
+inline constexpr std::string_view kEmbeddingTypeNames = "fp16, int8 or int8_group32";
+
+inline bool is_int8(EmbeddingType type) { return type != EmbeddingType::fp16; }
+/// Values that share one scale in int8_group32.
+inline constexpr int kScaleGroup = 32;
+/// The scales each ad carries: none (fp16), one (int8), one per group of 32 values (int8_group32).
+inline int scales_per_ad(EmbeddingType type, int dim) {
+  return type == EmbeddingType::fp16 ? 0 : type == EmbeddingType::int8 ? 1 : dim / kScaleGroup;
+}
 
 /// The largest K a request may ask for, and the largest category value a clause can hold.
 inline constexpr int kMaxK = 4096;
@@ -89,11 +111,13 @@ inline bool is_finite(float x) { return x == x && x - x == 0.0f; }
 /// rounded to fp16, and anything larger would become infinite.
 inline constexpr float kMaxHalf = 65504.0f;
 
-/// Checks one embedding value for the pool's storage: finite, and (fp16) within fp16's range.
+/// Checks one embedding value for the pool's storage: finite, and (fp16, int8_group32) within
+/// fp16's range: int8_group32's scales are fp16, and the GPU scores its dequantised values in fp16.
 inline expected<void, Error> check_embedding_value(const Schema& schema, float a) {
   if (!is_finite(a)) return make_error("embedding must be finite");
-  if (schema.embedding_type == EmbeddingType::fp16 && std::fabs(a) > kMaxHalf)
-    return make_error("embedding value " + std::to_string(a) + " is beyond fp16's range (65504)");
+  if (schema.embedding_type != EmbeddingType::int8 && std::fabs(a) > kMaxHalf)
+    return make_error("embedding value " + std::to_string(a) + " is beyond fp16's range (65504), which " +
+                      to_string(schema.embedding_type) + " holds");
   return {};
 }
 

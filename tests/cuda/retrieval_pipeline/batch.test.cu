@@ -12,7 +12,7 @@ using namespace kevo::retrieval;
 using namespace kevo_tests::retrieval_pipeline;
 
 TEST_CASE("a batch is matched and scored in one pass, and each answer agrees with the reference", "[cuda][batch]") {
-  const EmbeddingType type = GENERATE(EmbeddingType::fp16, EmbeddingType::int8);
+  const EmbeddingType type = GENERATE(EmbeddingType::fp16, EmbeddingType::int8, EmbeddingType::int8_group32);
   const int n = GENERATE(5000, 250000);
   const std::uint64_t seed = GENERATE(21, 22);
   Loaded pool(small_options(seed, type), n);
@@ -96,7 +96,7 @@ TEST_CASE("a batch is matched and scored in one pass, and each answer agrees wit
 }
 
 TEST_CASE("d = 64 and 256 end to end, and every build of batched scoring, agree with the reference", "[cuda][pipeline][batch]") {
-  const EmbeddingType type = GENERATE(EmbeddingType::fp16, EmbeddingType::int8);
+  const EmbeddingType type = GENERATE(EmbeddingType::fp16, EmbeddingType::int8, EmbeddingType::int8_group32);
   const int dim = GENERATE(64, 128, 256);
   Loaded pool(small_options(static_cast<std::uint64_t>(40 + dim), type, dim), 60000);
   FusedRetrievalPipeline& p = *pool.pipeline;

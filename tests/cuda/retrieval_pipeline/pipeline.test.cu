@@ -10,7 +10,7 @@ using namespace kevo::retrieval;
 using namespace kevo_tests::retrieval_pipeline;
 
 TEST_CASE("the whole pipeline agrees with the reference", "[cuda][pipeline]") {
-  const EmbeddingType type = GENERATE(EmbeddingType::fp16, EmbeddingType::int8);
+  const EmbeddingType type = GENERATE(EmbeddingType::fp16, EmbeddingType::int8, EmbeddingType::int8_group32);
   const int n = GENERATE(5000, 250000);
   const std::uint64_t seed = GENERATE(7, 8);
   Loaded pool(small_options(seed, type), n);
@@ -89,7 +89,7 @@ TEST_CASE("bad requests come back as errors", "[cuda][pipeline]") {
 TEST_CASE("searches enqueued from several threads on their own streams agree with the reference", "[cuda][pipeline]") {
   // The pipeline's enqueues are serialised by the index's lock, but the streams run at once; each
   // reuses its temp storage round after round, which stream order alone must keep apart.
-  const EmbeddingType type = GENERATE(EmbeddingType::fp16, EmbeddingType::int8);
+  const EmbeddingType type = GENERATE(EmbeddingType::fp16, EmbeddingType::int8, EmbeddingType::int8_group32);
   Loaded pool(small_options(13, type), 60000);
   constexpr int streams = 4, rounds = 3, k = 500;
   FusedRetrievalPipeline& p = *pool.pipeline;

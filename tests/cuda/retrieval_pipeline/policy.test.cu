@@ -8,7 +8,7 @@ using namespace kevo_tests::retrieval_pipeline;
 
 TEST_CASE("the default policy fits every shape, and an explicit one that does not is refused", "[cuda][policy]") {
   for (int dim : {64, 128, 256})
-    for (EmbeddingType type : {EmbeddingType::fp16, EmbeddingType::int8}) {
+    for (EmbeddingType type : {EmbeddingType::fp16, EmbeddingType::int8, EmbeddingType::int8_group32}) {
       const Workload w(small_options(1, type, dim));
       auto by_default = FusedRetrievalPipeline::create(w.schema(), w.model(), {.capacity = 1024});
       INFO("d " << dim << " " << to_string(type));
@@ -19,7 +19,7 @@ TEST_CASE("the default policy fits every shape, and an explicit one that does no
       const bool kept_default = chosen.scoring == PipelinePolicy{}.scoring;
       REQUIRE(kept_default == !(type == EmbeddingType::fp16 && dim == 256));
       // An int8 pool's search_batch goes one by one: its one-pass batches were slower (run 32).
-      REQUIRE(chosen.batch_scoring.one_pass_from == (type == EmbeddingType::int8 ? 16 : 2));
+      REQUIRE(chosen.batch_scoring.one_pass_from == (is_int8(type) ? 16 : 2));
       if (!kept_default) REQUIRE((*by_default)->policy().scoring.stages == 0);
       auto explicit_default =
           FusedRetrievalPipeline::create(w.schema(), w.model(), {.capacity = 1024, .policy = PipelinePolicy{}});

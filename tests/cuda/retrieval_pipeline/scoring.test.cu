@@ -1,4 +1,4 @@
-// Fused scoring (fp16 and int8) against the reference for every eligible ad, with every build of
+// Fused scoring (fp16, int8 and int8_group32) against the reference for every eligible ad, with every build of
 // the scoring kernel: its keys, its histogram and its chunk maxima.
 // (One of the files of test_cuda_retrieval_pipeline; its main is main.cu.)
 #include "../support/pipeline_fixtures.cuh"
@@ -7,7 +7,7 @@ using namespace kevo::retrieval;
 using namespace kevo_tests::retrieval_pipeline;
 
 TEST_CASE("fused scoring agrees with the reference for every eligible ad", "[cuda][scoring]") {
-  const EmbeddingType type = GENERATE(EmbeddingType::fp16, EmbeddingType::int8);
+  const EmbeddingType type = GENERATE(EmbeddingType::fp16, EmbeddingType::int8, EmbeddingType::int8_group32);
   const int dim = GENERATE(64, 128, 256);
   const int routing = GENERATE(1, 2, 8);
   // Register loads (1 or 2 tiles in flight) and cp.async rings of 2-4 stages, including a ring deeper

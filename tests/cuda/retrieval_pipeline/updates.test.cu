@@ -37,6 +37,7 @@ TEST_CASE("replaced and expired ads' clause runs are reclaimed", "[cuda][updates
     REQUIRE(index.live_count() == host.live_count());
   }
   REQUIRE(written > 2 * clause_capacity);  // without reclaiming, the arena would have overflowed
+  REQUIRE(index.clause_arena_capacity() == clause_capacity);  // packed, not grown: the live runs fit
   for (RequestKind kind : {RequestKind::typical, RequestKind::broad, RequestKind::narrow}) {
     const Request request = w.request(static_cast<std::uint64_t>(kind) + 40, kind, 500);
     auto top = (*p)->search(request);
@@ -45,15 +46,38 @@ TEST_CASE("replaced and expired ads' clause runs are reclaimed", "[cuda][updates
     INFO((ok ? "" : ok.error().message));
     REQUIRE(ok);
   }
-  // Live clauses that cannot fit even after packing: a clear error, and the index is unchanged.
-  auto small = FusedRetrievalPipeline::create(w.schema(), w.model(), {.capacity = 4096, .clause_capacity = 64});
-  REQUIRE(small);
+  // An arena too small for the live runs grows (a pool created without thinking of clauses works),
+  // and answers stay right across the growth.
   std::vector<AdRecord> many;
-  for (std::uint32_t i = 0; many.size() < 40; ++i)
+  for (std::uint32_t i = 0; many.size() < 400; ++i)
     if (AdRecord ad = w.ad(i); !ad.clauses.empty()) many.push_back(ad);
-  auto full = (*small)->index().upsert(many);
+  auto grown = FusedRetrievalPipeline::create(w.schema(), w.model(), {.capacity = 4096, .clause_capacity = 64});
+  REQUIRE(grown);
+  HostAdPool grown_host(w.schema());
+  for (std::size_t first = 0; first < many.size(); first += 40) {  // ten batches, several growths
+    const std::span<const AdRecord> batch(many.data() + first, 40);
+    REQUIRE((*grown)->index().upsert(batch));
+    for (const AdRecord& ad : batch) REQUIRE(grown_host.upsert(ad));
+  }
+  const std::size_t grown_capacity = (*grown)->index().clause_arena_capacity();
+  CHECK(grown_capacity > 64);
+  CHECK((*grown)->index().clause_arena_used() <= grown_capacity);
+  for (RequestKind kind : {RequestKind::typical, RequestKind::broad}) {
+    const Request request = w.request(static_cast<std::uint64_t>(kind) + 50, kind, 100);
+    auto top = (*grown)->search(request);
+    REQUIRE(top);
+    auto ok = compare_with_reference(grown_host, compute_request_vectors(w.model(), request.features), request, *top);
+    INFO((ok ? "" : ok.error().message));
+    REQUIRE(ok);
+  }
+  // Live clauses past the arena's limit: a clear error, and the index is unchanged.
+  auto small = FusedRetrievalPipeline::create(w.schema(), w.model(),
+                                              {.capacity = 4096, .clause_capacity = 64, .max_clause_capacity = 64});
+  REQUIRE(small);
+  auto full = (*small)->index().upsert(std::span<const AdRecord>(many.data(), 40));
   REQUIRE(!full);
   CHECK_THAT(full.error().message, Catch::Contains("clause arena is full"));
+  CHECK_THAT(full.error().message, Catch::Contains("max_clause_capacity"));
   REQUIRE((*small)->index().live_count() == 0);
 }
 
@@ -92,7 +116,7 @@ TEST_CASE("a PackedAds batch that would mislead matching or scoring is refused w
 }
 
 TEST_CASE("updates during search are never torn and are seen once applied", "[cuda][updates]") {
-  const EmbeddingType type = GENERATE(EmbeddingType::fp16, EmbeddingType::int8);
+  const EmbeddingType type = GENERATE(EmbeddingType::fp16, EmbeddingType::int8, EmbeddingType::int8_group32);
   Loaded pool(small_options(11, type), 20000);
   constexpr int hot = 300, versions = 40;
   const Workload& w = pool.workload;

@@ -39,7 +39,12 @@ struct ScoringShape {
   static_assert(slice_loads >= 1, "a quarter row is at least one 16-byte load");
   static constexpr int values_per_chunk = 16 / bytes_per_value;
   static constexpr int steps_per_chunk = values_per_chunk / 4;
-  static constexpr int side = side_width(Type == EmbeddingType::int8);  // fp32 values beside each row
+  static constexpr int side = side_width(Type, Dim);  // 32-bit words beside each row (views.cuh)
+  static constexpr int scale_words = retrieval::scale_words(Type, Dim);  // at the side record's tail
+  /// int8_group32: the A fragments are scaled per group of 32 values (a chunk's 16 values share
+  /// one), since the reduction dimension mixes groups across lanes and a per-row scale of the
+  /// accumulators cannot apply them.
+  static constexpr bool group_scales = Type == EmbeddingType::int8_group32;
   /// The first d index that lane quarter `quad` feeds into k-step s (4 consecutive values from there).
   __host__ __device__ static constexpr int value_offset(int quad, int s) {
     return (quad + 4 * (s / steps_per_chunk)) * values_per_chunk + 4 * (s % steps_per_chunk);
@@ -97,6 +102,12 @@ __device__ __forceinline__ std::uint32_t quarter_word(const RowQuarter<Dim, Type
   return c == 0 ? v.x : c == 1 ? v.y : c == 2 ? v.z : v.w;
 }
 
+/// A half2 word times another, as fp16 multiplies (each product rounded to fp16).
+__device__ __forceinline__ std::uint32_t multiply_half2(std::uint32_t a, std::uint32_t b) {
+  const __half2 product = __hmul2(*reinterpret_cast<const __half2*>(&a), *reinterpret_cast<const __half2*>(&b));
+  return *reinterpret_cast<const std::uint32_t*>(&product);
+}
+
 /// Four int8 (one 32-bit word) to two half2 words, exactly: bias each byte by 128, place it in the
 /// mantissa of 1024 (fp16 ulp 1 there), subtract 1152.
 __device__ __forceinline__ void int8x4_to_half2x2(std::uint32_t q, std::uint32_t& lo, std::uint32_t& hi) {
@@ -118,7 +129,7 @@ template <int Dim, EmbeddingType Type>
 struct StagedPair {
   static constexpr int pieces = 4 * ScoringShape<Dim, Type>::slice_loads;
   uint4 rows[pieces][32];
-  float side[32][ScoringShape<Dim, Type>::side];  // of the row this lane scores: bias, then (int8) scale
+  float side[32][ScoringShape<Dim, Type>::side];  // of the row this lane scores: bias, then scale words
 };
 
 template <int Dim, EmbeddingType Type>
@@ -131,11 +142,39 @@ struct AgentScoring {
   int experts;                             // E <= 8
 
   /// A loaded tile: this lane's quarters of rows `group` and `group + 8`, and the bias and scale
-  /// of the row whose score this lane computes (quad 0: row group, quad 1: row group + 8).
+  /// of the row whose score this lane computes (quad 0: row group, quad 1: row group + 8). With
+  /// group scales, also those of the groups of this lane's chunks of both rows, as half2 {s, s}
+  /// (chunk j of the quarter is chunk quad + 4 j of the row, in group (quad + 4 j) / 2).
+  static constexpr int group_registers = Shape::group_scales ? Shape::slice_loads : 1;
   struct Tile {
     RowQuarter<Dim, Type> lo, hi;
     float bias, scale;
+    std::uint32_t group_lo[group_registers], group_hi[group_registers];
   };
+
+  /// The half2 {s, s} of each of this lane's chunks, from a row's scale words (two fp16 a word).
+  __device__ __forceinline__ static void pick_group_scales(int quad, const std::uint32_t* words,
+                                                           std::uint32_t (&out)[group_registers]) {
+#pragma unroll
+    for (int j = 0; j < group_registers; ++j) {
+      const int group = (quad + 4 * j) / 2;
+      out[j] = gpu_byte_perm(words[group / 2], 0u, (group & 1) ? 0x3232u : 0x1010u);
+    }
+  }
+  /// A row's scale words from its side record in device memory (one vector load; zeros if invalid).
+  __device__ __forceinline__ void load_scale_words(std::uint32_t slot, bool valid,
+                                                   std::uint32_t (&words)[Shape::scale_words]) const {
+    const float* tail = index.side + static_cast<std::uint64_t>(slot) * Shape::side + (Shape::side - Shape::scale_words);
+    if constexpr (Shape::scale_words == 4) {
+      const uint4 w = valid ? __ldg(reinterpret_cast<const uint4*>(tail)) : make_uint4(0, 0, 0, 0);
+      words[0] = w.x, words[1] = w.y, words[2] = w.z, words[3] = w.w;
+    } else if constexpr (Shape::scale_words == 2) {
+      const uint2 w = valid ? __ldg(reinterpret_cast<const uint2*>(tail)) : make_uint2(0, 0);
+      words[0] = w.x, words[1] = w.y;
+    } else {
+      words[0] = valid ? __ldg(reinterpret_cast<const unsigned*>(tail)) : 0u;
+    }
+  }
 
   /// Issues the tile's loads; a separate step so that several tiles' loads can be in flight.
   __device__ __forceinline__ Tile load_tile(int lane, std::uint32_t slot_lo, std::uint32_t slot_hi, bool valid_lo,
@@ -152,8 +191,15 @@ struct AgentScoring {
       t.bias = side.x;
       t.scale = side.y;
     } else {
-      t.bias = my_valid ? __ldg(index.side + my_slot) : 0.0f;
+      t.bias = my_valid ? __ldg(index.side + static_cast<std::uint64_t>(my_slot) * Shape::side) : 0.0f;
       t.scale = 1.0f;
+    }
+    if constexpr (Shape::group_scales) {
+      std::uint32_t words[Shape::scale_words];
+      load_scale_words(slot_lo, valid_lo, words);
+      pick_group_scales(quad, words, t.group_lo);
+      load_scale_words(slot_hi, valid_hi, words);
+      pick_group_scales(quad, words, t.group_hi);
     }
     return t;
   }
@@ -178,7 +224,13 @@ struct AgentScoring {
     const std::uint32_t mine = first + 16u * (quad >> 1) + group + 8u * (quad & 1);
     const bool valid = mine < length;
     const std::uint32_t slot = valid ? slots[mine] : 0u;
-    gpu_copy_async_small<4 * Shape::side>(stage.side[lane], index.side + Shape::side * static_cast<std::uint64_t>(slot), valid);
+    const float* record = index.side + Shape::side * static_cast<std::uint64_t>(slot);
+    if constexpr (Shape::side <= 2) {
+      gpu_copy_async_small<4 * Shape::side>(stage.side[lane], record, valid);
+    } else {
+#pragma unroll
+      for (int i = 0; i < Shape::side / 4; ++i) gpu_copy_async_16(&stage.side[lane][4 * i], record + 4 * i, valid ? 16u : 0u);
+    }
   }
 
   /// Tile 0 or 1 of a stage whose copies have landed, as load_tile would have returned it (bias and
@@ -192,10 +244,19 @@ struct AgentScoring {
     }
     t.bias = stage.side[lane][0];
     t.scale = Type == EmbeddingType::int8 ? stage.side[lane][Shape::side - 1] : 1.0f;
+    if constexpr (Shape::group_scales) {
+      // Rows group and group + 8 of this tile are scored, and their records copied, by lanes
+      // 4 group + 2 tile and + 1: the ring's wait and __syncwarp come before any consumer reads.
+      const int group = lane >> 2, quad = lane & 3;
+      const int tail = Shape::side - Shape::scale_words;
+      pick_group_scales(quad, reinterpret_cast<const std::uint32_t*>(&stage.side[4 * group + 2 * tile][tail]), t.group_lo);
+      pick_group_scales(quad, reinterpret_cast<const std::uint32_t*>(&stage.side[4 * group + 2 * tile + 1][tail]), t.group_hi);
+    }
     return t;
   }
 
-  /// The A fragment of k-step s from a loaded tile (int8 widened to fp16 exactly).
+  /// The A fragment of k-step s from a loaded tile (int8 widened to fp16 exactly; with group
+  /// scales, then times its group's scale, each product rounded to fp16).
   __device__ __forceinline__ static void a_fragment(const Tile& tile, int s, std::uint32_t& a0, std::uint32_t& a1,
                                                     std::uint32_t& a2, std::uint32_t& a3) {
     if constexpr (Type == EmbeddingType::fp16) {
@@ -206,6 +267,13 @@ struct AgentScoring {
     } else {
       int8x4_to_half2x2(quarter_word(tile.lo, s), a0, a2);
       int8x4_to_half2x2(quarter_word(tile.hi, s), a1, a3);
+      if constexpr (Shape::group_scales) {  // k-step s reads chunk s / steps_per_chunk of the quarter
+        const int j = s / Shape::steps_per_chunk;
+        a0 = multiply_half2(a0, tile.group_lo[j]);
+        a2 = multiply_half2(a2, tile.group_lo[j]);
+        a1 = multiply_half2(a1, tile.group_hi[j]);
+        a3 = multiply_half2(a3, tile.group_hi[j]);
+      }
     }
   }
 

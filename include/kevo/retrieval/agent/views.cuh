@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "kevo/retrieval/device_intrinsics.cuh"
+#include "kevo/retrieval/types.hpp"
 
 namespace kevo::retrieval {
 
@@ -34,9 +35,19 @@ struct PostingsView {
   const SegmentDirectory* segments = nullptr;  // (capacity in segments)
 };
 
-/// The fp32 values an ad keeps beside its row, interleaved so that one load fetches them: the bias
-/// alone (fp16), or {bias, scale} (int8: one 8-byte pair costs one sector where two arrays cost two).
-__host__ __device__ constexpr int side_width(bool int8) { return int8 ? 2 : 1; }
+/// The 32-bit words an ad keeps beside its row, interleaved so that one load fetches them (one
+/// record costs one sector where separate arrays would cost one each): the bias, then its scale
+/// words at the record's tail: none (fp16), the fp32 scale (int8), or the d / 32 fp16 group scales
+/// two to a word (int8_group32). Records are a power of two wide (8 to 32 bytes), so that none
+/// straddles a sector and the scale words are aligned for one vector load.
+__host__ __device__ constexpr int scale_words(EmbeddingType type, int dim) {
+  return type == EmbeddingType::fp16 ? 0 : type == EmbeddingType::int8 ? 1 : dim / 64;
+}
+__host__ __device__ constexpr int side_width(EmbeddingType type, int dim) {
+  int width = 1;
+  while (width < 1 + scale_words(type, dim)) width *= 2;
+  return width;
+}
 
 /// The ad index in device memory; slot i of every array belongs to the same ad.
 struct IndexView {
@@ -44,7 +55,7 @@ struct IndexView {
   const std::uint32_t* targeting = nullptr;  // (slots) targeting_bits
   const std::uint32_t* clauses = nullptr;    // (clause capacity) clause_bits; runs 16-byte aligned, ending with `last`
   const void* embeddings = nullptr;          // (slots, dim) __half or int8
-  const float* side = nullptr;               // (slots, side_width): the bias, then (int8) the scale
+  const float* side = nullptr;               // (slots, side_width): the bias, then the scale words
   PostingsView postings{};
   std::uint32_t slots = 0;                   // high-water mark of used slots
 };

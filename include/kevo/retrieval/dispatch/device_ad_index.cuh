@@ -111,7 +111,11 @@ class DeviceAdIndex {
  public:
   struct Options {
     std::size_t capacity = 1u << 20;  // slots
-    std::size_t clause_capacity = 0;  // packed clauses in the arena; 0 means 8 per slot
+    /// Packed clauses the arena starts with; 0 means 8 per slot. It grows on demand (doubling, up
+    /// to max_clause_capacity), so this only saves the first growths' copies.
+    std::size_t clause_capacity = 0;
+    /// The arena's limit: 0 means as far as its 30-bit quad offsets reach (2^32 clauses, 16 GB).
+    std::size_t max_clause_capacity = 0;
     /// Ads written since the last reindex that start the next one; 0 means max(capacity / 32, 65536),
     /// SIZE_MAX only explicit reindex() calls.
     std::size_t reindex_after = 0;
@@ -125,9 +129,13 @@ class DeviceAdIndex {
     if (schema.dim != 64 && schema.dim != 128 && schema.dim != 256)
       return make_error("the GPU index holds d = 64, 128 or 256");
     if (options.capacity == 0 || options.capacity > (1ull << 31)) return make_error("capacity from 1 to 2^31 slots");
-    if (options.clause_capacity == 0) options.clause_capacity = options.capacity * 8;
+    const std::size_t offset_limit = (std::size_t{targeting_bits::offset_mask} + 1) * 4;
+    if (options.max_clause_capacity == 0) options.max_clause_capacity = offset_limit;
+    if (options.max_clause_capacity > offset_limit) return make_error("max_clause_capacity above 2^32");
+    if (options.clause_capacity == 0) options.clause_capacity = std::min(options.capacity * 8, options.max_clause_capacity);
     options.clause_capacity = (options.clause_capacity + 3) & ~std::size_t{3};
-    if (options.clause_capacity / 4 > targeting_bits::offset_mask) return make_error("clause capacity above 2^32");
+    options.max_clause_capacity &= ~std::size_t{3};
+    if (options.clause_capacity > options.max_clause_capacity) return make_error("clause_capacity above max_clause_capacity");
     if (options.reindex_slice_segments < 1 || options.reindex_slice_segments > 512)
       return make_error("reindex_slice_segments from 1 to 512");
     if (options.reindex_after == 0) options.reindex_after = std::max<std::size_t>(options.capacity / 32, 65536);
@@ -165,7 +173,7 @@ class DeviceAdIndex {
   /// its share of the arena and of matching's postings (2 bytes per indexed clause) and hash tables.
   std::size_t bytes_per_slot() const {
     std::lock_guard lock(update_mutex_);
-    return row_bytes() + 13 + (schema_.embedding_type == EmbeddingType::int8 ? 4 : 0) +
+    return row_bytes() + 9 + 4 * static_cast<std::size_t>(side_width()) +
            4 * options_.clause_capacity / options_.capacity +
            (slots_ ? (2 * postings_count_ + 8 * table_entries_) / slots_ : 0);
   }
@@ -184,11 +192,12 @@ class DeviceAdIndex {
   /// The first query-bitmap bit of each category, on the device and on the host.
   const std::uint32_t* category_offsets() const { return category_offsets_; }
   const std::vector<std::uint32_t>& host_category_offsets() const { return host_category_offsets_; }
-  /// Caller-visible rows, (capacity, d) of __half or int8, and each slot's side values, (capacity,
-  /// side_width()) fp32: the bias, then (int8) the scale. For bulk fills.
+  /// Caller-visible rows, (capacity, d) of __half or int8, and each slot's side record, (capacity,
+  /// side_width()) 32-bit words: the bias, then the scale words at its tail (views.cuh). For bulk fills.
   void* embeddings() { return embeddings_; }
   float* side_values() { return side_; }
-  int side_width() const { return retrieval::side_width(schema_.embedding_type == EmbeddingType::int8); }
+  int side_width() const { return retrieval::side_width(schema_.embedding_type, schema_.dim); }
+  int scale_words() const { return retrieval::scale_words(schema_.embedding_type, schema_.dim); }
 
   /// Inserts or replaces ads (all or none: a bad ad fails the batch before anything changes).
   /// Returns once the batch is enqueued: every search that starts later sees it, every search
@@ -278,8 +287,9 @@ class DeviceAdIndex {
     unsigned char* const host_staging = (*staging)->host;
     if (arena_tail_ + padded_clauses > options_.clause_capacity) {
       // Replaced and expired ads left their runs behind. Count what stays live once this batch is in
-      // (its own replaced ads' runs become garbage too); if that fits, pack it and go on, else refuse
-      // the batch with nothing changed.
+      // (its own replaced ads' runs become garbage too), and pack it into a fresh arena: twice as
+      // large (up to the limit) when it would be more than 7/8 full, so that a full arena is not
+      // packed again on every batch. Past the limit, refuse the batch with nothing changed.
       std::vector<std::uint32_t> replaced;
       std::size_t kept = live_clauses_;
       for (std::size_t i = 0; i < n; ++i)
@@ -287,20 +297,24 @@ class DeviceAdIndex {
           replaced.push_back(current[i]);
           kept -= run_clauses_[current[i]];
         }
-      if (kept + padded_clauses > options_.clause_capacity)
-        return make_error("the clause arena is full: live ads hold " + std::to_string(kept) + " of " +
-                          std::to_string(options_.clause_capacity) + " packed clauses and this batch needs " +
-                          std::to_string(padded_clauses) + " more (create the index with a larger clause_capacity)",
+      const std::size_t needed = kept + padded_clauses;
+      if (needed > options_.max_clause_capacity)
+        return make_error("the clause arena is full: live ads hold " + std::to_string(kept) + " packed clauses, this batch needs " +
+                          std::to_string(padded_clauses) + " more, and the arena's limit is " +
+                          std::to_string(options_.max_clause_capacity) + " (max_clause_capacity)",
                           ErrorKind::capacity);
+      std::size_t capacity = options_.clause_capacity;
+      if (needed > capacity / 8 * 7)
+        capacity = std::min(options_.max_clause_capacity, std::max(2 * capacity, (needed + needed / 4 + 3) & ~std::size_t{3}));
       held.lock();
-      if (auto ok = compact_clause_arena(replaced); !ok) return ok;
+      if (auto ok = compact_clause_arena(replaced, capacity); !ok) return ok;
     }
 
     auto* slots = reinterpret_cast<std::uint32_t*>(host_staging + s.slots);
     auto* ids = reinterpret_cast<std::uint32_t*>(host_staging + s.ids);
     auto* targeting = reinterpret_cast<std::uint32_t*>(host_staging + s.targeting);
     auto* bias = reinterpret_cast<float*>(host_staging + s.bias);
-    auto* scale = reinterpret_cast<float*>(host_staging + s.scale);
+    auto* scale = reinterpret_cast<float*>(host_staging + s.scale);  // (n, scale_words())
     auto* run = reinterpret_cast<std::uint32_t*>(host_staging + s.clauses);
     std::fill(run, run + padded_clauses, 0u);
     for (std::size_t i = 0; i < n; ++i)
@@ -348,8 +362,9 @@ class DeviceAdIndex {
         targeting[w] = (ads.live[i] ? targeting_bits::live : 0u) |
                        (has_clauses ? targeting_bits::has_clauses |
                                           static_cast<std::uint32_t>((arena_tail_ + padded_begin[i]) / 4) : 0u);
-        if (with_rows) write_row(ads.embeddings.data() + i * schema_.dim, host_staging + s.rows + w * row_bytes(), scale[w]);
-        else scale[w] = 0.0f;
+        if (with_rows)
+          write_row(ads.embeddings.data() + i * schema_.dim, host_staging + s.rows + w * row_bytes(),
+                    scale + w * static_cast<std::size_t>(scale_words()));
       }
     });
     for (std::int64_t delta : clause_delta) live_clauses_ = static_cast<std::size_t>(static_cast<std::int64_t>(live_clauses_) + delta);
@@ -368,7 +383,7 @@ class DeviceAdIndex {
             reinterpret_cast<std::uint32_t*>(d + s.ids), reinterpret_cast<std::uint32_t*>(d + s.targeting),
             reinterpret_cast<float*>(d + s.bias), with_rows ? reinterpret_cast<float*>(d + s.scale) : nullptr,
             with_rows ? reinterpret_cast<const uint4*>(d + s.rows) : nullptr, static_cast<int>(row_bytes() / 16), ids_,
-            targeting_, side_, side_width(), static_cast<uint4*>(embeddings_), headers_);
+            targeting_, side_, side_width(), scale_words(), static_cast<uint4*>(embeddings_), headers_);
       KEVO_GPU_TRY(gpu_last_error());
       return {};
     });
@@ -394,7 +409,10 @@ class DeviceAdIndex {
     std::lock_guard lock(update_mutex_);
     return arena_tail_;
   }
-  std::size_t clause_arena_capacity() const { return options_.clause_capacity; }
+  std::size_t clause_arena_capacity() const {
+    std::lock_guard lock(update_mutex_);
+    return options_.clause_capacity;
+  }
 
   /// Takes ads out of every later search; returns how many of the ids were live.
   expected<std::size_t, Error> expire(std::span<const std::uint32_t> ids) {
@@ -424,7 +442,7 @@ class DeviceAdIndex {
       kernels::scatter_ads<<<static_cast<unsigned>((n * 32 + 255) / 256), 256, 0, update_stream_>>>(
           static_cast<std::uint32_t>(n), reinterpret_cast<std::uint32_t*>(d + s.slots), nullptr,
           reinterpret_cast<std::uint32_t*>(d + s.targeting), nullptr, nullptr, nullptr, 0, ids_, targeting_, side_,
-          side_width(), static_cast<uint4*>(embeddings_), headers_);
+          side_width(), 0, static_cast<uint4*>(embeddings_), headers_);
       KEVO_GPU_TRY(gpu_last_error());
       return {};
     });
@@ -507,7 +525,7 @@ class DeviceAdIndex {
     s.ids = at; at += round(n * 4);
     s.targeting = at; at += round(n * 4);
     s.bias = at; at += round(n * 4);
-    s.scale = at; at += round(n * 4);
+    s.scale = at; at += round(n * 4 * static_cast<std::size_t>(scale_words()));
     s.clauses = at; at += round(clauses * 4);
     s.rows = at; at += with_rows ? round(n * row_bytes()) : 0;
     s.total = at;
@@ -537,24 +555,32 @@ class DeviceAdIndex {
     b.bytes = grown;
     return &b;
   }
-  void write_row(const float* embedding, unsigned char* out, float& scale) const {
+  /// One ad's row and its scale words (views.cuh), in the pool's storage.
+  void write_row(const float* embedding, unsigned char* out, float* scale_words) const {
     const int d = schema_.dim;
     if (schema_.embedding_type == EmbeddingType::fp16) {
       auto* h = reinterpret_cast<std::uint16_t*>(out);
       for (int k = 0; k < d; ++k) h[k] = float_to_half(embedding[k]);
-      scale = 0.0f;
-    } else {
-      const QuantizedEmbedding q = quantize_int8(std::vector<float>(embedding, embedding + d));
-      std::memcpy(out, q.values.data(), static_cast<std::size_t>(d));
-      scale = q.scale;
+      return;
+    }
+    const QuantizedEmbedding q = quantize(schema_.embedding_type, std::vector<float>(embedding, embedding + d));
+    std::memcpy(out, q.values.data(), static_cast<std::size_t>(d));
+    if (schema_.embedding_type == EmbeddingType::int8) {
+      scale_words[0] = q.scales[0];
+      return;
+    }
+    for (std::size_t w = 0; w < q.scales.size() / 2; ++w) {  // two fp16 scales a word, the lower group first
+      const std::uint32_t word = float_to_half(q.scales[2 * w]) | static_cast<std::uint32_t>(float_to_half(q.scales[2 * w + 1])) << 16;
+      std::memcpy(scale_words + w, &word, 4);
     }
   }
-  /// Moves the live ads' clause runs to the front of a fresh arena, ordered like any update: after
-  /// every search enqueued before, before any enqueued after. Upsert calls it, with both locks held
-  /// (searches stay out until the batch itself is in), when a batch does not fit, naming the slots
-  /// the batch is about to overwrite (their runs are dropped; no search runs between this and the
-  /// overwrite). The fresh arena is allocated beside the old one for the copy.
-  expected<void, Error> compact_clause_arena(const std::vector<std::uint32_t>& overwritten) {
+  /// Moves the live ads' clause runs to the front of a fresh arena of `capacity` clauses, ordered
+  /// like any update: after every search enqueued before, before any enqueued after. Upsert calls
+  /// it, with both locks held (searches stay out until the batch itself is in), when a batch does
+  /// not fit, naming the slots the batch is about to overwrite (their runs are dropped; no search
+  /// runs between this and the overwrite). The fresh arena is allocated beside the old one for the
+  /// copy, first, so that a device without room for it fails the batch with nothing changed.
+  expected<void, Error> compact_clause_arena(const std::vector<std::uint32_t>& overwritten, std::size_t capacity) {
     const auto n = static_cast<std::uint32_t>(slots_);
     GpuScratch scratch;
     std::uint32_t *quads = nullptr, *offsets = nullptr, *fresh = nullptr, *dropped = nullptr;
@@ -564,7 +590,11 @@ class DeviceAdIndex {
     KEVO_GPU_TRY(scratch.allocate(quads, n + 1ull));
     KEVO_GPU_TRY(scratch.allocate(offsets, n + 1ull));
     KEVO_GPU_TRY(scratch.allocate(scan_temp, scan_bytes));
-    KEVO_GPU_TRY(scratch.allocate(fresh, options_.clause_capacity));
+    if (auto ok = scratch.allocate(fresh, capacity); ok != gpu_success) {
+      (void)gpu_last_error();  // an allocation's failure is not sticky: later launches must not report it
+      return make_error("the clause arena needs room for " + std::to_string(capacity) + " packed clauses: " +
+                            gpu_error_string(ok), ErrorKind::capacity);
+    }
     KEVO_GPU_TRY(wait_for_searches());
     const unsigned grid = std::max(1u, std::min(4096u, (n + 255) / 256));
     if (!overwritten.empty()) {
@@ -590,6 +620,7 @@ class DeviceAdIndex {
     scratch.release(fresh);
     scratch.adopt(clauses_);
     clauses_ = fresh;
+    options_.clause_capacity = capacity;
     arena_tail_ = static_cast<std::size_t>(total_quads) * 4;
     for (std::uint32_t slot : overwritten) {
       live_clauses_ -= run_clauses_[slot];
@@ -788,7 +819,7 @@ class DeviceAdIndex {
   std::uint32_t* targeting_ = nullptr;
   std::uint32_t* clauses_ = nullptr;
   void* embeddings_ = nullptr;
-  float* side_ = nullptr;  // (capacity, side_width()): bias, then (int8) scale
+  float* side_ = nullptr;  // (capacity, side_width()): bias, then the scale words
   std::uint32_t* category_offsets_ = nullptr;
   std::vector<std::uint32_t> host_category_offsets_;
   std::uint32_t total_query_bits_ = 0;

@@ -3,8 +3,9 @@
 // Per request, on the caller's stream and in caller-supplied temp storage (two-phase: ask
 // search_temp_bytes(), then pass that much): upload the features and query bits, clear the top-K
 // state and set the query bitmap (one kernel), run the user towers and gating keys, match, score
-// (fused, fp16 or int8, with the level-0 top-K histogram), radix-select the K-th key, compact the
-// survivors, sort them, and write (id, score) pairs to the caller's device buffers.
+// (fused, fp16 or int8 with a scale per ad or per group of 32, with the level-0 top-K histogram),
+// radix-select the K-th key, compact the survivors, sort them, and write (id, score) pairs to the
+// caller's device buffers.
 //
 //   auto pipeline = FusedRetrievalPipeline::create(schema, model, {.capacity = n});
 //   (*pipeline)->index().upsert(ads);
@@ -71,7 +72,8 @@ class FusedRetrievalPipeline {
  public:
   struct Options {
     std::size_t capacity = 1u << 20;
-    std::size_t clause_capacity = 0;
+    std::size_t clause_capacity = 0;          // see DeviceAdIndex::Options: where the arena starts
+    std::size_t max_clause_capacity = 0;      // and how far it may grow
     std::size_t reindex_after = 0;            // see DeviceAdIndex::Options
     std::uint32_t reindex_slice_segments = 512;  // see DeviceAdIndex::Options
     /// Empty: the tuned policy for this GPU, CUDA version and pool shape from `choose_policy`, or the
@@ -92,7 +94,8 @@ class FusedRetrievalPipeline {
     if (model.experts > kMaxGpuExperts) return make_error("the GPU pipeline takes at most 8 experts");
     if (options.policy && !is_legal(*options.policy)) return make_error("illegal policy: " + to_string(*options.policy));
     auto index = DeviceAdIndex::create(
-        schema, {options.capacity, options.clause_capacity, options.reindex_after, options.reindex_slice_segments});
+        schema, {options.capacity, options.clause_capacity, options.max_clause_capacity, options.reindex_after,
+                 options.reindex_slice_segments});
     if (!index) return unexpected(index.error());
     std::unique_ptr<FusedRetrievalPipeline> p(new FusedRetrievalPipeline(std::move(*index), std::move(model), options));
     if (auto ok = p->allocate(); !ok) return unexpected(ok.error());
@@ -631,6 +634,7 @@ class FusedRetrievalPipeline {
     auto per_dim = [&]<int Threads, int Dim>() {
       f.template operator()<Threads, Dim, EmbeddingType::fp16>();
       f.template operator()<Threads, Dim, EmbeddingType::int8>();
+      f.template operator()<Threads, Dim, EmbeddingType::int8_group32>();
     };
     for_each_variant_value<ScoringPolicy, field_index<ScoringPolicy>("block_threads")>([&](auto threads) {
       per_dim.template operator()<threads(), 64>();
@@ -705,7 +709,7 @@ class FusedRetrievalPipeline {
     } else {
       policy_ = PipelinePolicy{};
       if (!check_shared_memory(policy_.scoring)) policy_.scoring = kRegisterScoringPolicy;
-      if (schema().embedding_type == EmbeddingType::int8) policy_.batch_scoring.one_pass_from = 16;
+      if (is_int8(schema().embedding_type)) policy_.batch_scoring.one_pass_from = 16;
       policy_origin_ = "defaults (" + tuned.error().message + "): " + to_string(policy_);
     }
     if (auto ok = check_shared_memory(policy_.scoring); !ok) return ok;

@@ -20,12 +20,13 @@ namespace kevo::retrieval::kernels {
 
 // ---- index updates -----------------------------------------------------------------------------
 
-/// Writes a batch of ads into their slots: one warp per ad copies the embedding row (if given).
+/// Writes a batch of ads into their slots: one warp per ad copies the embedding row and its
+/// `scale_words` words of scales (if given).
 template <class = void>
 __global__ void scatter_ads(std::uint32_t count, const std::uint32_t* slots, const std::uint32_t* ids,
                             const std::uint32_t* targeting, const float* bias, const float* scale,
                             const uint4* rows, int row_vectors, std::uint32_t* index_ids,
-                            std::uint32_t* index_targeting, float* index_side, int side_width,
+                            std::uint32_t* index_targeting, float* index_side, int side_width, int scale_words,
                             uint4* index_embeddings, std::uint8_t* index_headers) {
   const std::uint32_t ad = (blockIdx.x * blockDim.x + threadIdx.x) / 32;
   const int lane = static_cast<int>(threadIdx.x % 32);
@@ -38,7 +39,8 @@ __global__ void scatter_ads(std::uint32_t count, const std::uint32_t* slots, con
     if (ids) index_ids[slot] = ids[ad];
     float* side = index_side + static_cast<std::uint64_t>(slot) * side_width;
     if (bias) side[0] = bias[ad];
-    if (scale && side_width > 1) side[1] = scale[ad];
+    if (scale)  // the scale words sit at the record's tail (views.cuh)
+      for (int w = 0; w < scale_words; ++w) side[side_width - scale_words + w] = scale[static_cast<std::uint64_t>(ad) * scale_words + w];
     index_targeting[slot] = targeting[ad];
     // The slot's postings (if any) are stale until the next reindex: test it by walking its run.
     index_headers[slot] = (targeting[ad] & targeting_bits::live) ? match_header::walk : match_header::not_live;

@@ -42,13 +42,32 @@ __device__ inline float hashed_normal(std::uint64_t seed, std::uint64_t ad, int 
   return sqrtf(-2.0f * logf(u1)) * cospif(2.0f * u2);
 }
 
-/// Fills rows [0, n) with N(0, 1/d) values: fp16 directly, int8 quantized per row (a warp a row).
+/// Fills rows [0, n) with N(0, 1/d) values: fp16 directly, int8 quantized per row or per group of
+/// 32 values as ad_pool.hpp's quantisers do (a warp a row: a group is one pass of the warp).
 /// Drawing 100M rows on the host and copying them would take minutes; this takes milliseconds.
-__global__ inline void fill_embeddings(void* rows, float* side_values, std::uint64_t n, int dim, bool int8, std::uint64_t seed) {
+__global__ inline void fill_embeddings(void* rows, float* side_values, std::uint64_t n, int dim, EmbeddingType type,
+                                       std::uint64_t seed) {
   const std::uint64_t row = (static_cast<std::uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
   const int lane = threadIdx.x % 32;
   if (row >= n) return;
   const float sigma = rsqrtf(static_cast<float>(dim));
+  if (type == EmbeddingType::int8_group32) {
+    const int side = side_width(type, dim);
+    auto* scales = reinterpret_cast<__half*>(side_values + row * side + (side - scale_words(type, dim)));
+    for (int k = lane; k < dim; k += 32) {
+      const float a = hashed_normal(seed, row, k) * sigma;
+      float group_max = fabsf(a);
+      for (int o = 16; o > 0; o /= 2) group_max = fmaxf(group_max, __shfl_xor_sync(0xffffffffu, group_max, o));
+      __half scale = __float2half_rn(group_max / 127.0f);
+      if (127.0f * __half2float(scale) > 65504.0f) scale = __ushort_as_half(__half_as_ushort(scale) - 1);
+      const float s = __half2float(scale);
+      static_cast<std::int8_t*>(rows)[row * dim + k] =
+          s > 0.0f ? static_cast<std::int8_t>(fminf(127.f, fmaxf(-127.f, rintf(a / s)))) : std::int8_t{0};
+      if (lane == 0) scales[k / 32] = scale;
+    }
+    return;
+  }
+  const bool int8 = type == EmbeddingType::int8;
   float max_abs = 0.0f;
   for (int k = lane; k < dim; k += 32) max_abs = fmaxf(max_abs, fabsf(hashed_normal(seed, row, k) * sigma));
   for (int o = 16; o > 0; o /= 2) max_abs = fmaxf(max_abs, __shfl_xor_sync(0xffffffffu, max_abs, o));
@@ -120,9 +139,8 @@ inline expected<SyntheticPool, Error> build_synthetic_pool(const Workload& w, st
   }
   DeviceAdIndex& index = pool.pipeline->index();
   if (auto ok = index.synchronize(); !ok) return unexpected(ok.error());  // the upserts land before rows are written beside them
-  const bool int8 = w.schema().embedding_type == EmbeddingType::int8;
-  bench_detail::fill_embeddings<<<static_cast<unsigned>((ads * 32 + 255) / 256), 256>>>(index.embeddings(), index.side_values(), ads,
-                                                                                        w.schema().dim, int8, embedding_seed);
+  bench_detail::fill_embeddings<<<static_cast<unsigned>((ads * 32 + 255) / 256), 256>>>(
+      index.embeddings(), index.side_values(), ads, w.schema().dim, w.schema().embedding_type, embedding_seed);
   KEVO_GPU_TRY(gpu_last_error());
   KEVO_GPU_TRY(gpu_device_synchronize());
   if (auto ok = index.reindex(); !ok) return unexpected(ok.error());
