@@ -6,6 +6,8 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -44,6 +46,7 @@ struct RawAdFile {
   std::vector<std::uint64_t> clause_offsets{0, 1, 1, 3};
   std::vector<std::uint32_t> clauses{0, 3, 0, /**/ 1, 7, 1, /**/ 1, 2, 0};
   std::string embeddings_dtype = "F32";
+  std::map<std::string, std::string> metadata;  // none: a file written before ad files recorded their dtype
 
   template <class T>
   static detail::TensorWriter tensor(const char* name, const char* dtype, std::vector<std::int64_t> shape,
@@ -59,7 +62,8 @@ struct RawAdFile {
                tensor("ids", "U32", {n}, ids), tensor("embeddings", embeddings_dtype.c_str(), {n, 2}, embeddings),
                tensor("bias", "F32", {static_cast<std::int64_t>(bias.size())}, bias), tensor("live", "U8", {n}, live),
                tensor("clause_offsets", "U64", {static_cast<std::int64_t>(clause_offsets.size())}, clause_offsets),
-               tensor("clauses", "U32", {static_cast<std::int64_t>(clauses.size() / 3), 3}, clauses)}));
+               tensor("clauses", "U32", {static_cast<std::int64_t>(clauses.size() / 3), 3}, clauses)},
+        metadata));
   }
 };
 
@@ -193,4 +197,85 @@ TEST_CASE("a damaged ad file is a clear error", "[retrieval][ad_file]") {
   auto saved = save_ads(w.schema(), ads, path);
   REQUIRE(!saved);
   CHECK_THAT(saved.error().message, Catch::Contains("embedding has 63 values"));
+}
+
+TEST_CASE("an ad file records its pool's embedding type, and one without it reads as fp16", "[retrieval][ad_file]") {
+  const std::string path = temp_path("kevo_ad_file_dtype.safetensors");
+  for (EmbeddingType type : {EmbeddingType::fp16, EmbeddingType::int8, EmbeddingType::int8_group32}) {
+    INFO(to_string(type));
+    const Workload w({.seed = 20, .dim = 64, .features = 32, .hidden = 32, .embedding_type = type});
+    const std::vector<AdRecord> ads = workload_ads(w, 2000);
+    REQUIRE(save_ads(w.schema(), ads, path));
+    {  // in the safetensors header's __metadata__, a string as the format has it
+      std::ifstream in(path, std::ios::binary);
+      std::string start(4096, '\0');
+      in.read(start.data(), static_cast<std::streamsize>(start.size()));
+      CHECK_THAT(start, Catch::Contains(std::string("\"__metadata__\":{\"embedding_type\":\"") + to_string(type) + "\"}"));
+    }
+    auto file = AdFileReader::open(path);
+    REQUIRE(file);
+    CHECK(file->schema().embedding_type == type);
+    CHECK(file->recorded_embedding_type() == std::optional<EmbeddingType>(type));
+    auto back = file->read(0, file->size());
+    REQUIRE(back);
+    REQUIRE(back->size() == ads.size());
+    // A pool of the file's schema is the pool that was saved: searched the same.
+    HostAdPool original(w.schema()), loaded(file->schema());
+    for (const AdRecord& ad : ads) REQUIRE(original.upsert(ad));
+    for (const AdRecord& ad : *back) REQUIRE(loaded.upsert(ad));
+    const Request request = w.request(4, RequestKind::broad, 300);
+    const RequestVectors v = compute_request_vectors(w.model(), request.features);
+    CHECK(reference_search(loaded, v, request) == reference_search(original, v, request));
+  }
+  std::filesystem::remove(path);
+}
+
+TEST_CASE("an ad file's embedding type must be one the library knows and fit the file's d", "[retrieval][ad_file]") {
+  const std::string path = temp_path("kevo_ad_file_dtype_raw.safetensors");
+  RawAdFile legacy;  // no __metadata__: as written before ad files recorded their embedding type
+  legacy.write(path);
+  {
+    auto file = AdFileReader::open(path);
+    REQUIRE(file);
+    CHECK(file->schema().embedding_type == EmbeddingType::fp16);
+    CHECK_FALSE(file->recorded_embedding_type());
+    CHECK(read_error(path).empty());
+  }
+  RawAdFile other_keys;  // metadata without the key: the same
+  other_keys.metadata = {{"written_by", "a \"quoted\" tool\\"}};
+  other_keys.write(path);
+  CHECK(read_error(path).empty());
+  CHECK_FALSE(AdFileReader::open(path)->recorded_embedding_type());
+
+  RawAdFile int8;
+  int8.metadata = {{"embedding_type", "int8"}};
+  int8.write(path);
+  CHECK(AdFileReader::open(path)->schema().embedding_type == EmbeddingType::int8);
+  CHECK(read_error(path).empty());
+
+  RawAdFile unknown;
+  unknown.metadata = {{"embedding_type", "int4"}};
+  unknown.write(path);
+  std::string error = read_error(path);
+  CHECK_THAT(error, Catch::Contains(path));
+  CHECK_THAT(error, Catch::Contains("embedding_type is 'int4', not fp16, int8 or int8_group32"));
+  unknown.metadata = {{"embedding_type", "INT8"}};  // names are exact
+  unknown.write(path);
+  CHECK_THAT(read_error(path), Catch::Contains("embedding_type is 'INT8'"));
+
+  RawAdFile grouped;  // d = 2: not whole groups of 32
+  grouped.metadata = {{"embedding_type", "int8_group32"}};
+  grouped.write(path);
+  error = read_error(path);
+  CHECK_THAT(error, Catch::Contains(path));
+  CHECK_THAT(error, Catch::Contains("int8_group32 needs d to be a multiple of 32, and the embeddings have d = 2"));
+
+  // save_ads refuses to write what the reader would refuse.
+  const Workload w({.seed = 21, .dim = 48, .features = 32, .hidden = 32});
+  Schema schema = w.schema();
+  schema.embedding_type = EmbeddingType::int8_group32;
+  auto saved = save_ads(schema, workload_ads(w, 3), path);
+  REQUIRE(!saved);
+  CHECK_THAT(saved.error().message, Catch::Contains("int8_group32 needs d to be a multiple of 32, not 48"));
+  std::filesystem::remove(path);
 }

@@ -4,6 +4,7 @@
 #include <catch2/catch.hpp>
 
 #include <fstream>
+#include <sstream>
 
 #include "../benchmarks/retrieval/benchmark_report.hpp"
 
@@ -173,4 +174,39 @@ TEST_CASE("a concurrent-searches log yields a row per dtype, thread count and mo
   for (std::size_t at = html.find("<rect"); at != std::string::npos; at = html.find("<rect", at + 1)) ++bars;
   CHECK(bars == 16);
   CHECK(render_benchmark_html(read_run28(), "run 28").find("Several threads searching at once") == std::string::npos);
+}
+
+TEST_CASE("int8_group32 lines parse as their own dtype and draw in their own colour", "[bench][report]") {
+  // Lines as the benchmark prints them, for each of the three embedding types.
+  std::stringstream text;
+  for (const char* dtype : {"fp16", "int8", "int8_group32"}) {
+    text << "| typical | " << dtype << " | 100000000 | 37.1% | 1000 | 348.8 G/s (35%) | 23.5 G/s (75%) | 0.113 ms (7.2% of scoring) | 2.025 ms | 49.39 G/s (59%) |\n"
+         << dtype << " one request at a time: 2.074 ms = 48.22 G pool ads/s\n"
+         << dtype << " batch of 4: one pass 7.426 ms (1.856 ms a request) = 53.87 G pool ads/s; one by one 7.449 ms = 53.70 G/s; 1.00x; "
+                     "union 51.5% of the pool, 2.77 eligible pairs per listed ad; 19.22 G pairs/s; pass bytes 23% of roofline\n"
+         << dtype << ",  8 clients, batching: 495 searches/s = 49.50 G pool ads/s; latency p50 18.13 ms, p99 19.16 ms, 4.5 searches a batch\n";
+  }
+  const BenchmarkLog log = parse_benchmark_log(text);
+  REQUIRE(log.stages.size() == 3);
+  REQUIRE(log.host_searches.size() == 3);
+  REQUIRE(log.batches.size() == 3);
+  REQUIRE(log.concurrent.size() == 3);
+  CHECK(log.stages[2].dtype == "int8_group32");
+  CHECK(log.host_searches[2].label == "kevo int8_group32, one request at a time");
+  CHECK(log.batches[1].dtype == "int8");
+  CHECK(log.batches[2].dtype == "int8_group32");
+  CHECK(log.concurrent[2].dtype == "int8_group32");
+
+  const std::string html = render_benchmark_html(log, "three dtypes");
+  // Each bar of a dtype in its colour: the scoring, pool-size, batch and concurrent bars, and the host search.
+  auto bars_in = [&](const char* colour) {
+    std::size_t n = 0;
+    for (std::size_t at = html.find(std::string("fill=\"") + colour); at != std::string::npos;
+         at = html.find(std::string("fill=\"") + colour, at + 1))
+      ++n;
+    return n;
+  };
+  CHECK(bars_in("#4477aa") == 5);  // fp16
+  CHECK(bars_in("#ee7733") == 5);  // int8
+  CHECK(bars_in("#009988") == 5);  // int8_group32
 }

@@ -882,3 +882,93 @@ TEST_CASE("/metrics reports answers and latency per endpoint, batches and the qu
   CHECK(last == 4);
   CHECK(scraper.send(http::verb::post, "/metrics", "{}").result_int() == 405);
 }
+
+TEST_CASE("retrieval_server serves an ad file's pool at the embedding type the file records", "[retrieval][server]") {
+  const std::string binary = server_binary();
+  if (binary.empty()) {
+    if (testing_gpu_backend()) FAIL("KEVO_SERVER_TEST_BACKEND=gpu and no retrieval_server: set KEVO_RETRIEVAL_SERVER");
+    WARN("retrieval_server is not built beside this test; --ads-file's dtype is not checked");
+    return;
+  }
+  // An int8_group32 pool of the binary's own workload (--seed 1: its model), d = 64.
+  const Workload w({.seed = 1, .dim = 64, .embedding_type = EmbeddingType::int8_group32});
+  std::vector<AdRecord> ads;
+  for (std::uint64_t i = 0; i < 3000; ++i) ads.push_back(w.ad(i));
+  const std::string path =
+      (std::filesystem::temp_directory_path() / ("kevo_server_dtype_" + std::to_string(::getpid()) + ".safetensors")).string();
+  REQUIRE(save_ads(w.schema(), ads, path));
+  // The answers of an in-process engine over the same ads at `type`, for one search body.
+  const Request request = w.request(2, RequestKind::broad, 200);
+  auto answer_at = [&](EmbeddingType type) {
+    Schema schema = w.schema();
+    schema.embedding_type = type;
+    auto engine = make_test_backend(schema, w.model(), 2);
+    REQUIRE(engine->upsert(ads));
+    RunningServer running(*engine);
+    return call(running.server.port(), http::verb::post, "/search", search_body(request)).body;
+  };
+  const std::string grouped = answer_at(EmbeddingType::int8_group32), fp16 = answer_at(EmbeddingType::fp16);
+  REQUIRE(grouped != fp16);  // the answer tells the pool's embedding type apart
+
+  // No --dtype, or the one the file records: the file's type; the server answers as the in-process engine.
+  for (const std::vector<std::string>& dtype :
+       std::initializer_list<std::vector<std::string>>{{}, {"--dtype", "int8_group32"}}) {
+    std::vector<std::string> args = {binary, "--backend", server_test_backend(), "--ads-file", path, "--port", "0"};
+    args.insert(args.end(), dtype.begin(), dtype.end());
+    Child server(args);
+    char line[512] = {};
+    REQUIRE(std::fgets(line, sizeof line, server.out) != nullptr);
+    const std::string announced = line;
+    INFO(announced);
+    CHECK_THAT(announced, Catch::Contains("serving 3000 ads (int8_group32) on"));
+    const std::size_t colon = announced.find("127.0.0.1:");
+    REQUIRE(colon != std::string::npos);
+    const auto port = static_cast<unsigned short>(std::stoi(announced.substr(colon + 10)));
+    CHECK(call(port, http::verb::post, "/search", search_body(request)).body == grouped);
+  }
+
+  // A --dtype that differs from the file's: refused at start-up, naming both.
+  const auto [status, output] = run_command(binary + " --backend " + server_test_backend() + " --port 0 --ads-file " + path + " --dtype fp16");
+  CHECK(status == 2);
+  CHECK_THAT(output, Catch::Contains("--dtype fp16"));
+  CHECK_THAT(output, Catch::Contains("records embedding_type int8_group32"));
+  CHECK_THAT(output, Catch::Contains(path));
+
+  // A file written before ad files recorded their type (its __metadata__ blanked out, the header's
+  // length kept): --dtype applies, as before.
+  {
+    std::fstream file(path, std::ios::binary | std::ios::in | std::ios::out);
+    std::string head(4096, '\0');
+    file.read(head.data(), static_cast<std::streamsize>(head.size()));
+    const std::string metadata = "\"__metadata__\":{\"embedding_type\":\"int8_group32\"},";
+    const std::size_t at = head.find(metadata);
+    REQUIRE(at != std::string::npos);
+    file.clear();
+    file.seekp(static_cast<std::streamoff>(at));
+    file << std::string(metadata.size(), ' ');
+  }
+  REQUIRE(AdFileReader::open(path));
+  REQUIRE_FALSE(AdFileReader::open(path)->recorded_embedding_type());
+  for (const char* dtype : {"int8_group32", "fp16"}) {
+    Child server({binary, "--backend", server_test_backend(), "--ads-file", path, "--port", "0", "--dtype", dtype});
+    char line[512] = {};
+    REQUIRE(std::fgets(line, sizeof line, server.out) != nullptr);
+    const std::string announced = line;
+    INFO(announced);
+    CHECK_THAT(announced, Catch::Contains(std::string("serving 3000 ads (") + dtype + ") on"));
+    const std::size_t colon = announced.find("127.0.0.1:");
+    REQUIRE(colon != std::string::npos);
+    const auto port = static_cast<unsigned short>(std::stoi(announced.substr(colon + 10)));
+    CHECK(call(port, http::verb::post, "/search", search_body(request)).body == (dtype == std::string("fp16") ? fp16 : grouped));
+  }
+  std::filesystem::remove(path);
+
+  // An int8_group32 pool needs d in whole groups of 32: a d = 48 model is refused at start-up, with the reason.
+  const std::string model48 = path + ".model";
+  REQUIRE(save_model(Workload({.seed = 1, .dim = 48, .features = 32, .hidden = 32}).model(), model48));
+  const auto [d48_status, d48_output] =
+      run_command(binary + " --backend " + server_test_backend() + " --port 0 --ads 100 --dtype int8_group32 --model " + model48);
+  CHECK(d48_status == 1);
+  CHECK_THAT(d48_output, Catch::Contains("int8_group32 needs d to be a multiple of 32, not 48"));
+  std::filesystem::remove(model48);
+}

@@ -68,6 +68,35 @@ TEST_CASE("a tuning file reads back as written", "[retrieval][tuning]") {
   CHECK(back->entries[1].policy == h200_file().entries[1].policy);
 }
 
+TEST_CASE("a tuning file keys entries by every embedding type, and names one it does not know", "[retrieval][tuning]") {
+  TuningFile file = h200_file();
+  PipelinePolicy grouped;
+  grouped.scoring.stages = 4;
+  file.entries.push_back({.shape = {128, EmbeddingType::int8_group32, 8}, .policy = grouped, .evaluations = 7});
+  file.entries.push_back({.shape = {128, EmbeddingType::int8, 8}, .evaluations = 3});
+  const fs::path path = scratch("dtypes.json");
+  REQUIRE(write_tuning_file(path, file));
+  auto back = read_tuning_file(path);
+  REQUIRE(back);
+  REQUIRE(back->entries.size() == 4);
+  CHECK(back->entries[2].shape == ShapeClass{128, EmbeddingType::int8_group32, 8});
+  CHECK(back->entries[2].policy == grouped);
+  CHECK(back->entries[3].shape == ShapeClass{128, EmbeddingType::int8, 8});
+  const PolicyChoice chosen = choose_policy(path, {"NVIDIA H200", "13.0"}, {128, EmbeddingType::int8_group32, 8}, PipelinePolicy{});
+  CHECK(chosen.tuned);
+  CHECK(chosen.policy == grouped);
+  CHECK_THAT(chosen.origin, Catch::Contains("tuned for d = 128, int8_group32, ~100M ads"));
+
+  std::string text = tuning_file_json(file);
+  const std::string named = "\"dtype\": \"int8_group32\"";
+  REQUIRE(text.find(named) != std::string::npos);
+  text.replace(text.find(named), named.size(), "\"dtype\": \"int4\"");
+  write_text(path, text);
+  auto refused = read_tuning_file(path);
+  REQUIRE(!refused);
+  CHECK_THAT(refused.error().message, Catch::Contains("entry 2: dtype 'int4' is not fp16, int8 or int8_group32"));
+}
+
 TEST_CASE("the pipeline takes the tuned policy for its device and shape, and the defaults otherwise, saying why", "[retrieval][tuning]") {
   const fs::path path = scratch("choice.json");
   REQUIRE(write_tuning_file(path, h200_file()));

@@ -45,6 +45,27 @@ TEST_CASE("the CPU backend refuses a schema and model that disagree, as the GPU'
   CHECK_THAT(refused_model.error().message, Catch::Contains("every weight must be finite"));
 }
 
+TEST_CASE("an int8_group32 pool needs d to be a multiple of 32", "[retrieval][validation]") {
+  const Workload& w = small_workload();  // d = 64: two groups
+  Schema grouped = w.schema();
+  grouped.embedding_type = EmbeddingType::int8_group32;
+  CHECK(validate_schema(grouped));
+  REQUIRE(CpuRetrievalBackend::create(grouped, w.model()));
+  grouped.dim = 48;  // a group and a half
+  auto refused = validate_schema(grouped);
+  REQUIRE(!refused);
+  CHECK_THAT(refused.error().message, Catch::Contains("int8_group32 needs d to be a multiple of 32, not 48"));
+  const Model model48 = Workload({.seed = 17, .dim = 48, .features = 32, .hidden = 48}).model();
+  auto backend = CpuRetrievalBackend::create(grouped, model48);  // the backend refuses it with the same reason
+  REQUIRE(!backend);
+  CHECK_THAT(backend.error().message, Catch::Contains("multiple of 32"));
+  // The other storages take d = 48.
+  for (EmbeddingType other : {EmbeddingType::fp16, EmbeddingType::int8}) {
+    grouped.embedding_type = other;
+    CHECK(validate_schema(grouped));
+  }
+}
+
 TEST_CASE("values that would score NaN are refused with the reason", "[retrieval][validation]") {
   const Workload& w = small_workload();
   auto backend = CpuRetrievalBackend::create(w.schema(), w.model(), 1);
@@ -62,6 +83,22 @@ TEST_CASE("values that would score NaN are refused with the reason", "[retrieval
   Schema int8_schema = w.schema();
   int8_schema.embedding_type = EmbeddingType::int8;
   CHECK(validate_ad(int8_schema, wide));
+  // int8_group32's scales are fp16, and the GPU scores its dequantised values in fp16: fp16's range.
+  Schema group_schema = w.schema();
+  group_schema.embedding_type = EmbeddingType::int8_group32;
+  CHECK(!validate_ad(group_schema, wide));
+  wide.embedding[3] = 65504.0f;  // the largest a group may hold: q = 127 at fp16's largest / 127
+  REQUIRE(validate_ad(group_schema, wide));
+  HostAdPool group_pool(group_schema);
+  wide.live = true;  // so that it takes slot 0
+  REQUIRE(group_pool.upsert(wide));
+  CHECK(std::fabs(group_pool.embedding(0, 3) - 65504.0f) <= 65504.0f / 127 / 2);
+  CHECK(std::isfinite(group_pool.embedding(0, 4)));
+  wide.embedding[3] = 1e7f;
+  auto beyond = validate_ad(group_schema, wide);
+  REQUIRE(!beyond);
+  CHECK_THAT(beyond.error().message, Catch::Contains("beyond fp16's range (65504), which int8_group32 holds"));
+  CHECK(validate_ad(int8_schema, wide));  // one fp32 scale per ad covers it
 
   // Features whose fp16 vectors overflow: an error, in a search and in a batch (naming its place).
   Request huge = w.request(3);

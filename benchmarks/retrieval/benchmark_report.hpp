@@ -20,6 +20,7 @@
 #include <optional>
 #include <regex>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace kevo::bench {
@@ -81,13 +82,13 @@ inline void parse_benchmark_log(std::istream& in, BenchmarkLog& log) {
   static const std::regex stage(
       R"(^\| (\w+) \| (\w+) \| (\d+) \| ([\d.]+)% \| (\d+) \| ([\d.]+) G/s \(([\d.]+)%\) \| ([\d.]+) G/s \(([\d.]+)%\) \| ([\d.]+) ms .*\| ([\d.]+) ms \| ([\d.]+) G/s \(([\d.]+)%\) \|)");
   static const std::regex batch(
-      R"(^(fp16|int8) batch of (\d+): one pass ([\d.]+) ms .*one by one ([\d.]+) ms .*union ([\d.]+)% of the pool, ([\d.]+) eligible pairs per listed ad; ([\d.]+) G pairs/s)");
-  static const std::regex host_search(R"(^(fp16|int8) (one request at a time|batch of \d+).*= ([\d.]+) G pool ads/s)");
+      R"(^(fp16|int8_group32|int8) batch of (\d+): one pass ([\d.]+) ms .*one by one ([\d.]+) ms .*union ([\d.]+)% of the pool, ([\d.]+) eligible pairs per listed ad; ([\d.]+) G pairs/s)");
+  static const std::regex host_search(R"(^(fp16|int8_group32|int8) (one request at a time|batch of \d+).*= ([\d.]+) G pool ads/s)");
   static const std::regex update(
       R"(^batches of (\d+), (alone|while searching): ([\d.]+) M ads/s applied[^;]*(?:; (\d+) searches alongside, median ([\d.]+) ms, p99 ([\d.]+) ms)?)");
   static const std::regex recall(R"(^recall@(\d+) = ([\d.]+))");
   static const std::regex concurrent(
-      R"(^(fp16|int8), +(\d+) clients, (in turn|batching) *: (\d+) searches/s = ([\d.]+) G pool ads/s; latency p50 ([\d.]+) ms, p99 ([\d.]+) ms(?:, ([\d.]+) searches a batch)?)");
+      R"(^(fp16|int8_group32|int8), +(\d+) clients, (in turn|batching) *: (\d+) searches/s = ([\d.]+) G pool ads/s; latency p50 ([\d.]+) ms, p99 ([\d.]+) ms(?:, ([\d.]+) searches a batch)?)");
   std::string line;
   std::smatch m;
   auto number = [&](int i) { return std::stod(m[i].str()); };
@@ -170,7 +171,15 @@ inline std::string bar_chart(const std::vector<Bar>& bars, double top, bool log_
   return svg + "</svg>";
 }
 
-inline const char* dtype_colour(const std::string& dtype) { return dtype == "int8" ? "#ee7733" : "#4477aa"; }
+/// A colour per embedding type: fp16 blue, int8 orange, int8_group32 teal.
+inline const char* dtype_colour(std::string_view dtype) {
+  return dtype == "int8" ? "#ee7733" : dtype == "int8_group32" ? "#009988" : "#4477aa";
+}
+/// The dtype a host-visible search's label names ("kevo int8, one request at a time": int8).
+inline std::string_view label_dtype(std::string_view label) {
+  if (label.starts_with("kevo ")) label.remove_prefix(5);
+  return label.substr(0, label.find(','));
+}
 
 }  // namespace detail
 
@@ -203,7 +212,7 @@ inline std::string render_benchmark_html(const BenchmarkLog& log, std::string_vi
   double fastest = 0;
   for (const Figure& f : log.host_searches)
     if (f.label.ends_with("one request at a time")) {
-      against.push_back({f.label, f.value, fmt::format("{:.1f} G pool ads/s", f.value), f.label.find("int8") != std::string::npos ? "#ee7733" : "#4477aa"});
+      against.push_back({f.label, f.value, fmt::format("{:.1f} G pool ads/s", f.value), detail::dtype_colour(detail::label_dtype(f.label))});
       fastest = std::max(fastest, f.value);
     }
   if (against.empty())  // no host-visible figures in this log: the device-timed pipeline at the largest pool

@@ -3,10 +3,13 @@
 //   int8_recall_study [--n 1000000] [--requests 8] [--k 1000]
 //
 // The spec stores int8 embeddings with one symmetric fp32 scale per ad (a = scale * q, q in
-// [-127, 127]), and the goal asks recall@1000 >= 0.99 against fp16. This scores the workload's ads
-// (all eligible, so that N ads stand for N eligible ones) in double precision from four storages
-// of the same embeddings and reports each one's recall against fp16's top-K:
+// [-127, 127]), or with one fp16 scale per group of 32 values (int8_group32), and the goal asks
+// recall@1000 >= 0.99 against fp16. This scores the workload's ads (all eligible, so that N ads
+// stand for N eligible ones) in double precision from five storages of the same embeddings and
+// reports each one's recall against fp16's top-K:
 //   - the library's quantiser (quantize_int8: max-abs scale, round to nearest);
+//   - the library's group quantiser (quantize_int8_group32: the same per group of 32 values, each
+//     group's scale rounded to fp16), the int8_group32 pool's storage;
 //   - the same int8 values scored with fp16's routing, which leaves only the rounding's own noise
 //     (top-2 routing is discontinuous: a flip between the 2nd and 3rd expert moves a score a lot);
 //   - the same with dense softmax gating (k_e = E), which has no routing to flip;
@@ -194,28 +197,36 @@ int main(int argc, char** argv) {
   for (int i = 0; i < d * d; ++i) weighting[i] = expert_moment[i] + 8.0 * gate_moment[i];
   const Matrix factor = rounding_factor(weighting, d);
 
-  // The same embeddings (the workload's ads) in three storages, dequantised.
-  std::vector<float> fp16(n * d), int8(n * d), weighted(n * d), bias(n);
+  if (d % kScaleGroup != 0) {
+    std::fprintf(stderr, "int8_recall_study: d = %d is not a multiple of %d (int8_group32)\n", d, kScaleGroup);
+    return 2;
+  }
+  // The same embeddings (the workload's ads) in four storages, dequantised.
+  std::vector<float> fp16(n * d), int8(n * d), group32(n * d), weighted(n * d), bias(n);
   const unsigned threads = default_thread_count();
   parallel_for_ranges(n, threads, [&](unsigned, std::size_t begin, std::size_t end) {
     for (std::size_t i = begin; i < end; ++i) {
       const AdRecord ad = workload.ad(i);
       bias[i] = ad.bias;
       const QuantizedEmbedding q = quantize_int8(ad.embedding);
+      const QuantizedEmbedding g = quantize_int8_group32(ad.embedding);
       for (int j = 0; j < d; ++j) {
         fp16[i * d + j] = round_to_half(ad.embedding[j]);
-        int8[i * d + j] = q.scale * q.values[j];
+        int8[i * d + j] = q.scales[0] * q.values[j];
+        group32[i * d + j] = round_to_half(g.scales[j / kScaleGroup] * g.values[j]);  // dequantised in fp16, as the pool does
       }
-      quantize_error_weighted(ad.embedding, q.scale, factor, &weighted[i * d]);
+      quantize_error_weighted(ad.embedding, q.scales[0], factor, &weighted[i * d]);
     }
   });
 
   const char* names[] = {"int8, max-abs (quantize_int8)", "int8, scored with fp16's routing",
-                         "int8, error-weighted rounding", "int8, dense gating (k_e = E; against fp16 dense)"};
-  double recall[4] = {};
+                         "int8, error-weighted rounding", "int8, dense gating (k_e = E; against fp16 dense)",
+                         "int8_group32, max-abs per 32 values, fp16 scales (quantize_int8_group32)"};
+  constexpr int kRows = 5;
+  double recall[kRows] = {};
   for (int r = 0; r < requests; ++r) {
     const RequestVectors v = compute_request_vectors(model, workload.request(100 + r).features);
-    std::vector<double> reference(n), reference_dense(n), own(n), forced(n), error_weighted(n), dense(n);
+    std::vector<double> reference(n), reference_dense(n), own(n), forced(n), error_weighted(n), dense(n), grouped(n);
     parallel_for_ranges(n, threads, [&](unsigned, std::size_t begin, std::size_t end) {
       for (std::size_t i = begin; i < end; ++i) {
         int fp16_experts[2], chosen[2];
@@ -225,6 +236,7 @@ int main(int argc, char** argv) {
         forced[i] = score_ad(&int8[i * d], v, bias[i], Routing::forced, fp16_experts);
         error_weighted[i] = score_ad(&weighted[i * d], v, bias[i], Routing::own, chosen);
         dense[i] = score_ad(&int8[i * d], v, bias[i], Routing::dense, chosen);
+        grouped[i] = score_ad(&group32[i * d], v, bias[i], Routing::own, chosen);
       }
     });
     const auto expected = top_ids(reference, k), expected_dense = top_ids(reference_dense, k);
@@ -232,10 +244,11 @@ int main(int argc, char** argv) {
     recall[1] += overlap(expected, top_ids(forced, k)) / requests;
     recall[2] += overlap(expected, top_ids(error_weighted, k)) / requests;
     recall[3] += overlap(expected_dense, top_ids(dense, k)) / requests;
+    recall[4] += overlap(expected, top_ids(grouped, k)) / requests;
   }
   std::printf("# int8 recall@%d against fp16: %zu ads (all eligible), %d requests, d = %d, E = %d\n\n", k, n, requests,
               d, experts);
   std::puts("| storage | recall |\n| --- | --- |");
-  for (int i = 0; i < 4; ++i) std::printf("| %s | %.4f |\n", names[i], recall[i]);
+  for (int i = 0; i < kRows; ++i) std::printf("| %s | %.4f |\n", names[i], recall[i]);
   return 0;
 }

@@ -145,7 +145,7 @@ def main():
     ap.add_argument("--requests", type=int, default=20)
     ap.add_argument("--seed", type=int, default=5)
     ap.add_argument("--first", default="gpu", choices=["gpu", "cpu"], help="cpu: try the script without a GPU")
-    ap.add_argument("--dtype", default="fp16", choices=["fp16", "int8"])
+    ap.add_argument("--dtype", default="fp16", choices=["fp16", "int8", "int8_group32"])
     ap.add_argument("--port", type=int, default=18181, help="the first server's; the second takes the next")
     ap.add_argument("--via-file", help="the first server saves its pool here, the second loads it")
     args = ap.parse_args()

@@ -6,8 +6,8 @@
 // CPU reference elsewhere; the GPU backend comes from cuda_backend.cu beside this file, a separate
 // translation unit because Boost.Beast does not compile under nvcc:
 //
-//   retrieval_server --port 8080 --ads 1000000 [--dtype int8] [--save-ads pool.safetensors]
-//   retrieval_server --port 8080 --ads-file pool.safetensors --model model.safetensors
+//   retrieval_server --port 8080 --ads 1000000 [--dtype int8_group32] [--save-ads pool.safetensors]
+//   retrieval_server --port 8080 --ads-file pool.safetensors --model model.safetensors   # the file's dtype
 //   retrieval_server --port 8080 --search-threads 8 --max-queue 1024 --deadline-ms 30000 --drain-ms 10000
 //   retrieval_server --port 8080 --ads 10000000 --gpus 0,1     # one pool, a shard on each GPU (ShardedBackend)
 //   retrieval_server --port 8080 --backend cpu --shards 4      # one pool over four CPU engines
@@ -61,6 +61,7 @@ struct Options {
   unsigned threads = 4;   // I/O threads: read, parse, write
   std::size_t batch = 8;  // concurrent searches answered together (1: one at a time)
   EmbeddingType dtype = EmbeddingType::fp16;
+  bool dtype_given = false;  // --dtype on the command line: an ad file that records another is refused
   ServingOptions serving;
   std::chrono::milliseconds drain{10000};  // on SIGTERM: how long queued work may still run
 };
@@ -128,7 +129,16 @@ void describe(CLI::App& app, Options& o, std::uint64_t& deadline_ms, std::uint64
   number(app.add_option("--threads", o.threads, "I/O threads: read, parse, write"), 1u, 1024u);
   number(app.add_option("--batch", o.batch, "concurrent searches answered together (1: one at a time)"), std::size_t{1},
          std::size_t{4096});
-  app.add_option("--dtype", dtype, "the pool's embeddings")->capture_default_str()->check(CLI::IsMember({"fp16", "int8"}));
+  const CLI::Validator embedding_type(
+      [](std::string& text) -> std::string {
+        return embedding_type_named(text) ? std::string() : "takes " + std::string(kEmbeddingTypeNames) + ", not '" + text + "'";
+      },
+      "", "embedding type");
+  app.add_option("--dtype", dtype,
+                 "the pool's embeddings: " + std::string(kEmbeddingTypeNames) +
+                     " (with --ads-file: the type the file records, where it records one; another is refused)")
+      ->capture_default_str()
+      ->check(embedding_type);
   number(app.add_option("--search-threads", o.serving.search_threads, "workers that run searches and batches"), 1u, 1024u);
   number(app.add_option("--max-queue", o.serving.max_queued, "searches, batches and updates queued or running; more: 503"),
          std::size_t{1}, std::size_t{most});
@@ -151,7 +161,7 @@ std::optional<int> parse(int argc, char** argv, Options& o) {
   auto deadline_ms = static_cast<std::uint64_t>(o.serving.request_deadline.count());
   auto drain_ms = static_cast<std::uint64_t>(o.drain.count());
   auto io_timeout_ms = static_cast<std::uint64_t>(o.serving.io_timeout.count());
-  std::string dtype = o.dtype == EmbeddingType::int8 ? "int8" : "fp16";
+  std::string dtype = to_string(o.dtype);
   CLI::App app{"", "retrieval_server"};
   describe(app, o, deadline_ms, drain_ms, io_timeout_ms, dtype);
   if (auto stop = kevo_examples::parse_command_line(app, argc, argv)) return stop;
@@ -170,7 +180,8 @@ std::optional<int> parse(int argc, char** argv, Options& o) {
   o.serving.request_deadline = ms(deadline_ms);
   o.drain = ms(drain_ms);
   o.serving.io_timeout = ms(io_timeout_ms);
-  o.dtype = dtype == "int8" ? EmbeddingType::int8 : EmbeddingType::fp16;
+  o.dtype = *embedding_type_named(dtype);  // the validator has taken it
+  o.dtype_given = app.get_option("--dtype")->count() > 0;
   return std::nullopt;
 }
 
@@ -303,6 +314,13 @@ int main(int argc, char** argv) {
     if (!opened) return std::fprintf(stderr, "%s\n", opened.error().message.c_str()), 1;
     file.emplace(std::move(*opened));
     o.ads = file->size();
+    // The pool takes the dtype the file records; a file written before files recorded one takes --dtype.
+    if (const std::optional<EmbeddingType> recorded = file->recorded_embedding_type()) {
+      if (o.dtype_given && o.dtype != *recorded)
+        return std::fprintf(stderr, "retrieval_server: --dtype %s, but %s records embedding_type %s: give --dtype %s or leave it out\n",
+                            to_string(o.dtype), o.ads_file.c_str(), to_string(*recorded), to_string(*recorded)), 2;
+      o.dtype = *recorded;
+    }
   }
   WorkloadOptions shape{.seed = o.seed, .embedding_type = o.dtype};
   if (file) shape.dim = file->schema().dim;  // the workload's model, where no --model is given, takes the file's d
@@ -322,6 +340,9 @@ int main(int argc, char** argv) {
     if (schema.dim != model.dim)
       return std::fprintf(stderr, "%s holds d = %d, the model takes d = %d\n", o.ads_file.c_str(), schema.dim, model.dim), 1;
   }
+  // What every engine's create checks (a pool of int8_group32 needs d in whole groups of 32), said once, before any is made.
+  if (auto ok = CpuRetrievalBackend::check(schema, model); !ok)
+    return std::fprintf(stderr, "retrieval_server: %s (--dtype %s)\n", ok.error().message.c_str(), to_string(schema.embedding_type)), 1;
   std::unique_ptr<RetrievalBackend> backend = make_backend(o, schema, model);
   if (!backend) return 1;
   if (const std::string policy = backend->kernel_policy(); !policy.empty()) std::fprintf(stderr, "kernel policy: %s\n", policy.c_str());
@@ -358,8 +379,8 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "draining (up to %lld ms)\n", static_cast<long long>(o.drain.count()));
     server.drain(o.drain, [&](bool all) { finished = all; io.stop(); });
   });
-  std::printf("serving %llu ads on http://%s:%u with the %s backend\n", static_cast<unsigned long long>(o.ads),
-              o.host.c_str(), static_cast<unsigned>(server.port()), backend->name().c_str());
+  std::printf("serving %llu ads (%s) on http://%s:%u with the %s backend\n", static_cast<unsigned long long>(o.ads),
+              to_string(schema.embedding_type), o.host.c_str(), static_cast<unsigned>(server.port()), backend->name().c_str());
   std::fflush(stdout);
   std::vector<std::thread> threads;
   for (unsigned t = 1; t < o.threads; ++t) threads.emplace_back([&] { io.run(); });

@@ -9,6 +9,9 @@
 //   clause_offsets   U64 [N + 1]    ad i's clauses are rows clause_offsets[i] .. clause_offsets[i + 1]
 //   clauses          U32 [M, 3]     {category, value, exclude (0 or 1)}
 //
+// and, in the header's __metadata__, the pool's embedding type: {"embedding_type": "int8_group32"}
+// (fp16, int8 or int8_group32; a file written before this was recorded reads as fp16).
+//
 // The reader reads any slice of ads without loading the rest, and checks each ad it returns
 // against the file's schema, so a damaged file is a clear error, never a bad pool:
 //
@@ -20,11 +23,13 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "kevo/retrieval/ad_pool.hpp"
 #include "kevo/retrieval/half.hpp"
 #include "kevo/retrieval/safetensors.hpp"
 #include "kevo/retrieval/types.hpp"
@@ -35,9 +40,14 @@ struct AdFileOptions {
   bool fp16_embeddings = false;  // store embeddings rounded to fp16 (what an fp16 pool holds anyway)
 };
 
-/// Writes `ads` and the schema's targeting space; each ad is checked against the schema first.
+/// The __metadata__ key an ad file records its embedding type under.
+inline constexpr const char* kAdFileEmbeddingTypeKey = "embedding_type";
+
+/// Writes `ads`, the schema's targeting space and its embedding type; the schema and each ad are
+/// checked first.
 inline expected<void, Error> save_ads(const Schema& schema, std::span<const AdRecord> ads, const std::string& path,
                                       AdFileOptions options = {}) {
+  if (auto ok = validate_schema(schema); !ok) return ok;
   for (const AdRecord& ad : ads)
     if (auto ok = validate_ad(schema, ad); !ok) return ok;
   const auto n = static_cast<std::int64_t>(ads.size());
@@ -84,7 +94,7 @@ inline expected<void, Error> save_ads(const Schema& schema, std::span<const AdRe
          }
        })},
   };
-  return detail::write_safetensors(path, tensors);
+  return detail::write_safetensors(path, tensors, {{kAdFileEmbeddingTypeKey, to_string(schema.embedding_type)}});
 }
 
 /// An open ad file: its schema and ad count at once, and the ads a slice at a time.
@@ -98,8 +108,10 @@ class AdFileReader {
     return r;
   }
 
-  /// The targeting space and d (embedding_type is left fp16: the pool that loads the ads picks its own).
+  /// The targeting space, d and the embedding type the file records (fp16 where it records none).
   const Schema& schema() const { return schema_; }
+  /// The embedding type the file records; nullopt for a file written before ad files recorded it.
+  std::optional<EmbeddingType> recorded_embedding_type() const { return recorded_type_; }
   std::size_t size() const { return count_; }
 
   /// Ads first .. first + count - 1 (fewer past the end), in file order, each checked against the schema.
@@ -192,6 +204,23 @@ class AdFileReader {
         offsets_->shape[0] != n + 1 || clauses_->shape[1] != 3)
       return make_error(where() + "the tensors' shapes disagree (N = " + std::to_string(count_) + ")");
     clause_count_ = static_cast<std::uint64_t>(clauses_->shape[0]);
+    return read_embedding_type();
+  }
+
+  /// The embedding type from __metadata__, checked to be one the library knows and to fit d.
+  expected<void, Error> read_embedding_type() {
+    const auto& metadata = file_.metadata();
+    const auto it = metadata.find(kAdFileEmbeddingTypeKey);
+    if (it == metadata.end()) return {};  // written before ad files recorded it: fp16, as before
+    const std::optional<EmbeddingType> type = embedding_type_named(it->second);
+    if (!type)
+      return make_error(where() + "__metadata__ " + kAdFileEmbeddingTypeKey + " is '" + it->second + "', not " +
+                        std::string(kEmbeddingTypeNames));
+    schema_.embedding_type = *type;
+    recorded_type_ = *type;
+    if (*type == EmbeddingType::int8_group32 && schema_.dim % kScaleGroup != 0)
+      return make_error(where() + "embedding_type int8_group32 needs d to be a multiple of " + std::to_string(kScaleGroup) +
+                        ", and the embeddings have d = " + std::to_string(schema_.dim));
     return {};
   }
 
@@ -199,6 +228,7 @@ class AdFileReader {
   Schema schema_;
   std::size_t count_ = 0;
   std::uint64_t clause_count_ = 0;
+  std::optional<EmbeddingType> recorded_type_;
   const detail::TensorEntry *ids_ = nullptr, *embeddings_ = nullptr, *bias_ = nullptr, *live_ = nullptr,
                             *offsets_ = nullptr, *clauses_ = nullptr;
 };

@@ -144,13 +144,16 @@ class HostAdPool {
   float bias(std::size_t slot) const { return bias_[slot]; }
   const std::vector<std::uint32_t>& clauses(std::size_t slot) const { return clauses_[slot]; }
 
-  /// The embedding value the reference uses: fp16 widened, or int8 dequantised (scale * q in fp32,
-  /// with the scale of the ad or of value k's group).
+  /// The embedding value the reference uses: fp16 widened, or int8 dequantised: scale * q in fp32
+  /// (int8), or in fp16 (int8_group32, whose scales are fp16: scale * q rounded to fp16, the value
+  /// the GPU's tensor cores take; in fp32 the product needs up to 18 bits, and fp16 rounding noise,
+  /// 2^-12 of a value, adds up past the score tolerance for request vectors of |u| ~ 5).
   float embedding(std::size_t slot, int k) const {
     const std::size_t at = slot * static_cast<std::size_t>(schema_.dim) + static_cast<std::size_t>(k);
     if (schema_.embedding_type == EmbeddingType::fp16) return half_to_float(fp16_[at]);
-    const std::size_t group = schema_.embedding_type == EmbeddingType::int8_group32 ? static_cast<std::size_t>(k / kScaleGroup) : 0;
-    return scale_[slot * scales_per_slot() + group] * static_cast<float>(int8_[at]);
+    if (schema_.embedding_type == EmbeddingType::int8) return scale_[slot] * static_cast<float>(int8_[at]);
+    const float scale = scale_[slot * scales_per_slot() + static_cast<std::size_t>(k / kScaleGroup)];
+    return half_to_float(float_to_half(scale * static_cast<float>(int8_[at])));
   }
 
   // The stored form, for uploads to a device index.

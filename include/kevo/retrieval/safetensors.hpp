@@ -1,7 +1,8 @@
 // kevo/retrieval/safetensors.hpp: the model's weights in a safetensors file (F32 tensors named
 // w1, c1, w2, c2, gate_projection), and the reader and writer that ad_file.hpp shares. The header
 // parser reads exactly what safetensors writes: one flat JSON object of {dtype, shape,
-// data_offsets} entries and an optional __metadata__ of strings. It is hand-written because the pipeline's .cu files include this header and simdjson.h does not
+// data_offsets} entries and an optional __metadata__ of strings (a string-to-string map, which the
+// writer writes and the reader returns; ad files keep their embedding type there). It is hand-written because the pipeline's .cu files include this header and simdjson.h does not
 // compile under nvcc 13 (its SSE types trip nvcc's front end); the server's JSON goes through simdjson.
 //
 //   if (auto saved = save_model(model, "model.safetensors"); !saved) fail(saved.error().message);
@@ -35,14 +36,17 @@ class HeaderParser {
  public:
   explicit HeaderParser(const std::string& text) : text_(text) {}
 
-  bool parse(std::map<std::string, TensorEntry>& out) {
+  /// The tensors into `out`, and __metadata__'s strings into `metadata`.
+  bool parse(std::map<std::string, TensorEntry>& out, std::map<std::string, std::string>& metadata) {
     if (!expect('{')) return false;
     if (peek('}')) return expect('}') && at_end();
+    bool seen_metadata = false;
     do {
       std::string name;
       if (!string(name) || !expect(':')) return false;
       if (name == "__metadata__") {
-        if (!skip_string_map()) return false;
+        if (seen_metadata || !string_map(metadata)) return false;
+        seen_metadata = true;
         continue;
       }
       TensorEntry entry;
@@ -73,12 +77,13 @@ class HeaderParser {
     } while (consume(','));
     return expect('}');
   }
-  bool skip_string_map() {
+  bool string_map(std::map<std::string, std::string>& out) {
     if (!expect('{')) return false;
     if (consume('}')) return true;
     do {
       std::string key, value;
       if (!string(key) || !expect(':') || !string(value)) return false;
+      out[key] = std::move(value);
     } while (consume(','));
     return expect('}');
   }
@@ -98,15 +103,70 @@ class HeaderParser {
     } while (consume(','));
     return expect(']');
   }
+  /// A JSON string, its escapes decoded (\uXXXX, surrogate pairs included, to UTF-8).
   bool string(std::string& out) {
     if (!expect('"')) return false;
     while (pos_ < text_.size() && text_[pos_] != '"') {
-      if (text_[pos_] == '\\') {
-        if (++pos_ >= text_.size()) return false;
+      const char c = text_[pos_++];
+      if (static_cast<unsigned char>(c) < 0x20) return false;  // JSON escapes control characters
+      if (c != '\\') {
+        out += c;
+        continue;
       }
-      out += text_[pos_++];
+      if (pos_ >= text_.size()) return false;
+      switch (const char e = text_[pos_++]; e) {
+        case '"': case '\\': case '/': out += e; break;
+        case 'b': out += '\b'; break;
+        case 'f': out += '\f'; break;
+        case 'n': out += '\n'; break;
+        case 'r': out += '\r'; break;
+        case 't': out += '\t'; break;
+        case 'u': {
+          std::uint32_t point = 0;
+          if (!hex4(point)) return false;
+          if (point >= 0xd800 && point < 0xdc00) {  // a high surrogate: its low one must follow
+            std::uint32_t low = 0;
+            if (text_.compare(pos_, 2, "\\u") != 0) return false;
+            pos_ += 2;
+            if (!hex4(low) || low < 0xdc00 || low >= 0xe000) return false;
+            point = 0x10000 + ((point - 0xd800) << 10) + (low - 0xdc00);
+          } else if (point >= 0xdc00 && point < 0xe000) {
+            return false;
+          }
+          append_utf8(point, out);
+          break;
+        }
+        default: return false;
+      }
     }
     return pos_ < text_.size() && text_[pos_++] == '"';
+  }
+  bool hex4(std::uint32_t& out) {
+    if (text_.size() - pos_ < 4) return false;
+    for (int i = 0; i < 4; ++i) {
+      const char h = text_[pos_++];
+      const int digit = h >= '0' && h <= '9' ? h - '0' : h >= 'a' && h <= 'f' ? h - 'a' + 10 : h >= 'A' && h <= 'F' ? h - 'A' + 10 : -1;
+      if (digit < 0) return false;
+      out = out * 16 + static_cast<std::uint32_t>(digit);
+    }
+    return true;
+  }
+  static void append_utf8(std::uint32_t point, std::string& out) {
+    if (point < 0x80) {
+      out += static_cast<char>(point);
+    } else if (point < 0x800) {
+      out += static_cast<char>(0xc0 | (point >> 6));
+      out += static_cast<char>(0x80 | (point & 0x3f));
+    } else if (point < 0x10000) {
+      out += static_cast<char>(0xe0 | (point >> 12));
+      out += static_cast<char>(0x80 | ((point >> 6) & 0x3f));
+      out += static_cast<char>(0x80 | (point & 0x3f));
+    } else {
+      out += static_cast<char>(0xf0 | (point >> 18));
+      out += static_cast<char>(0x80 | ((point >> 12) & 0x3f));
+      out += static_cast<char>(0x80 | ((point >> 6) & 0x3f));
+      out += static_cast<char>(0x80 | (point & 0x3f));
+    }
   }
   void skip_space() {
     while (pos_ < text_.size() && std::isspace(static_cast<unsigned char>(text_[pos_]))) ++pos_;
@@ -140,16 +200,43 @@ struct TensorWriter {
   std::function<void(std::ostream&)> write;
 };
 
+/// `text` as a JSON string, quoted: '"', '\\' and control characters escaped, other bytes as they are.
+inline std::string json_string(const std::string& text) {
+  std::string out = "\"";
+  for (const char c : text) {
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += c;
+    } else if (static_cast<unsigned char>(c) < 0x20) {
+      static constexpr char hex[] = "0123456789abcdef";
+      out += "\\u00";
+      out += hex[(c >> 4) & 0xf];
+      out += hex[c & 0xf];
+    } else {
+      out += c;
+    }
+  }
+  return out + "\"";
+}
+
 /// Writes the tensors, in order, as one safetensors file: the 8-byte header length, the header
-/// padded with spaces to 8 bytes as safetensors does, then the data.
-inline expected<void, Error> write_safetensors(const std::string& path, const std::vector<TensorWriter>& tensors) {
+/// (with `metadata`, where given, as its __metadata__ string map) padded with spaces to 8 bytes as
+/// safetensors does, then the data.
+inline expected<void, Error> write_safetensors(const std::string& path, const std::vector<TensorWriter>& tensors,
+                                               const std::map<std::string, std::string>& metadata = {}) {
   std::string header = "{";
+  if (!metadata.empty()) {
+    header += "\"__metadata__\":{";
+    for (auto it = metadata.begin(); it != metadata.end(); ++it)
+      header += (it == metadata.begin() ? "" : ",") + json_string(it->first) + ":" + json_string(it->second);
+    header += tensors.empty() ? "}" : "},";
+  }
   std::uint64_t offset = 0;
   for (std::size_t t = 0; t < tensors.size(); ++t) {
     std::string shape;
     for (std::size_t i = 0; i < tensors[t].shape.size(); ++i)
       shape += (i ? "," : "") + std::to_string(tensors[t].shape[i]);
-    header += (t ? "," : "") + std::string("\"") + tensors[t].name + "\":{\"dtype\":\"" + tensors[t].dtype +
+    header += (t ? "," : "") + json_string(tensors[t].name) + ":{\"dtype\":\"" + tensors[t].dtype +
               "\",\"shape\":[" + shape + "],\"data_offsets\":[" + std::to_string(offset) + "," +
               std::to_string(offset + tensors[t].bytes) + "]}";
     offset += tensors[t].bytes;
@@ -190,7 +277,7 @@ class SafetensorsFile {
     if (length > (100u << 20)) return make_error(path + ": header length " + std::to_string(length) + " is implausible");
     std::string header(length, '\0');
     if (!in.read(header.data(), static_cast<std::streamsize>(length))) return make_error(path + ": truncated header");
-    if (!HeaderParser(header).parse(f.entries_)) return make_error(path + ": malformed safetensors header");
+    if (!HeaderParser(header).parse(f.entries_, f.metadata_)) return make_error(path + ": malformed safetensors header");
     f.data_start_ = 8 + length;
     in.seekg(0, std::ios::end);
     const auto size = static_cast<std::uint64_t>(in.tellg());
@@ -199,6 +286,8 @@ class SafetensorsFile {
   }
 
   const std::string& path() const { return path_; }
+  /// The header's __metadata__ (empty where it has none).
+  const std::map<std::string, std::string>& metadata() const { return metadata_; }
 
   /// "[8, 256, 128]"
   static std::string shape_text(const std::vector<std::int64_t>& shape) {
@@ -239,6 +328,7 @@ class SafetensorsFile {
   std::unique_ptr<std::ifstream> in_;  // a pointer, so that the file can be returned by value
   std::uint64_t data_start_ = 0, data_bytes_ = 0;
   std::map<std::string, TensorEntry> entries_;
+  std::map<std::string, std::string> metadata_;
 };
 
 struct NamedTensor {

@@ -26,6 +26,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -105,8 +106,9 @@ inline expected<TuningFile, Error> read_tuning_file(const std::filesystem::path&
       TuningEntry e;
       e.shape.dim = static_cast<int>(std::int64_t(entry["dim"]));
       const std::string_view dtype(entry["dtype"]);
-      if (dtype != "fp16" && dtype != "int8") return make_error(fmt::format("{}: entry {}: dtype '{}' is not fp16 or int8", where, index, dtype));
-      e.shape.dtype = dtype == "fp16" ? EmbeddingType::fp16 : EmbeddingType::int8;
+      const std::optional<EmbeddingType> type = embedding_type_named(dtype);
+      if (!type) return make_error(fmt::format("{}: entry {}: dtype '{}' is not {}", where, index, dtype, kEmbeddingTypeNames));
+      e.shape.dtype = *type;
       auto decade = tuning_detail::pool_decade_from(std::string_view(entry["pool"]));
       if (!decade) return make_error(fmt::format("{}: entry {}: {}", where, index, decade.error().message));
       e.shape.pool_decade = *decade;
