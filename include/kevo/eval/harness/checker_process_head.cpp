@@ -1,0 +1,28 @@
+//! checker.cpp, part 2 of 4: the process part's includes; it opens the namespace that
+//! wire_protocol.cpp, checker_process.cpp and the target's checker body (which closes it) share.
+//! Lines that start with //! are not embedded (cmake/EmbedHarnessSources.cmake).
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <sched.h>
+#include <signal.h>
+#include <poll.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <ctime>
+#include <fstream>
+#include <iterator>
+#include <new>
+#include <random>
+#include <string>
+#include <vector>
+
+namespace {
