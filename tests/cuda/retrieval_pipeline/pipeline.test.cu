@@ -86,6 +86,22 @@ TEST_CASE("bad requests come back as errors", "[cuda][pipeline]") {
   CHECK(pool.pipeline->search(pool.workload.request(1)));
 }
 
+TEST_CASE("search() reports how many ads matched the request", "[cuda][pipeline]") {
+  Loaded pool(small_options(21, EmbeddingType::fp16), 20000);
+  for (RequestKind kind : {RequestKind::typical, RequestKind::broad, RequestKind::narrow}) {
+    const Request request = pool.workload.request(static_cast<std::uint64_t>(kind) + 5, kind, 100);
+    const QuerySets query(pool.workload.schema().categories(), request.query);
+    std::uint32_t expected = 0;
+    for (std::size_t slot = 0; slot < pool.host.slots(); ++slot) expected += is_eligible(pool.host, slot, query);
+    std::uint32_t eligible = 0xdeadbeef;  // poisoned: search() must write it
+    auto top = pool.pipeline->search(request, &eligible);
+    REQUIRE(top);
+    INFO("request kind " << int(kind));
+    CHECK(eligible == expected);
+    CHECK(top->size() == std::min<std::size_t>(100, expected));
+  }
+}
+
 TEST_CASE("searches enqueued from several threads on their own streams agree with the reference", "[cuda][pipeline]") {
   // The pipeline's enqueues are serialised by the index's lock, but the streams run at once; each
   // reuses its temp storage round after round, which stream order alone must keep apart.

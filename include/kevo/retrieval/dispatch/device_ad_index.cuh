@@ -203,18 +203,34 @@ class DeviceAdIndex {
   /// Returns once the batch is enqueued: every search that starts later sees it, every search
   /// already enqueued does not. `synchronize()` waits until it is applied.
   expected<void, Error> upsert(std::span<const AdRecord> ads) {
-    std::vector<std::string> problems(default_thread_count());
-    const auto parts = static_cast<unsigned>(std::clamp<std::size_t>(ads.size() / 2048, 1, problems.size()));
+    const unsigned parts = host_parts(ads.size());
+    std::vector<std::string> problems(parts);
     parallel_for_ranges(ads.size(), parts, [&](unsigned part, std::size_t begin, std::size_t end) {
       for (std::size_t i = begin; i < end && problems[part].empty(); ++i)
         if (auto ok = validate_ad(schema_, ads[i]); !ok) problems[part] = ok.error().message;
     });
     for (const std::string& problem : problems)
       if (!problem.empty()) return make_error(problem);
-    return upsert(PackedAds::from(ads, static_cast<std::size_t>(schema_.dim), parts));
+    // validate_ad has checked what check_packed would: packing them cannot make them wrong.
+    return upsert_checked(PackedAds::from(ads, static_cast<std::size_t>(schema_.dim), parts));
   }
 
   expected<void, Error> upsert(const PackedAds& ads) {
+    if (auto ok = check_packed(ads); !ok) return ok;
+    return upsert_checked(ads);
+  }
+
+ private:
+  /// Threads for a batch's host work: about 512 ads each, up to every core this process may use
+  /// (updates are bound by this work, run 125: 10,000-ad batches ran at 0.71 M ads/s on 16 cores
+  /// and 0.62 on 4).
+  static unsigned host_parts(std::size_t ads) {
+    return static_cast<unsigned>(std::clamp<std::size_t>(ads / 512, 1, default_thread_count()));
+  }
+
+  /// A PackedAds batch as a caller built it: everything matching and scoring rely on (the embedding
+  /// values over threads: 1.3 M of them in a 10,000-ad batch).
+  expected<void, Error> check_packed(const PackedAds& ads) const {
     const std::size_t n = ads.size();
     if (ads.bias.size() != n || ads.live.size() != n || ads.clause_begin.size() != n + 1 ||
         (!ads.embeddings.empty() && ads.embeddings.size() != n * static_cast<std::size_t>(schema_.dim)))
@@ -239,10 +255,23 @@ class DeviceAdIndex {
     }
     for (std::size_t i = 0; i < n; ++i)
       if (!is_finite(ads.bias[i])) return make_error("PackedAds: ad " + std::to_string(i) + "'s bias must be finite");
-    for (std::size_t i = 0; i < ads.embeddings.size(); ++i)
-      if (auto ok = check_embedding_value(schema_, ads.embeddings[i]); !ok)
-        return make_error("PackedAds: ad " + std::to_string(i / static_cast<std::size_t>(schema_.dim)) + ": " +
-                          ok.error().message);
+    if (ads.embeddings.empty()) return {};
+    const auto d = static_cast<std::size_t>(schema_.dim);
+    const unsigned parts = host_parts(n);
+    std::vector<std::string> problems(parts);
+    parallel_for_ranges(n, parts, [&](unsigned part, std::size_t begin, std::size_t end) {
+      for (std::size_t k = begin * d; k < end * d && problems[part].empty(); ++k)
+        if (auto ok = check_embedding_value(schema_, ads.embeddings[k]); !ok)
+          problems[part] = "PackedAds: ad " + std::to_string(k / d) + ": " + ok.error().message;
+    });
+    for (const std::string& problem : problems)
+      if (!problem.empty()) return make_error(problem);
+    return {};
+  }
+
+  /// Inserts or replaces a checked batch (the two upserts' common part).
+  expected<void, Error> upsert_checked(const PackedAds& ads) {
+    const std::size_t n = ads.size();
     std::lock_guard update(update_mutex_);
     // Searches run on while the batch is staged on the host; they are held off only while it is
     // enqueued, or from a compaction on (the runs it drops would read as ANY until the batch is in).
@@ -263,7 +292,7 @@ class DeviceAdIndex {
     // at once). current[i]: the slot ad i replaces, if any.
     constexpr std::uint32_t no_slot = ~0u;
     std::vector<std::uint32_t> current(n, no_slot);
-    const auto lookup_parts = static_cast<unsigned>(std::clamp<std::size_t>(n / 2048, 1, default_thread_count()));
+    const unsigned lookup_parts = host_parts(n);
     std::vector<std::size_t> fresh_in_part(lookup_parts, 0);
     parallel_for_ranges(n, lookup_parts, [&](unsigned part, std::size_t begin, std::size_t end) {
       for (std::size_t i = begin; i < end; ++i) {
@@ -347,7 +376,7 @@ class DeviceAdIndex {
       entries.emplace_back(i, slot);
     }
     const std::size_t written = entries.size();
-    const auto parts = static_cast<unsigned>(std::clamp<std::size_t>(written / 2048, 1, default_thread_count()));
+    const unsigned parts = host_parts(written);
     std::vector<std::int64_t> clause_delta(parts, 0);  // per part: change in live_clauses_
     parallel_for_ranges(written, parts, [&](unsigned part, std::size_t begin, std::size_t end) {
       for (std::size_t w = begin; w < end; ++w) {
@@ -394,6 +423,7 @@ class DeviceAdIndex {
     return {};
   }
 
+ public:
   /// Rebuilds matching's postings from every slot's clause run, so that matching reads a header
   /// byte per ad and only the postings of the user's values. Ordered like an update (searches before
   /// it see the old postings, searches after it the new); until it returns, upserted ads are simply

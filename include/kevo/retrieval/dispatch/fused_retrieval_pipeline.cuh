@@ -228,15 +228,20 @@ class FusedRetrievalPipeline {
     return index_->after_search(stream);
   }
 
-  /// Searches one request and waits for the answer (the pipeline's own stream and temp storage).
-  /// Threads calling it at once take turns in arrival order; several request threads do better
-  /// through a BatchingBackend (backend.hpp) over CudaRetrievalBackend, which answers the searches
-  /// that queue as one batch.
-  expected<std::vector<ScoredAd>, Error> search(const Request& request) {
+  /// Searches one request and waits for the answer (the pipeline's own stream and temp storage),
+  /// and, where `eligible` is given, how many ads matched the request (of which the answer is the
+  /// top min(K, eligible)). Threads calling it at once take turns in arrival order; several request
+  /// threads do better through a BatchingBackend (backend.hpp) over CudaRetrievalBackend, which
+  /// answers the searches that queue as one batch.
+  expected<std::vector<ScoredAd>, Error> search(const Request& request, std::uint32_t* eligible = nullptr) {
     std::lock_guard lock(own_mutex_);
     if (auto ok = search_async(request, own_temp_, own_temp_bytes_, answer_output(0, request.k), own_stream_); !ok)
       return unexpected(ok.error());
     KEVO_GPU_TRY(copy_answer_back(0, request.k));
+    if (eligible) {  // matching's count, in the request's top-K state
+      const auto* state = reinterpret_cast<const TopKState*>(static_cast<const unsigned char*>(own_temp_) + layout_.state);
+      KEVO_GPU_TRY(gpu_copy_async(eligible, &state->eligible_count, 4, own_stream_));
+    }
     KEVO_GPU_TRY(gpu_stream_synchronize(own_stream_));
     return read_answer(0, request.k);
   }
