@@ -12,7 +12,7 @@
 //   auto top = (*pipeline)->search(request);              // synchronous convenience
 //   (*pipeline)->search_async(request, d_temp, bytes, out, stream);  // the serving path
 //
-// Why one file of about 780 lines: the pipeline object owns every stage's buffers and streams and
+// Why one file of about 800 lines: the pipeline object owns every stage's buffers and streams and
 // orders them; the kernels are in one dispatch/*_kernels.cuh per algorithm and the per-thread work in agent/.
 #pragma once
 
