@@ -43,7 +43,7 @@ void describe(CLI::App& app, Options& o) {
       ->capture_default_str()
       ->check([](const std::string& name) {
         return kevo::retrieval::embedding_type_named(name) ? std::string()
-                                                           : fmt::format("not {}", kevo::retrieval::kEmbeddingTypeNames);
+                                                           : fmt::format("'{}' is not {}", name, kevo::retrieval::kEmbeddingTypeNames);
       });
   app.add_option("--requests", o.device.request_kind, "request kind")->capture_default_str()->check(CLI::IsMember({"typical", "broad", "narrow"}));
   app.add_option("--k", o.device.k, "results a search")->capture_default_str()->transform(whole_number)->check(CLI::Range(1, 4096));
