@@ -10,6 +10,8 @@
 #include <optional>
 #include <string>
 
+#include <kevo/retrieval/types.hpp>
+
 namespace kevo_examples {
 
 /// For a flag that counts or sizes something: decimal digits only (no sign, so "-1" is not 2^64 - 1
@@ -25,6 +27,14 @@ inline const CLI::Validator whole_number(
       return {};
     },
     "", "");
+
+/// For --dtype: one of the embedding types kevo::retrieval names (embedding_type_named then converts it).
+inline const CLI::Validator embedding_type(
+    [](std::string& text) -> std::string {
+      if (kevo::retrieval::embedding_type_named(text)) return {};
+      return "takes " + std::string(kevo::retrieval::kEmbeddingTypeNames) + ", not '" + text + "'";
+    },
+    "", "embedding type");
 
 /// Says why the command line is refused, in one line that names the program, and gives exit code 2:
 /// for what a flag's own check cannot see (two flags that disagree) as for what CLI11 refuses.

@@ -129,16 +129,11 @@ void describe(CLI::App& app, Options& o, std::uint64_t& deadline_ms, std::uint64
   number(app.add_option("--threads", o.threads, "I/O threads: read, parse, write"), 1u, 1024u);
   number(app.add_option("--batch", o.batch, "concurrent searches answered together (1: one at a time)"), std::size_t{1},
          std::size_t{4096});
-  const CLI::Validator embedding_type(
-      [](std::string& text) -> std::string {
-        return embedding_type_named(text) ? std::string() : "takes " + std::string(kEmbeddingTypeNames) + ", not '" + text + "'";
-      },
-      "", "embedding type");
   app.add_option("--dtype", dtype,
                  "the pool's embeddings: " + std::string(kEmbeddingTypeNames) +
                      " (with --ads-file: the type the file records, where it records one; another is refused)")
       ->capture_default_str()
-      ->check(embedding_type);
+      ->check(kevo_examples::embedding_type);
   number(app.add_option("--search-threads", o.serving.search_threads, "workers that run searches and batches"), 1u, 1024u);
   number(app.add_option("--max-queue", o.serving.max_queued, "searches, batches and updates queued or running; more: 503"),
          std::size_t{1}, std::size_t{most});

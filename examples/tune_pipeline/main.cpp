@@ -41,10 +41,7 @@ void describe(CLI::App& app, Options& o) {
   app.add_option("--dim", o.device.dim, "embedding width")->capture_default_str()->transform(whole_number)->check(CLI::Range(1, 1024));
   app.add_option("--dtype", o.dtype, fmt::format("embedding type: {}", kevo::retrieval::kEmbeddingTypeNames))
       ->capture_default_str()
-      ->check([](const std::string& name) {
-        return kevo::retrieval::embedding_type_named(name) ? std::string()
-                                                           : fmt::format("'{}' is not {}", name, kevo::retrieval::kEmbeddingTypeNames);
-      });
+      ->check(kevo_examples::embedding_type);
   app.add_option("--requests", o.device.request_kind, "request kind")->capture_default_str()->check(CLI::IsMember({"typical", "broad", "narrow"}));
   app.add_option("--k", o.device.k, "results a search")->capture_default_str()->transform(whole_number)->check(CLI::Range(1, 4096));
   app.add_option("--batch", o.device.batch, "1: searches one by one; more: batches of that many (tunes batched scoring)")
