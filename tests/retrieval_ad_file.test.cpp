@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "kevo/retrieval/retrieval.hpp"
+#include "support/quantized_ads.hpp"
 
 using namespace kevo::retrieval;
 
@@ -27,6 +28,7 @@ std::vector<AdRecord> workload_ads(const Workload& w, int n) {
 
 bool same_ad(const AdRecord& a, const AdRecord& b) {
   if (a.id != b.id || a.bias != b.bias || a.live != b.live || a.embedding != b.embedding ||
+      a.quantized.values != b.quantized.values || a.quantized.scales != b.quantized.scales ||
       a.clauses.size() != b.clauses.size())
     return false;
   for (std::size_t c = 0; c < a.clauses.size(); ++c)
@@ -46,6 +48,8 @@ struct RawAdFile {
   std::vector<std::uint64_t> clause_offsets{0, 1, 1, 3};
   std::vector<std::uint32_t> clauses{0, 3, 0, /**/ 1, 7, 1, /**/ 1, 2, 0};
   std::string embeddings_dtype = "F32";
+  std::vector<std::int8_t> int8_embeddings;  // written as I8 embeddings instead, where not empty
+  std::vector<float> scales;                 // written as scales [N, size / N], where not empty
   std::map<std::string, std::string> metadata;  // none: a file written before ad files recorded their dtype
 
   template <class T>
@@ -57,13 +61,16 @@ struct RawAdFile {
   }
   void write(const std::string& path) const {
     const auto n = static_cast<std::int64_t>(ids.size());
-    REQUIRE(detail::write_safetensors(
-        path, {tensor("category_values", "U32", {static_cast<std::int64_t>(category_values.size())}, category_values),
-               tensor("ids", "U32", {n}, ids), tensor("embeddings", embeddings_dtype.c_str(), {n, 2}, embeddings),
-               tensor("bias", "F32", {static_cast<std::int64_t>(bias.size())}, bias), tensor("live", "U8", {n}, live),
-               tensor("clause_offsets", "U64", {static_cast<std::int64_t>(clause_offsets.size())}, clause_offsets),
-               tensor("clauses", "U32", {static_cast<std::int64_t>(clauses.size() / 3), 3}, clauses)},
-        metadata));
+    std::vector<detail::TensorWriter> tensors{
+        tensor("category_values", "U32", {static_cast<std::int64_t>(category_values.size())}, category_values),
+        tensor("ids", "U32", {n}, ids),
+        int8_embeddings.empty() ? tensor("embeddings", embeddings_dtype.c_str(), {n, 2}, embeddings)
+                                : tensor("embeddings", "I8", {n, 2}, int8_embeddings),
+        tensor("bias", "F32", {static_cast<std::int64_t>(bias.size())}, bias), tensor("live", "U8", {n}, live),
+        tensor("clause_offsets", "U64", {static_cast<std::int64_t>(clause_offsets.size())}, clause_offsets),
+        tensor("clauses", "U32", {static_cast<std::int64_t>(clauses.size() / 3), 3}, clauses)};
+    if (!scales.empty()) tensors.push_back(tensor("scales", "F32", {n, static_cast<std::int64_t>(scales.size()) / n}, scales));
+    REQUIRE(detail::write_safetensors(path, tensors, metadata));
   }
 };
 
@@ -179,7 +186,7 @@ TEST_CASE("a damaged ad file is a clear error", "[retrieval][ad_file]") {
   fails_with(raw, "shapes disagree");
   raw = {};
   raw.embeddings_dtype = "I32";
-  fails_with(raw, "needs a 2-d F32 or F16 tensor embeddings");
+  fails_with(raw, "needs a 2-d F32, F16 or I8 tensor embeddings");
   raw = {};
   raw.category_values = {};
   fails_with(raw, "0 categories");
@@ -277,5 +284,55 @@ TEST_CASE("an ad file's embedding type must be one the library knows and fit the
   auto saved = save_ads(schema, workload_ads(w, 3), path);
   REQUIRE(!saved);
   CHECK_THAT(saved.error().message, Catch::Contains("int8_group32 needs d to be a multiple of 32, not 48"));
+  std::filesystem::remove(path);
+}
+
+TEST_CASE("an int8 pool's file keeps the ads handed in quantized, and reads back the same pool", "[retrieval][ad_file][int8]") {
+  const EmbeddingType type = GENERATE(EmbeddingType::int8, EmbeddingType::int8_group32);
+  INFO(to_string(type));
+  const std::string path = temp_path("kevo_ad_file_quantized.safetensors");
+  const Workload w({.seed = 27, .dim = 64, .features = 32, .hidden = 32, .embedding_type = type});
+  std::vector<AdRecord> ads = workload_ads(w, 300);
+  for (std::size_t i = 0; i < ads.size(); i += 3) ads[i] = kevo_tests::handed_in_quantized(type, ads[i]);
+  REQUIRE(save_ads(w.schema(), ads, path));
+  // Every ad's stored form, 1 byte a value and its scales: (64 + 4 s) bytes an ad, s = 1 or 2.
+  auto file = AdFileReader::open(path);
+  REQUIRE(file);
+  CHECK(file->schema().embedding_type == type);
+  auto back = file->read(0, file->size());
+  REQUIRE(back);
+  REQUIRE(back->size() == ads.size());
+  HostAdPool original(w.schema()), reread(w.schema());
+  for (std::size_t i = 0; i < ads.size(); ++i) {
+    AdRecord expected = ads[i];
+    expected.quantized = stored_int8_form(type, ads[i]);  // the others come back as the pool stores them
+    expected.embedding.clear();
+    INFO("ad " << i);
+    REQUIRE(same_ad((*back)[i], expected));
+    REQUIRE(original.upsert(ads[i]));
+    REQUIRE(reread.upsert((*back)[i]));
+  }
+  CHECK(reread.int8_values() == original.int8_values());
+  CHECK(reread.scales() == original.scales());
+
+  // I8 embeddings are a stored form: they need an int8 type and that type's scales.
+  RawAdFile raw;
+  raw.int8_embeddings = {1, -2, 3, -4, 5, -6};
+  raw.scales = {0.5f, 0.25f, 0.125f};
+  raw.write(path);  // no __metadata__: fp16
+  CHECK_THAT(read_error(path), Catch::Contains("I8 embeddings need __metadata__ embedding_type int8 or int8_group32"));
+  raw.metadata = {{"embedding_type", "int8"}};
+  raw.write(path);
+  CHECK(read_error(path).empty());
+  CHECK(AdFileReader::open(path)->read(0, 1)->front().quantized.scales == std::vector<float>{0.5f});
+  raw.scales = {};
+  raw.write(path);
+  CHECK_THAT(read_error(path), Catch::Contains("I8 embeddings need a 2-d F32 tensor scales"));
+  raw.scales = {0.5f, 0.25f, 0.125f, 1.0f, 1.0f, 1.0f};  // two a row: int8 takes one
+  raw.write(path);
+  CHECK_THAT(read_error(path), Catch::Contains("scales is [3, 2]; int8 at d = 2 takes [3, 1]"));
+  raw.scales = {0.5f, -0.25f, 0.125f};
+  raw.write(path);
+  CHECK_THAT(read_error(path), Catch::Contains("finite and not negative"));
   std::filesystem::remove(path);
 }

@@ -13,6 +13,7 @@
 #include <set>
 
 #include "kevo/retrieval/retrieval.hpp"
+#include "support/quantized_ads.hpp"
 
 using namespace kevo::retrieval;
 
@@ -190,6 +191,31 @@ TEST_CASE("fp16 conversion is exact on halves and rounds to nearest even", "[ret
   }
   CHECK(float_to_half(65520.0f) == 0x7c00);  // rounds up to infinity
   CHECK(float_to_half(65519.0f) == 0x7bff);
+}
+
+TEST_CASE("floats_to_halves rounds every value as float_to_half does, on F16C and off it", "[retrieval][half]") {
+  // Every half exactly, the ties between neighbours (round to even), values past 65504 and below
+  // the smallest subnormal, and random values over the whole range; lengths not a multiple of 8.
+  std::vector<float> values;
+  for (std::uint32_t bits = 0; bits < 0x10000; ++bits) {
+    const auto h = static_cast<std::uint16_t>(bits);
+    if ((h & 0x7c00) == 0x7c00) continue;  // infinities and NaNs: embeddings are checked finite first
+    values.push_back(half_to_float(h));
+    if ((h & 0x7fff) != 0x7bff)  // the midpoint to the next half up
+      values.push_back(float((double(half_to_float(h)) + double(half_to_float(static_cast<std::uint16_t>(h + 1)))) / 2));
+  }
+  for (float edge : {65519.0f, 65520.0f, 1e5f, -65520.0f, 0x1p-25f, 0x1.000002p-25f, 1e-30f, -0.0f})
+    values.push_back(edge);
+  Rng rng(9);
+  for (int i = 0; i < 100000; ++i) values.push_back(float(rng.normal() * std::pow(2.0, rng.between(-30, 17))));
+  for (std::size_t length : {values.size(), values.size() - 3, std::size_t{7}, std::size_t{1}}) {
+    std::vector<std::uint16_t> out(length, 0xdead);
+    floats_to_halves(values.data(), out.data(), length);
+    for (std::size_t i = 0; i < length; ++i) {
+      INFO("value " << values[i] << " at " << i);
+      REQUIRE(out[i] == float_to_half(values[i]));
+    }
+  }
 }
 
 TEST_CASE("the reference equals a brute-force reading of the spec", "[retrieval][reference]") {
@@ -476,6 +502,88 @@ TEST_CASE("the CPU backend's answers on an int8_group32 pool pass compare_with_r
   }
   INFO(refused_by_control << " of " << checked << " answers refused against the per-ad int8 pool");
   CHECK(refused_by_control > checked / 2);  // the comparison sees which storage scored them
+}
+
+TEST_CASE("an int8 pool keeps an ad's quantized form as it was handed in", "[retrieval][int8]") {
+  const EmbeddingType type = GENERATE(EmbeddingType::int8, EmbeddingType::int8_group32);
+  INFO(to_string(type));
+  const Workload w({.seed = 83, .dim = 64, .features = 32, .hidden = 48, .embedding_type = type});
+  HostAdPool pool(w.schema());
+  CpuRetrievalBackend backend(w.schema(), w.model(), 2);
+  std::vector<AdRecord> ads;
+  for (int i = 0; i < 4000; ++i)  // every other ad handed in quantized, the rest as values
+    ads.push_back(i % 2 ? kevo_tests::handed_in_quantized(type, w.ad(std::uint64_t(i))) : w.ad(std::uint64_t(i)));
+  for (const AdRecord& ad : ads) REQUIRE(pool.upsert(ad));
+  REQUIRE(backend.upsert(ads));
+  const std::size_t scales = static_cast<std::size_t>(scales_per_ad(type, 64));
+  int kept = 0;
+  for (const AdRecord& ad : ads) {
+    const auto slot = pool.slot_of(ad.id);
+    if (ad.quantized.values.empty() || !slot) continue;
+    for (int k = 0; k < 64; ++k) {
+      const std::int8_t q = ad.quantized.values[std::size_t(k)];
+      const float scale = ad.quantized.scales[std::size_t(k) / (64 / scales)];
+      REQUIRE(pool.int8_values()[*slot * 64 + std::size_t(k)] == q);  // |q| <= 90: quantised again, it would reach 127
+      REQUIRE(pool.embedding(*slot, k) == (type == EmbeddingType::int8 ? scale * q : round_to_half(scale * q)));
+    }
+    for (std::size_t g = 0; g < scales; ++g) REQUIRE(pool.scales()[*slot * scales + g] == ad.quantized.scales[g]);
+    ++kept;
+  }
+  CHECK(kept > 1900);
+  for (RequestKind kind : {RequestKind::typical, RequestKind::broad}) {
+    const Request request = w.request(7, kind, 200);
+    auto answer = backend.search(request);
+    REQUIRE(answer);
+    REQUIRE(answer->size() == 200);
+    auto ok = compare_with_reference(pool, compute_request_vectors(w.model(), request.features), request, *answer);
+    INFO((ok ? "" : ok.error().message));
+    REQUIRE(ok);
+  }
+}
+
+TEST_CASE("a quantized embedding that does not fit the pool is refused with the reason", "[retrieval][int8][validation]") {
+  const Workload w({.seed = 89, .dim = 64, .features = 32, .hidden = 48, .embedding_type = EmbeddingType::int8_group32});
+  const AdRecord good = kevo_tests::handed_in_quantized(EmbeddingType::int8_group32, w.ad(1));
+  REQUIRE(validate_ad(w.schema(), good));
+  auto refused = [&](const Schema& schema, AdRecord ad, const char* why) {
+    auto ok = validate_ad(schema, ad);
+    REQUIRE(!ok);
+    CHECK_THAT(ok.error().message, Catch::Contains(why));
+    HostAdPool pool(schema);
+    CHECK(!pool.upsert(ad));
+    CHECK(pool.live_count() == 0);
+  };
+  Schema fp16 = w.schema();
+  fp16.embedding_type = EmbeddingType::fp16;
+  refused(fp16, good, "a quantized embedding needs an int8 pool; this one holds fp16");
+  AdRecord both = good;
+  both.embedding = w.ad(1).embedding;
+  refused(w.schema(), both, "give embedding or quantized, not both");
+  AdRecord short_values = good;
+  short_values.quantized.values.pop_back();
+  refused(w.schema(), short_values, "quantized embedding has 63 values, the pool holds 64");
+  AdRecord one_scale = good;
+  one_scale.quantized.scales.resize(1);
+  refused(w.schema(), one_scale, "has 1 scales, int8_group32 at d = 64 takes 2");
+  AdRecord minus_128 = good;
+  minus_128.quantized.values[5] = -128;
+  refused(w.schema(), minus_128, "from -127 to 127, not -128");
+  AdRecord negative = good;
+  negative.quantized.scales[1] = -0.5f;
+  refused(w.schema(), negative, "finite and not negative");
+  AdRecord not_fp16 = good;
+  not_fp16.quantized.scales[0] = 0.1f;  // 0.1 is not an fp16 value: the pool would store another scale
+  refused(w.schema(), not_fp16, "int8_group32's scales are fp16: 0.100000 is not one");
+  AdRecord too_large = good;
+  too_large.quantized.scales[0] = 1024.0f;  // an fp16 value, but 127 x 1024 is past 65504
+  refused(w.schema(), too_large, "times 127 is beyond fp16's range");
+  Schema per_ad = w.schema();
+  per_ad.embedding_type = EmbeddingType::int8;
+  AdRecord per_ad_good = kevo_tests::handed_in_quantized(EmbeddingType::int8, w.ad(1));
+  REQUIRE(validate_ad(per_ad, per_ad_good));
+  per_ad_good.quantized.scales[0] = 0.1f;  // int8's one scale is fp32: any finite one will do
+  CHECK(validate_ad(per_ad, per_ad_good));
+  refused(per_ad, good, "has 2 scales, int8 at d = 64 takes 1");
 }
 
 TEST_CASE("int8_group32's recall@100 against fp16 is above per-ad int8's", "[retrieval][int8][recall]") {

@@ -16,6 +16,7 @@
 
 #include "kevo/retrieval/retrieval.hpp"
 #include "kevo/retrieval/serving.hpp"
+#include "support/quantized_ads.hpp"
 #include "support/serving_client.hpp"
 
 using namespace kevo::retrieval;
@@ -235,6 +236,11 @@ TEST_CASE("the retrieval server answers on loopback with the CPU backend", "[ret
     Reply refused_range = call(port, http::verb::post, "/ads", too_large);
     CHECK(refused_range.status == 400);
     CHECK_THAT(refused_range.body, Catch::Contains("beyond fp16's range"));
+    // An fp16 pool holds no int8 form.
+    Reply refused_quantized = call(port, http::verb::post, "/ads",
+                                   "{\"ads\":[{\"id\":7,\"quantized\":{\"values\":[1,2],\"scales\":[0.5]}}]}");
+    CHECK(refused_quantized.status == 400);
+    CHECK_THAT(refused_quantized.body, Catch::Contains("a quantized embedding needs an int8 pool"));
     // Features so large that the request's fp16 vectors overflow: a 400 with the reason, not NaN scores.
     Request huge = request;
     huge.features.assign(huge.features.size(), 1e6f);
@@ -350,4 +356,53 @@ TEST_CASE("a backend's error is answered by its kind: the caller's 400, capacity
   backend.failure.reset();
   CHECK(call(port, http::verb::post, "/search", search_body(request)).status == 200);
   CHECK(call(port, http::verb::post, "/ads", upsert).status == 200);
+}
+
+TEST_CASE("an int8 pool's server takes ads already quantized, and refuses a form that does not fit", "[retrieval][server][int8]") {
+  const Workload w({.seed = 6, .dim = 64, .features = 32, .hidden = 48, .embedding_type = EmbeddingType::int8_group32});
+  const auto engine = make_test_backend(w.schema(), w.model(), 2);
+  HostAdPool host(w.schema());  // the reference's copy of the pool
+  std::vector<AdRecord> ads;
+  for (int i = 0; i < 2000; ++i) ads.push_back(w.ad(i));
+  REQUIRE(engine->upsert(ads));
+  REQUIRE(engine->reindex());
+  for (const AdRecord& ad : ads) REQUIRE(host.upsert(ad));
+  RunningServer running(*engine);
+  const unsigned short port = running.server.port();
+
+  AdRecord given = kevo_tests::handed_in_quantized(EmbeddingType::int8_group32, w.ad(5000));
+  given.id = 424243;
+  given.bias = 50.0f;  // first in any answer it is eligible for
+  given.clauses.clear();
+  given.live = true;
+  REQUIRE(host.upsert(given));
+  auto body = [&](const std::string& values, const std::string& scales) {
+    return fmt::format("{{\"ads\":[{{\"id\":424243,\"quantized\":{{\"values\":[{}],\"scales\":[{}]}},\"bias\":50.0,"
+                       "\"clauses\":[],\"live\":true}}]}}", values, scales);
+  };
+  const std::string values = fmt::format("{}", fmt::join(given.quantized.values, ","));
+  const std::string scales = fmt::format("{}", fmt::join(given.quantized.scales, ","));
+  Reply up = call(port, http::verb::post, "/ads", body(values, scales));
+  REQUIRE(up.status == 200);
+  CHECK(up.body == "{\"upserted\":1}");
+  for (RequestKind kind : {RequestKind::typical, RequestKind::broad}) {
+    const Request request = w.request(3, kind, 50);
+    const std::vector<ScoredAd> top = parse_results(call(port, http::verb::post, "/search", search_body(request)).body);
+    REQUIRE(top.size() == 50);
+    CHECK(top[0].id == 424243u);
+    auto ok = compare_with_reference(host, compute_request_vectors(w.model(), request.features), request, top);
+    INFO((ok ? "" : ok.error().message));
+    CHECK(ok);
+  }
+  const std::pair<std::string, std::string> bad[] = {
+      {body("200" + values.substr(values.find(',')), scales), "from -127 to 127"},
+      {body(values, "0.1" + scales.substr(scales.find(','))), "int8_group32's scales are fp16: 0.100000 is not one"},
+      {body(values, scales.substr(0, scales.find(','))), "has 1 scales, int8_group32 at d = 64 takes 2"},
+      {"{\"ads\":[{\"id\":1,\"quantized\":{\"values\":[1],\"zero_point\":[3]}}]}", "unknown field in quantized: zero_point"},
+  };
+  for (const auto& [request_body, message] : bad) {
+    Reply r = call(port, http::verb::post, "/ads", request_body);
+    CHECK(r.status == 400);
+    CHECK_THAT(r.body, Catch::Contains(message));
+  }
 }

@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <numeric>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
@@ -585,13 +586,13 @@ void run_updates(Pool& fp16, const Workload& fp16_workload, const Request& typic
       // rate below, updates are bound by the host, and the rate follows its cores and load.
       const auto h = std::chrono::steady_clock::now();
       std::size_t packed = 0;
-      for (const auto& ads : prepared) packed += PackedAds::from(ads, 128, default_thread_count()).size();
+      for (const auto& ads : prepared) packed += PackedAds::from(ads, fp16.pipeline->schema(), default_thread_count()).size();
       const double host = std::chrono::duration<double>(std::chrono::steady_clock::now() - h).count();
       std::printf("batches of %d: host packing alone %.2f M ads/s on %u threads; %zu ads walked by their clause runs\n",
                   batch, packed / host * 1e-6, default_thread_count(), fp16.pipeline->index().unindexed_count());
       // The rest of upsert: the same batches packed beforehand, through upsert(PackedAds).
       std::vector<PackedAds> packed_batches;
-      for (const auto& ads : prepared) packed_batches.push_back(PackedAds::from(ads, 128, default_thread_count()));
+      for (const auto& ads : prepared) packed_batches.push_back(PackedAds::from(ads, fp16.pipeline->schema(), default_thread_count()));
       const auto u = std::chrono::steady_clock::now();
       for (const PackedAds& ads : packed_batches) CHECK_OK(fp16.pipeline->index().upsert(ads));
       CHECK_OK(fp16.pipeline->index().synchronize());
@@ -763,6 +764,48 @@ void run_scoring_policy_sweep(const std::array<Pool*, 2>& pools, const Request& 
   }
 }
 
+/// Issue 20's grid of scoring shapes: for d in {64, 128, 256} and each storage, one pool of `n` ads,
+/// and over its first 1M, 10M and n slots, scoring alone (the best of five policies, the default
+/// among them) beside the gather probe over the same eligible list: the probe reads exactly the
+/// bytes scoring reads and computes nothing, so it is the ceiling the layout allows at that size.
+void run_scoring_shapes(std::uint64_t n, std::span<const int> dims, int repeats, double roofline, SearchOutput out,
+                        cudaStream_t stream) {
+  std::puts("## Scoring shapes (typical, K = 1000; scoring alone, best of 5 policies, beside the gather probe)\n");
+  std::puts("| d | dtype | N | eligible | scoring | % of roofline | gather probe | % of roofline | scoring / probe | policy |");
+  std::puts("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |");
+  std::vector<PackedAds> targeting;  // the same ads' targeting for every pool
+  for (const int dim : dims)
+    for (EmbeddingType type : {EmbeddingType::fp16, EmbeddingType::int8, EmbeddingType::int8_group32}) {
+      if (type == EmbeddingType::int8_group32 && dim != 128) continue;  // the spec's third storage at its headline d
+      const Workload w({.seed = 2026, .dim = dim, .embedding_type = type});
+      Pool pool = build_pool(w, n, 99, &targeting);
+      const Request typical = w.request(1, RequestKind::typical, 1000);
+      const PipelinePolicy original = pool.pipeline->policy();
+      const double bytes_per_ad = pool.pipeline->index().row_bytes() + 4.0 * pool.pipeline->index().side_width() + 8;
+      for (const std::uint64_t slots : {std::uint64_t{1} << 20, std::uint64_t{10} << 20, n}) {
+        if (slots > n) continue;
+        const std::uint32_t eligible = time_stages(pool, typical, slots, 1, out, stream).eligible;
+        const double probe = time_gather_probe(pool, typical, slots, repeats, stream);
+        double best = 1e30;
+        ScoringPolicy best_policy;
+        for (const ScoringPolicy& s : {original.scoring, ScoringPolicy{128, 4, 8, 2, 2}, ScoringPolicy{128, 8, 8, 2, 2},
+                                       ScoringPolicy{256, 8, 8, 2, 2}, ScoringPolicy{256, 32, 8, 2, 2}}) {
+          PipelinePolicy policy = original;
+          policy.scoring = s;
+          if (!pool.pipeline->set_policy(policy)) continue;
+          if (const double t = time_scoring_only(pool, typical, slots, repeats, stream); t < best) best = t, best_policy = s;
+        }
+        CHECK_OK(pool.pipeline->set_policy(original));
+        auto percent = [&](double t) { return 100 * eligible * bytes_per_ad / t / roofline; };
+        std::printf("| %d | %s | %.2fM | %.1f%% | %.2f G ads/s | %.0f%% | %.2f G ads/s | %.0f%% | %.0f%% | %s |\n", dim,
+                    to_string(type), slots * 1e-6, 100.0 * eligible / slots,
+                    eligible / best * 1e-9, percent(best), eligible / probe * 1e-9, percent(probe), 100 * probe / best,
+                    to_string(best_policy).c_str());
+        std::fflush(stdout);
+      }
+    }
+}
+
 /// Top-K's time under each boundary cap: a smaller cap refines one level more often but leaves the
 /// one-block sort fewer candidates (at most K + cap, padded to a power of two).
 void run_topk_cap_sweep(Pool& pool, const Workload& workload, std::uint64_t n, int repeats, SearchOutput out,
@@ -856,7 +899,8 @@ int main(int argc, char** argv) {
   std::uint64_t n = 100'000'000;
   bool quick = false, stages_only = false, updates_only = false, matching_only = false, probes_only = false,
        batch_only = false, serving_only = false, sweep_only = false, topk_only = false, launches_only = false,
-       int8_only = false;
+       int8_only = false, shapes_only = false;
+  std::vector<int> shape_dims{64, 128, 256};
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--n") && i + 1 < argc) n = std::strtoull(argv[++i], nullptr, 10);
     else if (!std::strcmp(argv[i], "--quick")) quick = true;
@@ -870,8 +914,10 @@ int main(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--launches-only")) launches_only = true;  // launch costs at 1M and 10M ads
     else if (!std::strcmp(argv[i], "--matching-only")) stages_only = matching_only = true;  // stages, then the matching sweep
     else if (!std::strcmp(argv[i], "--int8-only")) int8_only = true;  // fp16 and both int8 storages: speed and recall
+    else if (!std::strcmp(argv[i], "--shapes-only")) shapes_only = true;  // scoring against the gather probe, every d and dtype
+    else if (!std::strcmp(argv[i], "--dim") && i + 1 < argc) shape_dims = {std::atoi(argv[++i])};  // --shapes-only at one d
     else {
-      std::fprintf(stderr, "usage: %s [--n ADS] [--quick] [--stages-only | --matching-only | --sweep-only | --topk-only | --launches-only | --int8-only | --updates-only | --probes-only | --batch-only | --serving-only]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--n ADS] [--quick] [--shapes-only [--dim D]] [--stages-only | --matching-only | --sweep-only | --topk-only | --launches-only | --int8-only | --updates-only | --probes-only | --batch-only | --serving-only]\n", argv[0]);
       return 2;
     }
   }
@@ -907,6 +953,10 @@ int main(int argc, char** argv) {
         run_search_latency(pool, fp16_workload, repeats);
       }
     }
+    return 0;
+  }
+  if (shapes_only) {
+    run_scoring_shapes(n, shape_dims, repeats, roofline, out, stream);
     return 0;
   }
   std::vector<PackedAds> targeting;

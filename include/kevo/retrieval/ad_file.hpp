@@ -3,7 +3,9 @@
 //
 //   category_values  U32 [C]        V_c of each category (the schema; d is the embeddings' width)
 //   ids              U32 [N]
-//   embeddings       F32 [N, d]     (or F16, half the bytes: a 100M-ad pool at d = 128 is 25.6 GB)
+//   embeddings       F32 [N, d]     (or F16, half the bytes: a 100M-ad pool at d = 128 is 25.6 GB;
+//                                   or, in an int8 pool given any ad quantized, I8: each ad's q, with
+//   scales           F32 [N, s]      its scale (s = 1, int8) or its groups' (s = d / 32, int8_group32))
 //   bias             F32 [N]
 //   live             U8  [N]        0 or 1
 //   clause_offsets   U64 [N + 1]    ad i's clauses are rows clause_offsets[i] .. clause_offsets[i + 1]
@@ -54,6 +56,10 @@ inline expected<void, Error> save_ads(const Schema& schema, std::span<const AdRe
   const std::int64_t d = schema.dim;
   std::uint64_t clauses = 0;
   for (const AdRecord& ad : ads) clauses += ad.clauses.size();
+  // An ad handed in quantized keeps its q only in the stored form: the file then holds every ad's
+  // (the others quantised as the pool would), so that reading it back gives the same pool.
+  const bool stored_int8 = std::any_of(ads.begin(), ads.end(), [](const AdRecord& ad) { return !ad.quantized.values.empty(); });
+  const std::int64_t scales = scales_per_ad(schema.embedding_type, schema.dim);
   // Each tensor is written by walking the ads, so nothing the size of the pool is copied.
   auto each_ad = [ads](auto write_one) {
     return [ads, write_one](std::ostream& out) {
@@ -70,11 +76,17 @@ inline expected<void, Error> save_ads(const Schema& schema, std::span<const AdRe
          out.write(reinterpret_cast<const char*>(values.data()), static_cast<std::streamsize>(values.size() * 4));
        }},
       {"ids", "U32", {n}, ads.size() * 4ull, each_ad([put](std::ostream& out, const AdRecord& ad) { put(out, ad.id); })},
-      {"embeddings", options.fp16_embeddings ? "F16" : "F32", {n, d},
-       ads.size() * static_cast<std::uint64_t>(d) * (options.fp16_embeddings ? 2 : 4),
-       each_ad([put, fp16 = options.fp16_embeddings](std::ostream& out, const AdRecord& ad) {
-         for (float a : ad.embedding) fp16 ? put(out, float_to_half(a)) : put(out, a);
-       })},
+      stored_int8 ? detail::TensorWriter{"embeddings", "I8", {n, d}, ads.size() * static_cast<std::uint64_t>(d),
+                                         each_ad([&schema](std::ostream& out, const AdRecord& ad) {
+                                           const QuantizedEmbedding q = stored_int8_form(schema.embedding_type, ad);
+                                           out.write(reinterpret_cast<const char*>(q.values.data()),
+                                                     static_cast<std::streamsize>(q.values.size()));
+                                         })}
+                  : detail::TensorWriter{"embeddings", options.fp16_embeddings ? "F16" : "F32", {n, d},
+                                         ads.size() * static_cast<std::uint64_t>(d) * (options.fp16_embeddings ? 2 : 4),
+                                         each_ad([put, fp16 = options.fp16_embeddings](std::ostream& out, const AdRecord& ad) {
+                                           for (float a : ad.embedding) fp16 ? put(out, float_to_half(a)) : put(out, a);
+                                         })},
       {"bias", "F32", {n}, ads.size() * 4ull, each_ad([put](std::ostream& out, const AdRecord& ad) { put(out, ad.bias); })},
       {"live", "U8", {n}, ads.size(), each_ad([put](std::ostream& out, const AdRecord& ad) {
          put(out, static_cast<std::uint8_t>(ad.live ? 1 : 0));
@@ -94,6 +106,11 @@ inline expected<void, Error> save_ads(const Schema& schema, std::span<const AdRe
          }
        })},
   };
+  if (stored_int8)
+    tensors.push_back({"scales", "F32", {n, scales}, ads.size() * static_cast<std::uint64_t>(scales) * 4,
+                       each_ad([&schema, put](std::ostream& out, const AdRecord& ad) {
+                         for (float scale : stored_int8_form(schema.embedding_type, ad).scales) put(out, scale);
+                       })});
   return detail::write_safetensors(path, tensors, {{kAdFileEmbeddingTypeKey, to_string(schema.embedding_type)}});
 }
 
@@ -123,12 +140,18 @@ class AdFileReader {
     std::vector<float> bias(count);
     std::vector<std::uint8_t> live(count);
     std::vector<std::uint64_t> offsets(count + 1);
-    std::vector<float> embeddings(count * d);
+    const bool stored_int8 = embeddings_->dtype == "I8";
+    const auto scales = static_cast<std::size_t>(scales_per_ad(schema_.embedding_type, schema_.dim));
+    std::vector<float> embeddings(stored_int8 ? 0 : count * d), scale_values(stored_int8 ? count * scales : 0);
+    std::vector<std::int8_t> values(stored_int8 ? count * d : 0);
     if (auto ok = read_slice(*ids_, first, ids); !ok) return unexpected(ok.error());
     if (auto ok = read_slice(*bias_, first, bias); !ok) return unexpected(ok.error());
     if (auto ok = read_slice(*live_, first, live); !ok) return unexpected(ok.error());
     if (auto ok = read_slice(*offsets_, first, offsets); !ok) return unexpected(ok.error());
-    if (embeddings_->dtype == "F16") {
+    if (stored_int8) {
+      if (auto ok = read_slice(*embeddings_, first * d, values); !ok) return unexpected(ok.error());
+      if (auto ok = read_slice(*scales_, first * scales, scale_values); !ok) return unexpected(ok.error());
+    } else if (embeddings_->dtype == "F16") {
       std::vector<std::uint16_t> halves(count * d);
       if (auto ok = read_slice(*embeddings_, first * d, halves); !ok) return unexpected(ok.error());
       std::transform(halves.begin(), halves.end(), embeddings.begin(), half_to_float);
@@ -147,8 +170,11 @@ class AdFileReader {
       ad.bias = bias[i];
       if (live[i] > 1) return make_error(where() + "ad " + std::to_string(ad.id) + ": live is " + std::to_string(live[i]));
       ad.live = live[i] == 1;
-      ad.embedding.assign(embeddings.begin() + static_cast<std::ptrdiff_t>(i * d),
-                          embeddings.begin() + static_cast<std::ptrdiff_t>((i + 1) * d));
+      auto slice = [i](const auto& all, std::size_t width) {
+        return std::vector(all.begin() + static_cast<std::ptrdiff_t>(i * width), all.begin() + static_cast<std::ptrdiff_t>((i + 1) * width));
+      };
+      if (stored_int8) ad.quantized = {slice(values, d), slice(scale_values, scales)};
+      else ad.embedding = slice(embeddings, d);
       for (std::uint64_t c = offsets[i]; c < offsets[i + 1]; ++c) {
         const std::uint32_t* row = &clauses[(c - offsets[0]) * 3];
         if (row[2] > 1) return make_error(where() + "ad " + std::to_string(ad.id) + ": a clause's exclude is " + std::to_string(row[2]));
@@ -187,7 +213,8 @@ class AdFileReader {
     count_ = static_cast<std::size_t>(ids_->shape[0]);
     auto embeddings = file_.tensor("embeddings", "F32", 4, 2);
     if (!embeddings) embeddings = file_.tensor("embeddings", "F16", 2, 2);
-    if (!embeddings) return make_error(where() + "needs a 2-d F32 or F16 tensor embeddings");
+    if (!embeddings) embeddings = file_.tensor("embeddings", "I8", 1, 2);
+    if (!embeddings) return make_error(where() + "needs a 2-d F32, F16 or I8 tensor embeddings");
     embeddings_ = *embeddings;
     schema_.dim = static_cast<int>(embeddings_->shape[1]);
     auto bias = file_.tensor("bias", "F32", 4, 1);
@@ -204,7 +231,24 @@ class AdFileReader {
         offsets_->shape[0] != n + 1 || clauses_->shape[1] != 3)
       return make_error(where() + "the tensors' shapes disagree (N = " + std::to_string(count_) + ")");
     clause_count_ = static_cast<std::uint64_t>(clauses_->shape[0]);
-    return read_embedding_type();
+    if (auto ok = read_embedding_type(); !ok) return ok;
+    return find_scales();
+  }
+
+  /// I8 embeddings are an int8 pool's stored form, and need that storage's scales beside them.
+  expected<void, Error> find_scales() {
+    if (embeddings_->dtype != "I8") return {};
+    if (!is_int8(schema_.embedding_type))
+      return make_error(where() + "I8 embeddings need __metadata__ " + kAdFileEmbeddingTypeKey + " int8 or int8_group32");
+    auto scales = file_.tensor("scales", "F32", 4, 2);
+    if (!scales) return make_error(where() + "I8 embeddings need a 2-d F32 tensor scales");
+    scales_ = *scales;
+    const int per_ad = scales_per_ad(schema_.embedding_type, schema_.dim);
+    if (scales_->shape[0] != static_cast<std::int64_t>(count_) || scales_->shape[1] != per_ad)
+      return make_error(where() + "scales is [" + std::to_string(scales_->shape[0]) + ", " + std::to_string(scales_->shape[1]) +
+                        "]; " + to_string(schema_.embedding_type) + " at d = " + std::to_string(schema_.dim) + " takes [" +
+                        std::to_string(count_) + ", " + std::to_string(per_ad) + "]");
+    return {};
   }
 
   /// The embedding type from __metadata__, checked to be one the library knows and to fit d.
@@ -230,7 +274,7 @@ class AdFileReader {
   std::uint64_t clause_count_ = 0;
   std::optional<EmbeddingType> recorded_type_;
   const detail::TensorEntry *ids_ = nullptr, *embeddings_ = nullptr, *bias_ = nullptr, *live_ = nullptr,
-                            *offsets_ = nullptr, *clauses_ = nullptr;
+                            *offsets_ = nullptr, *clauses_ = nullptr, *scales_ = nullptr;
 };
 
 }  // namespace kevo::retrieval

@@ -45,13 +45,6 @@ inline expected<void, Error> validate_schema(const Schema& schema) {
   return {};
 }
 
-/// Symmetric int8 quantisation of one embedding: a = scale * q, q in [-127, 127], with one scale
-/// for the whole embedding (int8) or one per group of 32 consecutive values (int8_group32).
-struct QuantizedEmbedding {
-  std::vector<std::int8_t> values;
-  std::vector<float> scales;  // int8: one; int8_group32: d / 32, each exact in fp16
-};
-
 namespace detail {
 /// Rounds values[begin, end) to q at the max-abs scale `scale`.
 inline void round_to_int8(const std::vector<float>& values, std::size_t begin, std::size_t end, float scale,
@@ -94,6 +87,12 @@ inline QuantizedEmbedding quantize_int8_group32(const std::vector<float>& embedd
 /// The quantisation an int8 pool of `type` stores.
 inline QuantizedEmbedding quantize(EmbeddingType type, const std::vector<float>& embedding) {
   return type == EmbeddingType::int8_group32 ? quantize_int8_group32(embedding) : quantize_int8(embedding);
+}
+
+/// What an int8 pool of `type` stores for a checked ad: its own quantized form where it gave one,
+/// else its embedding quantised.
+inline QuantizedEmbedding stored_int8_form(EmbeddingType type, const AdRecord& ad) {
+  return ad.quantized.values.empty() ? quantize(type, ad.embedding) : ad.quantized;
 }
 
 /// The ad pool on the host: slots hold ads; ids map to slots; expired slots are reused.
@@ -184,9 +183,9 @@ class HostAdPool {
     live_[slot] = ad.live ? 1 : 0;
     bias_[slot] = ad.bias;
     if (schema_.embedding_type == EmbeddingType::fp16) {
-      for (std::size_t k = 0; k < d; ++k) fp16_[slot * d + k] = float_to_half(ad.embedding[k]);
+      floats_to_halves(ad.embedding.data(), fp16_.data() + slot * d, d);
     } else {
-      QuantizedEmbedding q = quantize(schema_.embedding_type, ad.embedding);
+      const QuantizedEmbedding q = stored_int8_form(schema_.embedding_type, ad);
       std::copy(q.values.begin(), q.values.end(), int8_.begin() + static_cast<std::ptrdiff_t>(slot * d));
       std::copy(q.scales.begin(), q.scales.end(), scale_.begin() + static_cast<std::ptrdiff_t>(slot * scales_per_slot()));
     }

@@ -5,7 +5,13 @@
 #pragma once
 
 #include <bit>
+#include <cstddef>
 #include <cstdint>
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+#define KEVO_HAVE_F16C_PATH 1
+#endif
 
 namespace kevo::retrieval {
 
@@ -49,6 +55,31 @@ inline float half_to_float(std::uint16_t bits) {
   }
   if (exponent == 31) return std::bit_cast<float>(sign | 0x7f800000u | (mantissa << 13));
   return std::bit_cast<float>(sign | ((exponent + 112u) << 23) | (mantissa << 13));
+}
+
+#if defined(KEVO_HAVE_F16C_PATH)
+namespace detail {
+/// The whole groups of 8 of in[0, n) through F16C's vcvtps2ph (round to nearest even, as
+/// float_to_half); returns how many it converted.
+__attribute__((target("avx,f16c"))) inline std::size_t floats_to_halves_f16c(const float* in, std::uint16_t* out,
+                                                                              std::size_t n) {
+  std::size_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i), _mm256_cvtps_ph(_mm256_loadu_ps(in + i), _MM_FROUND_TO_NEAREST_INT));
+  return i;
+}
+}  // namespace detail
+#endif
+
+/// float_to_half over n values, 8 at a time with the CPU's F16C instructions where it has them:
+/// an upsert rounds d values an ad, and the software path takes ~5 ns a value.
+inline void floats_to_halves(const float* in, std::uint16_t* out, std::size_t n) {
+  std::size_t done = 0;
+#if defined(KEVO_HAVE_F16C_PATH)
+  static const bool f16c = __builtin_cpu_supports("avx") && __builtin_cpu_supports("f16c");
+  if (f16c) done = detail::floats_to_halves_f16c(in, out, n);
+#endif
+  for (; done < n; ++done) out[done] = float_to_half(in[done]);
 }
 
 /// Rounds a float through binary16 and back: what "rounded to fp16" means in the spec.

@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -90,6 +91,14 @@ template <class Kernel>
 gpu_error_t gpu_resident_blocks(int* blocks, Kernel* kernel, int threads, std::size_t dynamic_shared) {
   return cudaOccupancyMaxActiveBlocksPerMultiprocessor(blocks, kernel, threads, dynamic_shared);
 }
+/// The static shared memory `kernel` was compiled with (its __shared__ variables, as the compiler
+/// laid them out), or 0 where the runtime cannot say.
+template <class Kernel>
+std::size_t gpu_static_shared_bytes(Kernel* kernel) {
+  cudaFuncAttributes attributes{};
+  if (cudaFuncGetAttributes(&attributes, reinterpret_cast<const void*>(kernel)) != cudaSuccess) return 0;
+  return attributes.sharedSizeBytes;
+}
 /// Lets `kernel` (a __global__ function's address) take up to `bytes` of dynamic shared memory,
 /// past the default 48 KB.
 inline gpu_error_t gpu_allow_dynamic_shared(const void* kernel, int bytes) {
@@ -137,6 +146,36 @@ gpu_error_t gpu_launch_after_prior(void (*kernel)(Params...), dim3 grid, dim3 bl
   config.attrs = &attribute;
   config.numAttrs = 1;
   return cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
+}
+
+/// Long-lived allocations owned by one object (the index's arrays, the pipeline's weights): freed
+/// with their owner, moved with it, never copied (std::unique_ptr with the runtime's free).
+struct GpuFree {
+  void operator()(void* p) const { gpu_free(p); }
+};
+struct GpuFreeHost {
+  void operator()(void* p) const { gpu_free_host(p); }
+};
+template <class T>
+using DeviceBuffer = std::unique_ptr<T, GpuFree>;
+template <class T>
+using PinnedBuffer = std::unique_ptr<T, GpuFreeHost>;  // page-locked host memory
+
+/// Replaces what `out` owns with `bytes` of device memory (nothing changes where it fails).
+template <class T>
+gpu_error_t gpu_allocate(DeviceBuffer<T>& out, std::size_t bytes) {
+  T* p = nullptr;
+  if (gpu_error_t e = gpu_malloc(&p, bytes); e != gpu_success) return e;
+  out.reset(p);
+  return gpu_success;
+}
+/// The same for page-locked host memory.
+template <class T>
+gpu_error_t gpu_allocate(PinnedBuffer<T>& out, std::size_t bytes) {
+  T* p = nullptr;
+  if (gpu_error_t e = gpu_malloc_host(&p, bytes); e != gpu_success) return e;
+  out.reset(p);
+  return gpu_success;
 }
 
 /// Device allocations that live for one host function (an index rebuild's temporaries): each

@@ -193,6 +193,26 @@ inline Clause parse_clause(json::object object) {
   return clause;
 }
 
+/// An int8 pool's stored form of one embedding: {"values": [d integers], "scales": [numbers]}.
+inline QuantizedEmbedding parse_quantized(json::object object) {
+  QuantizedEmbedding q;
+  for (auto f : object) {
+    const std::string_view k = f.unescaped_key();
+    if (k == "values") {
+      for (auto v : array_of(f.value(), "values", "an array of integers from -127 to 127")) {
+        const auto value = get<std::int64_t>(v, "values", "an array of integers from -127 to 127");
+        if (value < -127 || value > 127) throw BadRequest{"\"values\" must be an array of integers from -127 to 127"};
+        q.values.push_back(static_cast<std::int8_t>(value));
+      }
+    } else if (k == "scales") {
+      q.scales = float_array(f.value(), "scales");
+    } else {
+      throw BadRequest{"unknown field in quantized: " + std::string(k)};
+    }
+  }
+  return q;
+}
+
 inline AdRecord parse_ad(json::object object) {
   AdRecord ad;
   bool has_id = false;
@@ -200,6 +220,7 @@ inline AdRecord parse_ad(json::object object) {
     const std::string_view k = f.unescaped_key();
     if (k == "id") ad.id = u32_of(f.value(), "id"), has_id = true;
     else if (k == "embedding") ad.embedding = float_array(f.value(), "embedding");
+    else if (k == "quantized") ad.quantized = parse_quantized(object_of(f.value(), "quantized"));
     else if (k == "bias") ad.bias = static_cast<float>(get<double>(f.value(), "bias", "a number"));
     else if (k == "live") ad.live = get<bool>(f.value(), "live", "true or false");
     else if (k == "clauses")

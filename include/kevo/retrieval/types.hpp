@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "kevo/expected.hpp"
+#include "kevo/retrieval/half.hpp"
 
 namespace kevo::retrieval {
 
@@ -74,13 +75,23 @@ struct Clause {
   bool exclude = false;
 };
 
-/// An ad as a caller hands it in: a category with no allow clause targets ANY value.
+/// Symmetric int8 quantisation of one embedding: a = scale * q, q in [-127, 127], with one scale
+/// for the whole embedding (int8) or one per group of 32 consecutive values (int8_group32).
+struct QuantizedEmbedding {
+  std::vector<std::int8_t> values;
+  std::vector<float> scales;  // int8: one; int8_group32: d / 32, each exact in fp16
+};
+
+/// An ad as a caller hands it in: a category with no allow clause targets ANY value. Its embedding
+/// comes as d values, which the pool rounds to its storage, or, for an int8 pool, as that storage
+/// itself (`quantized`, taken as it is: a caller that quantised its embeddings keeps its own q).
 struct AdRecord {
   std::uint32_t id = 0;
-  std::vector<float> embedding;  // (d)
+  std::vector<float> embedding;  // (d), or empty where `quantized` is given
   float bias = 0.0f;
   std::vector<Clause> clauses;
   bool live = true;
+  QuantizedEmbedding quantized;  // int8 pools only: q (d) and scales_per_ad scales, or empty (last: {id, embedding, ...} still reads as before)
 };
 
 /// The user's values of one category.
@@ -167,11 +178,51 @@ inline unexpected<Error> batch_error(std::size_t index, const Error& error) {
   return make_error("request " + std::to_string(index) + " of the batch: " + error.message, error.kind);
 }
 
+/// Checks one scale of an int8 pool's stored form: finite and not negative, and for int8_group32
+/// an fp16 value (the stored scale; kevo does not round a caller's scale for it) with 127 times it
+/// within fp16's range (the GPU takes the dequantised values in fp16).
+inline expected<void, Error> check_scale(EmbeddingType type, float scale) {
+  if (!is_finite(scale) || scale < 0.0f) return make_error("a scale must be finite and not negative, not " + std::to_string(scale));
+  if (type == EmbeddingType::int8_group32 && round_to_half(scale) != scale)
+    return make_error("int8_group32's scales are fp16: " + std::to_string(scale) + " is not one (round it to fp16 first)");
+  if (type == EmbeddingType::int8_group32 && 127.0f * scale > kMaxHalf)
+    return make_error("scale " + std::to_string(scale) + " times 127 is beyond fp16's range (65504), which int8_group32 holds");
+  if (type == EmbeddingType::int8 && !is_finite(127.0f * scale)) return make_error("scale " + std::to_string(scale) + " times 127 overflows");
+  return {};
+}
+
+/// Checks an embedding handed in as an int8 pool's stored form: d values in [-127, 127] and the
+/// storage's scales.
+inline expected<void, Error> check_quantized_embedding(const Schema& schema, const QuantizedEmbedding& q) {
+  if (!is_int8(schema.embedding_type))
+    return make_error("a quantized embedding needs an int8 pool; this one holds fp16 (give embedding instead)");
+  if (static_cast<int>(q.values.size()) != schema.dim)
+    return make_error("quantized embedding has " + std::to_string(q.values.size()) + " values, the pool holds " +
+                      std::to_string(schema.dim));
+  const int scales = scales_per_ad(schema.embedding_type, schema.dim);
+  if (static_cast<int>(q.scales.size()) != scales)
+    return make_error("quantized embedding has " + std::to_string(q.scales.size()) + " scales, " +
+                      to_string(schema.embedding_type) + " at d = " + std::to_string(schema.dim) + " takes " +
+                      std::to_string(scales));
+  for (std::int8_t v : q.values)
+    if (v == -128) return make_error("quantized values run from -127 to 127, not -128");
+  for (float scale : q.scales)
+    if (auto ok = check_scale(schema.embedding_type, scale); !ok) return ok;
+  return {};
+}
+
 /// Checks an ad against the schema before it enters a pool.
 inline expected<void, Error> validate_ad(const Schema& schema, const AdRecord& ad) {
-  if (static_cast<int>(ad.embedding.size()) != schema.dim)
+  const bool quantized = !ad.quantized.values.empty() || !ad.quantized.scales.empty();
+  if (quantized && !ad.embedding.empty())
+    return make_error("ad " + std::to_string(ad.id) + ": give embedding or quantized, not both");
+  if (quantized) {
+    if (auto ok = check_quantized_embedding(schema, ad.quantized); !ok)
+      return make_error("ad " + std::to_string(ad.id) + ": " + ok.error().message);
+  } else if (static_cast<int>(ad.embedding.size()) != schema.dim) {
     return make_error("ad " + std::to_string(ad.id) + ": embedding has " + std::to_string(ad.embedding.size()) +
                       " values, the pool holds " + std::to_string(schema.dim));
+  }
   for (const Clause& c : ad.clauses) {
     if (c.category >= schema.category_values.size())
       return make_error("ad " + std::to_string(ad.id) + ": unknown category " + std::to_string(c.category));

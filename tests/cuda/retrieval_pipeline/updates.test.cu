@@ -1,10 +1,12 @@
-// Updates: clause runs reclaimed, PackedAds batches that would mislead refused whole, and updates
-// during search never torn and seen once applied.
+// Updates: clause runs reclaimed, PackedAds batches that would mislead refused whole, int8 ads
+// handed in quantized kept as given, and updates during search never torn and seen once applied.
 // (One of the files of test_cuda_retrieval_pipeline; its main is main.cu.)
 #include <atomic>
+#include <map>
 #include <bit>
 #include <thread>
 
+#include "../../support/quantized_ads.hpp"
 #include "../support/pipeline_fixtures.cuh"
 
 using namespace kevo::retrieval;
@@ -86,7 +88,7 @@ TEST_CASE("a PackedAds batch that would mislead matching or scoring is refused w
   std::vector<AdRecord> three{pool.workload.ad(1000), pool.workload.ad(1001), pool.workload.ad(1002)};
   three[0].clauses = {{0, 0, false}, {1, 0, true}};
   three[1].clauses = {{2, 0, false}};
-  auto packed = [&] { return PackedAds::from(three, static_cast<std::size_t>(pool.workload.schema().dim), 1); };
+  auto packed = [&] { return PackedAds::from(three, pool.workload.schema(), 1); };
   REQUIRE(packed().clauses.size() >= 2);
   auto refused = [&](PackedAds ads, const char* why) {
     auto ok = pool.pipeline->index().upsert(ads);
@@ -113,6 +115,82 @@ TEST_CASE("a PackedAds batch that would mislead matching or scoring is refused w
   refused(wide, "beyond fp16's range");
   CHECK(pool.pipeline->index().live_count() == pool.host.live_count());  // nothing of them went in
   REQUIRE(pool.pipeline->index().upsert(packed()));
+}
+
+TEST_CASE("int8 ads handed in quantized are stored as given, through either upsert", "[cuda][updates][int8]") {
+  const EmbeddingType type = GENERATE(EmbeddingType::int8, EmbeddingType::int8_group32);
+  INFO(to_string(type));
+  Loaded pool(small_options(17, type), 3000);
+  const Workload& w = pool.workload;
+  // Replacements (even i) and new ads: a third as AdRecords all quantized, a third with every
+  // other ad given as values instead (that batch is packed quantized), a third as a PackedAds.
+  std::vector<AdRecord> quantized, mixed;
+  PackedAds packed;
+  std::map<std::uint32_t, std::vector<std::int8_t>> packed_rows;  // id -> the q it was given
+  for (std::uint32_t i = 0; i < 1500; ++i) {
+    AdRecord ad = kevo_tests::handed_in_quantized(type, w.ad(10000 + i));
+    ad.id = i % 2 == 0 ? i : 5000 + i;
+    if (i % 3 == 1 && i % 4 == 1) {
+      const std::uint32_t id = ad.id;
+      ad = w.ad(10000 + i);
+      ad.id = id;
+    }
+    ad.live = true;  // each id then holds exactly one slot
+    REQUIRE(pool.host.upsert(ad));
+    if (i % 3 == 0) quantized.push_back(ad);
+    if (i % 3 == 1) mixed.push_back(ad);
+    if (i % 3 == 2) packed.push_back(ad), packed_rows[ad.id] = ad.quantized.values;
+  }
+  DeviceAdIndex& index = pool.pipeline->index();
+  REQUIRE(index.upsert(quantized));
+  REQUIRE(index.upsert(mixed));
+  REQUIRE(index.upsert(packed));
+  REQUIRE(index.live_count() == pool.host.live_count());
+  for (RequestKind kind : {RequestKind::typical, RequestKind::broad, RequestKind::narrow}) {
+    const Request request = w.request(static_cast<std::uint64_t>(kind) + 60, kind, 1000);
+    auto top = pool.pipeline->search(request);
+    REQUIRE(top);
+    auto ok = compare_with_reference(pool.host, compute_request_vectors(w.model(), request.features), request, *top);
+    INFO((ok ? "" : ok.error().message));
+    REQUIRE(ok);
+  }
+  // The PackedAds' rows on the device are the q they were given (an index that quantised them
+  // again would hold values up to 127 where these stop at 90).
+  cudaStream_t stream;
+  KEVO_GPU_ASSERT(cudaStreamCreate(&stream));
+  std::vector<std::uint32_t> ids;
+  std::vector<std::int8_t> rows;
+  {
+    auto lock = index.search_lock();
+    auto view = index.before_search(stream);
+    REQUIRE(view);
+    KEVO_GPU_ASSERT(cudaStreamSynchronize(stream));
+    ids = download<std::uint32_t>(view->ids, view->slots);
+    rows = download<std::int8_t>(index.embeddings(), view->slots * index.row_bytes());
+    REQUIRE(index.after_search(stream));
+  }
+  KEVO_GPU_ASSERT(cudaStreamSynchronize(stream));
+  KEVO_GPU_ASSERT(cudaStreamDestroy(stream));
+  const std::size_t slots = ids.size();
+  std::size_t compared = 0;
+  for (std::size_t slot = 0; slot < slots; ++slot) {
+    const auto it = packed_rows.find(ids[slot]);
+    if (it == packed_rows.end()) continue;
+    for (std::size_t k = 0; k < 128; ++k) REQUIRE(rows[slot * index.row_bytes() + k] == it->second[k]);
+    ++compared;
+  }
+  CHECK(compared == packed_rows.size());
+  // A PackedAds that mixes the two forms, or holds -128, is refused whole.
+  PackedAds both = packed;
+  both.embeddings.assign(both.size() * 128, 0.5f);
+  auto refused = pool.pipeline->index().upsert(both);
+  REQUIRE(!refused);
+  CHECK_THAT(refused.error().message, Catch::Contains("not both"));
+  PackedAds minus_128 = packed;
+  minus_128.quantized_values[7] = -128;
+  refused = pool.pipeline->index().upsert(minus_128);
+  REQUIRE(!refused);
+  CHECK_THAT(refused.error().message, Catch::Contains("not -128"));
 }
 
 TEST_CASE("updates during search are never torn and are seen once applied", "[cuda][updates]") {

@@ -54,17 +54,22 @@
 namespace kevo::retrieval {
 
 /// Ads as arrays, for bulk loads: clauses in CSR form (already packed with clause_bits, the last
-/// of each ad flagged). An empty `embeddings` leaves the rows on the device as they are (a caller
-/// that fills them with its own kernel through DeviceAdIndex::embeddings()).
+/// of each ad flagged). The rows come as d values an ad (`embeddings`, rounded to the pool's
+/// storage), or for an int8 pool as that storage itself (`quantized_values` and `quantized_scales`,
+/// taken as they are); neither leaves the rows on the device as they are (a caller that fills them
+/// with its own kernel through DeviceAdIndex::embeddings()).
 struct PackedAds {
   std::vector<std::uint32_t> ids;
   std::vector<float> bias;
   std::vector<std::uint8_t> live;
   std::vector<std::uint32_t> clause_begin{0};  // (n + 1)
   std::vector<std::uint32_t> clauses;
-  std::vector<float> embeddings;  // (n, d) or empty
+  std::vector<float> embeddings;              // (n, d) or empty
+  std::vector<std::int8_t> quantized_values;  // (n, d) or empty
+  std::vector<float> quantized_scales;        // (n, scales_per_ad) or empty
 
   std::size_t size() const { return ids.size(); }
+  /// Appends one ad, its embedding as it came: a batch takes every ad's embedding the same way.
   void push_back(const AdRecord& ad) {
     ids.push_back(ad.id);
     bias.push_back(ad.bias);
@@ -73,10 +78,15 @@ struct PackedAds {
     pack_clauses(ad, clauses.data() + clause_begin.back());
     clause_begin.push_back(static_cast<std::uint32_t>(clauses.size()));
     embeddings.insert(embeddings.end(), ad.embedding.begin(), ad.embedding.end());
+    quantized_values.insert(quantized_values.end(), ad.quantized.values.begin(), ad.quantized.values.end());
+    quantized_scales.insert(quantized_scales.end(), ad.quantized.scales.begin(), ad.quantized.scales.end());
   }
-  /// The same as push_back over every ad, with the copying spread over `parts` threads.
-  static PackedAds from(std::span<const AdRecord> ads, std::size_t dim, unsigned parts) {
-    const std::size_t n = ads.size();
+  /// Checked ads of a pool of `schema`, packed over `parts` threads. In an int8 pool, a batch in
+  /// which any ad came quantized is packed quantized (the others quantised as the pool would).
+  static PackedAds from(std::span<const AdRecord> ads, const Schema& schema, unsigned parts) {
+    const std::size_t n = ads.size(), dim = static_cast<std::size_t>(schema.dim);
+    const bool quantized = std::any_of(ads.begin(), ads.end(), [](const AdRecord& ad) { return !ad.quantized.values.empty(); });
+    const auto scales = static_cast<std::size_t>(scales_per_ad(schema.embedding_type, schema.dim));
     PackedAds p;
     p.ids.resize(n);
     p.bias.resize(n);
@@ -85,7 +95,12 @@ struct PackedAds {
     for (std::size_t i = 0; i < n; ++i)
       p.clause_begin[i + 1] = p.clause_begin[i] + static_cast<std::uint32_t>(ads[i].clauses.size());
     p.clauses.resize(p.clause_begin[n]);
-    p.embeddings.resize(n * dim);
+    if (quantized) {
+      p.quantized_values.resize(n * dim);
+      p.quantized_scales.resize(n * scales);
+    } else {
+      p.embeddings.resize(n * dim);
+    }
     parallel_for_ranges(n, parts, [&](unsigned, std::size_t begin, std::size_t end) {
       for (std::size_t i = begin; i < end; ++i) {
         const AdRecord& ad = ads[i];
@@ -93,7 +108,13 @@ struct PackedAds {
         p.bias[i] = ad.bias;
         p.live[i] = ad.live ? 1 : 0;
         pack_clauses(ad, p.clauses.data() + p.clause_begin[i]);
-        std::copy(ad.embedding.begin(), ad.embedding.end(), p.embeddings.begin() + static_cast<std::ptrdiff_t>(i * dim));
+        if (quantized) {
+          const QuantizedEmbedding q = stored_int8_form(schema.embedding_type, ad);
+          std::copy(q.values.begin(), q.values.end(), p.quantized_values.begin() + static_cast<std::ptrdiff_t>(i * dim));
+          std::copy(q.scales.begin(), q.scales.end(), p.quantized_scales.begin() + static_cast<std::ptrdiff_t>(i * scales));
+        } else {
+          std::copy(ad.embedding.begin(), ad.embedding.end(), p.embeddings.begin() + static_cast<std::ptrdiff_t>(i * dim));
+        }
       }
     });
     return p;
@@ -145,18 +166,10 @@ class DeviceAdIndex {
   }
 
   ~DeviceAdIndex() {
-    if (update_stream_) gpu_stream_synchronize(update_stream_);  // updates still in flight read the staging
-    for (void* p : {static_cast<void*>(ids_), static_cast<void*>(targeting_), static_cast<void*>(clauses_),
-                    embeddings_, static_cast<void*>(side_),
-                    static_cast<void*>(category_offsets_),
-                    static_cast<void*>(headers_), static_cast<void*>(postings_), static_cast<void*>(segments_)})
-      if (p) gpu_free(p);
-    for (void* p : table_buffers_) gpu_free(p);
-    for (StagingBuffer& b : staging_) {
-      if (b.host) gpu_free_host(b.host);
-      if (b.device) gpu_free(b.device);
+    // Updates still in flight read the staging (the buffers are freed after this, as members).
+    if (update_stream_) gpu_stream_synchronize(update_stream_);
+    for (StagingBuffer& b : staging_)
       if (b.consumed) gpu_event_destroy(b.consumed);
-    }
     for (auto& [stream, event] : search_events_) gpu_event_destroy(event);
     if (updated_) gpu_event_destroy(updated_);
     if (update_stream_) gpu_stream_destroy(update_stream_);
@@ -190,12 +203,12 @@ class DeviceAdIndex {
   }
   std::uint32_t total_query_bits() const { return total_query_bits_; }
   /// The first query-bitmap bit of each category, on the device and on the host.
-  const std::uint32_t* category_offsets() const { return category_offsets_; }
+  const std::uint32_t* category_offsets() const { return category_offsets_.get(); }
   const std::vector<std::uint32_t>& host_category_offsets() const { return host_category_offsets_; }
   /// Caller-visible rows, (capacity, d) of __half or int8, and each slot's side record, (capacity,
   /// side_width()) 32-bit words: the bias, then the scale words at its tail (views.cuh). For bulk fills.
-  void* embeddings() { return embeddings_; }
-  float* side_values() { return side_; }
+  void* embeddings() { return embeddings_.get(); }
+  float* side_values() { return side_.get(); }
   int side_width() const { return retrieval::side_width(schema_.embedding_type, schema_.dim); }
   int scale_words() const { return retrieval::scale_words(schema_.embedding_type, schema_.dim); }
 
@@ -203,16 +216,14 @@ class DeviceAdIndex {
   /// Returns once the batch is enqueued: every search that starts later sees it, every search
   /// already enqueued does not. `synchronize()` waits until it is applied.
   expected<void, Error> upsert(std::span<const AdRecord> ads) {
-    const unsigned parts = host_parts(ads.size());
-    std::vector<std::string> problems(parts);
-    parallel_for_ranges(ads.size(), parts, [&](unsigned part, std::size_t begin, std::size_t end) {
-      for (std::size_t i = begin; i < end && problems[part].empty(); ++i)
-        if (auto ok = validate_ad(schema_, ads[i]); !ok) problems[part] = ok.error().message;
-    });
-    for (const std::string& problem : problems)
-      if (!problem.empty()) return make_error(problem);
+    if (auto ok = first_problem(ads.size(), [&](std::size_t i) {
+          auto checked = validate_ad(schema_, ads[i]);
+          return checked ? std::string() : checked.error().message;
+        });
+        !ok)
+      return ok;
     // validate_ad has checked what check_packed would: packing them cannot make them wrong.
-    return upsert_checked(PackedAds::from(ads, static_cast<std::size_t>(schema_.dim), parts));
+    return upsert_checked(PackedAds::from(ads, schema_, host_parts(ads.size())));
   }
 
   expected<void, Error> upsert(const PackedAds& ads) {
@@ -228,13 +239,34 @@ class DeviceAdIndex {
     return static_cast<unsigned>(std::clamp<std::size_t>(ads / 512, 1, default_thread_count()));
   }
 
-  /// A PackedAds batch as a caller built it: everything matching and scoring rely on (the embedding
+  /// Runs check(i) for ads 0 .. n - 1 over host_parts(n) threads, each part stopping at its first
+  /// problem (a non-empty message); the batch's first problem, if any.
+  template <class Check>
+  static expected<void, Error> first_problem(std::size_t n, Check check) {
+    const unsigned parts = host_parts(n);
+    std::vector<std::string> problems(parts);
+    parallel_for_ranges(n, parts, [&](unsigned part, std::size_t begin, std::size_t end) {
+      for (std::size_t i = begin; i < end && problems[part].empty(); ++i) problems[part] = check(i);
+    });
+    for (const std::string& problem : problems)
+      if (!problem.empty()) return make_error(problem);
+    return {};
+  }
+
+  /// A PackedAds batch as a caller built it: everything matching and scoring rely on (the rows'
   /// values over threads: 1.3 M of them in a 10,000-ad batch).
   expected<void, Error> check_packed(const PackedAds& ads) const {
-    const std::size_t n = ads.size();
+    const std::size_t n = ads.size(), d = static_cast<std::size_t>(schema_.dim);
+    const auto scales = static_cast<std::size_t>(scales_per_ad(schema_.embedding_type, schema_.dim));
+    const bool quantized = !ads.quantized_values.empty() || !ads.quantized_scales.empty();
     if (ads.bias.size() != n || ads.live.size() != n || ads.clause_begin.size() != n + 1 ||
-        (!ads.embeddings.empty() && ads.embeddings.size() != n * static_cast<std::size_t>(schema_.dim)))
+        (!ads.embeddings.empty() && ads.embeddings.size() != n * d) ||
+        (quantized && (ads.quantized_values.size() != n * d || ads.quantized_scales.size() != n * scales)))
       return make_error("PackedAds: arrays of different lengths");
+    if (quantized && !ads.embeddings.empty())
+      return make_error("PackedAds: give every ad's embedding the same way: embeddings or quantized_values, not both");
+    if (quantized && !is_int8(schema_.embedding_type))
+      return make_error("PackedAds: quantized_values need an int8 pool; this one holds fp16 (give embeddings instead)");
     if (ads.clause_begin.front() != 0 || ads.clause_begin.back() != ads.clauses.size())
       return make_error("PackedAds: clause_begin must run from 0 to the number of clauses");
     for (std::size_t i = 0; i < n; ++i)
@@ -255,18 +287,22 @@ class DeviceAdIndex {
     }
     for (std::size_t i = 0; i < n; ++i)
       if (!is_finite(ads.bias[i])) return make_error("PackedAds: ad " + std::to_string(i) + "'s bias must be finite");
+    if (quantized)
+      return first_problem(n, [&](std::size_t i) {
+        const QuantizedEmbedding q{{ads.quantized_values.begin() + static_cast<std::ptrdiff_t>(i * d),
+                                    ads.quantized_values.begin() + static_cast<std::ptrdiff_t>((i + 1) * d)},
+                                   {ads.quantized_scales.begin() + static_cast<std::ptrdiff_t>(i * scales),
+                                    ads.quantized_scales.begin() + static_cast<std::ptrdiff_t>((i + 1) * scales)}};
+        auto ok = check_quantized_embedding(schema_, q);
+        return ok ? std::string() : "PackedAds: ad " + std::to_string(i) + ": " + ok.error().message;
+      });
     if (ads.embeddings.empty()) return {};
-    const auto d = static_cast<std::size_t>(schema_.dim);
-    const unsigned parts = host_parts(n);
-    std::vector<std::string> problems(parts);
-    parallel_for_ranges(n, parts, [&](unsigned part, std::size_t begin, std::size_t end) {
-      for (std::size_t k = begin * d; k < end * d && problems[part].empty(); ++k)
+    return first_problem(n, [&](std::size_t i) {
+      for (std::size_t k = i * d; k < (i + 1) * d; ++k)
         if (auto ok = check_embedding_value(schema_, ads.embeddings[k]); !ok)
-          problems[part] = "PackedAds: ad " + std::to_string(k / d) + ": " + ok.error().message;
+          return "PackedAds: ad " + std::to_string(i) + ": " + ok.error().message;
+      return std::string();
     });
-    for (const std::string& problem : problems)
-      if (!problem.empty()) return make_error(problem);
-    return {};
   }
 
   /// Inserts or replaces a checked batch (the two upserts' common part).
@@ -309,11 +345,12 @@ class DeviceAdIndex {
       padded_begin[i + 1] = padded_begin[i] + ((ads.clause_begin[i + 1] - ads.clause_begin[i] + 3u) & ~3u);
     const std::size_t padded_clauses = padded_begin[n];
     // Staging first: once a compaction has dropped this batch's old runs, nothing may fail on the host.
-    const bool with_rows = !ads.embeddings.empty();
+    const bool quantized_rows = !ads.quantized_values.empty();
+    const bool with_rows = !ads.embeddings.empty() || quantized_rows;
     Staging s = staging_layout(n, padded_clauses, with_rows);
     auto staging = take_staging(s.total);
     if (!staging) return unexpected(staging.error());
-    unsigned char* const host_staging = (*staging)->host;
+    unsigned char* const host_staging = (*staging)->host.get();
     if (arena_tail_ + padded_clauses > options_.clause_capacity) {
       // Replaced and expired ads left their runs behind. Count what stays live once this batch is in
       // (its own replaced ads' runs become garbage too), and pack it into a fresh arena: twice as
@@ -391,9 +428,14 @@ class DeviceAdIndex {
         targeting[w] = (ads.live[i] ? targeting_bits::live : 0u) |
                        (has_clauses ? targeting_bits::has_clauses |
                                           static_cast<std::uint32_t>((arena_tail_ + padded_begin[i]) / 4) : 0u);
-        if (with_rows)
-          write_row(ads.embeddings.data() + i * schema_.dim, host_staging + s.rows + w * row_bytes(),
-                    scale + w * static_cast<std::size_t>(scale_words()));
+        unsigned char* row = host_staging + s.rows + w * row_bytes();
+        float* words = scale + w * static_cast<std::size_t>(scale_words());
+        if (quantized_rows)
+          write_stored_row(ads.quantized_values.data() + i * schema_.dim,
+                           ads.quantized_scales.data() + i * static_cast<std::size_t>(scales_per_ad(schema_.embedding_type, schema_.dim)),
+                           row, words);
+        else if (with_rows)
+          write_row(ads.embeddings.data() + i * schema_.dim, row, words);
       }
     });
     for (std::int64_t delta : clause_delta) live_clauses_ = static_cast<std::size_t>(static_cast<std::int64_t>(live_clauses_) + delta);
@@ -401,18 +443,18 @@ class DeviceAdIndex {
     free_slots_.insert(free_slots_.end(), freed.begin(), freed.end());
     auto ok = enqueue_batch(held, **staging, [&]() -> expected<void, Error> {
       slots_ = high_water;
-      auto* d = (*staging)->device;
+      auto* d = (*staging)->device.get();
       KEVO_GPU_TRY(gpu_copy_async(d, host_staging, s.total, update_stream_));
       if (padded_clauses > 0)
-        KEVO_GPU_TRY(gpu_copy_async(clauses_ + arena_tail_, d + s.clauses, padded_clauses * 4, update_stream_));
+        KEVO_GPU_TRY(gpu_copy_async(clauses_.get() + arena_tail_, d + s.clauses, padded_clauses * 4, update_stream_));
       arena_tail_ += padded_clauses;
       if (written > 0)
         kernels::scatter_ads<<<static_cast<unsigned>((written * 32 + 255) / 256), 256, 0, update_stream_>>>(
             static_cast<std::uint32_t>(written), reinterpret_cast<std::uint32_t*>(d + s.slots),
             reinterpret_cast<std::uint32_t*>(d + s.ids), reinterpret_cast<std::uint32_t*>(d + s.targeting),
             reinterpret_cast<float*>(d + s.bias), with_rows ? reinterpret_cast<float*>(d + s.scale) : nullptr,
-            with_rows ? reinterpret_cast<const uint4*>(d + s.rows) : nullptr, static_cast<int>(row_bytes() / 16), ids_,
-            targeting_, side_, side_width(), scale_words(), static_cast<uint4*>(embeddings_), headers_);
+            with_rows ? reinterpret_cast<const uint4*>(d + s.rows) : nullptr, static_cast<int>(row_bytes() / 16), ids_.get(),
+            targeting_.get(), side_.get(), side_width(), scale_words(), static_cast<uint4*>(embeddings_.get()), headers_.get());
       KEVO_GPU_TRY(gpu_last_error());
       return {};
     });
@@ -450,8 +492,8 @@ class DeviceAdIndex {
     Staging s = staging_layout(ids.size(), 0, false);
     auto staging = take_staging(s.total);
     if (!staging) return unexpected(staging.error());
-    auto* slots = reinterpret_cast<std::uint32_t*>((*staging)->host + s.slots);
-    auto* targeting = reinterpret_cast<std::uint32_t*>((*staging)->host + s.targeting);
+    auto* slots = reinterpret_cast<std::uint32_t*>((*staging)->host.get() + s.slots);
+    auto* targeting = reinterpret_cast<std::uint32_t*>((*staging)->host.get() + s.targeting);
     std::size_t n = 0;
     for (std::uint32_t id : ids) {
       auto it = id_to_slot_.find(id);
@@ -467,12 +509,12 @@ class DeviceAdIndex {
     if (n == 0) return std::size_t{0};
     std::unique_lock<std::mutex> held(mutex_, std::defer_lock);
     auto ok = enqueue_batch(held, **staging, [&]() -> expected<void, Error> {
-      auto* d = (*staging)->device;
-      KEVO_GPU_TRY(gpu_copy_async(d, (*staging)->host, s.total, update_stream_));
+      auto* d = (*staging)->device.get();
+      KEVO_GPU_TRY(gpu_copy_async(d, (*staging)->host.get(), s.total, update_stream_));
       kernels::scatter_ads<<<static_cast<unsigned>((n * 32 + 255) / 256), 256, 0, update_stream_>>>(
           static_cast<std::uint32_t>(n), reinterpret_cast<std::uint32_t*>(d + s.slots), nullptr,
-          reinterpret_cast<std::uint32_t*>(d + s.targeting), nullptr, nullptr, nullptr, 0, ids_, targeting_, side_,
-          side_width(), 0, static_cast<uint4*>(embeddings_), headers_);
+          reinterpret_cast<std::uint32_t*>(d + s.targeting), nullptr, nullptr, nullptr, 0, ids_.get(), targeting_.get(), side_.get(),
+          side_width(), 0, static_cast<uint4*>(embeddings_.get()), headers_.get());
       KEVO_GPU_TRY(gpu_last_error());
       return {};
     });
@@ -494,7 +536,7 @@ class DeviceAdIndex {
   std::unique_lock<std::mutex> search_lock() const { return std::unique_lock<std::mutex>(mutex_); }
   expected<IndexView, Error> before_search(gpu_stream_t stream) {
     KEVO_GPU_TRY(gpu_stream_wait_event(stream, updated_));
-    return IndexView{ids_,   targeting_, clauses_, embeddings_, side_, PostingsView{headers_, postings_, segments_},
+    return IndexView{ids_.get(), targeting_.get(), clauses_.get(), embeddings_.get(), side_.get(), PostingsView{headers_.get(), postings_.get(), segments_.get()},
                      static_cast<std::uint32_t>(slots_)};
   }
   expected<void, Error> after_search(gpu_stream_t stream) {
@@ -517,17 +559,17 @@ class DeviceAdIndex {
 
   expected<void, Error> allocate() {
     const std::size_t n = options_.capacity;
-    KEVO_GPU_TRY(gpu_malloc(&ids_, n * 4));
-    KEVO_GPU_TRY(gpu_malloc(&targeting_, n * 4));
-    KEVO_GPU_TRY(gpu_malloc(&clauses_, options_.clause_capacity * 4));
-    KEVO_GPU_TRY(gpu_malloc(&embeddings_, n * row_bytes()));
-    KEVO_GPU_TRY(gpu_malloc(&side_, n * 4 * static_cast<std::size_t>(side_width())));
-    KEVO_GPU_TRY(gpu_memset(targeting_, 0, n * 4));  // nothing live
+    KEVO_GPU_TRY(gpu_allocate(ids_, n * 4));
+    KEVO_GPU_TRY(gpu_allocate(targeting_, n * 4));
+    KEVO_GPU_TRY(gpu_allocate(clauses_, options_.clause_capacity * 4));
+    KEVO_GPU_TRY(gpu_allocate(embeddings_, n * row_bytes()));
+    KEVO_GPU_TRY(gpu_allocate(side_, n * 4 * static_cast<std::size_t>(side_width())));
+    KEVO_GPU_TRY(gpu_memset(targeting_.get(), 0, n * 4));  // nothing live
     const std::size_t segments = (n + kSegmentSlots - 1) / kSegmentSlots;
-    KEVO_GPU_TRY(gpu_malloc(&headers_, segments * kSegmentSlots));  // whole segments: matching reads 16 at a time
-    KEVO_GPU_TRY(gpu_memset(headers_, 0, segments * kSegmentSlots));
-    KEVO_GPU_TRY(gpu_malloc(&segments_, segments * sizeof(SegmentDirectory)));
-    KEVO_GPU_TRY(gpu_memset(segments_, 0, segments * sizeof(SegmentDirectory)));  // no postings yet
+    KEVO_GPU_TRY(gpu_allocate(headers_, segments * kSegmentSlots));  // whole segments: matching reads 16 at a time
+    KEVO_GPU_TRY(gpu_memset(headers_.get(), 0, segments * kSegmentSlots));
+    KEVO_GPU_TRY(gpu_allocate(segments_, segments * sizeof(SegmentDirectory)));
+    KEVO_GPU_TRY(gpu_memset(segments_.get(), 0, segments * sizeof(SegmentDirectory)));  // no postings yet
     host_category_offsets_.assign(kMaxCategories, 0);
     std::uint32_t bit = 0;
     for (int c = 0; c < schema_.categories(); ++c) {
@@ -535,8 +577,8 @@ class DeviceAdIndex {
       bit += schema_.category_values[static_cast<std::size_t>(c)];
     }
     total_query_bits_ = bit;
-    KEVO_GPU_TRY(gpu_malloc(&category_offsets_, kMaxCategories * 4));
-    KEVO_GPU_TRY(gpu_copy(category_offsets_, host_category_offsets_.data(), kMaxCategories * 4));
+    KEVO_GPU_TRY(gpu_allocate(category_offsets_, kMaxCategories * 4));
+    KEVO_GPU_TRY(gpu_copy(category_offsets_.get(), host_category_offsets_.data(), kMaxCategories * 4));
     KEVO_GPU_TRY(gpu_stream_create(&update_stream_));
     KEVO_GPU_TRY(gpu_event_create(&updated_));
     KEVO_GPU_TRY(gpu_event_record(updated_, update_stream_));
@@ -564,8 +606,8 @@ class DeviceAdIndex {
   /// A batch's staging, on the host (pinned) and on the device. Two take turns, so that a batch can
   /// be staged while the one before waits on the device; `consumed` marks when the device has read one.
   struct StagingBuffer {
-    unsigned char* host = nullptr;
-    unsigned char* device = nullptr;
+    PinnedBuffer<unsigned char> host;
+    DeviceBuffer<unsigned char> device;
     std::size_t bytes = 0;
     gpu_event_t consumed = nullptr;
   };
@@ -575,13 +617,12 @@ class DeviceAdIndex {
     next_staging_ ^= 1;
     KEVO_GPU_TRY(gpu_event_synchronize(b.consumed));
     if (bytes <= b.bytes) return &b;
-    if (b.host) KEVO_GPU_TRY(gpu_free_host(b.host));
-    if (b.device) KEVO_GPU_TRY(gpu_free(b.device));
-    b.host = b.device = nullptr;
+    b.host.reset();
+    b.device.reset();
     b.bytes = 0;
     const std::size_t grown = std::max<std::size_t>(bytes, 1u << 20);
-    KEVO_GPU_TRY(gpu_malloc_host(&b.host, grown));
-    KEVO_GPU_TRY(gpu_malloc(&b.device, grown));
+    KEVO_GPU_TRY(gpu_allocate(b.host, grown));
+    KEVO_GPU_TRY(gpu_allocate(b.device, grown));
     b.bytes = grown;
     return &b;
   }
@@ -589,18 +630,22 @@ class DeviceAdIndex {
   void write_row(const float* embedding, unsigned char* out, float* scale_words) const {
     const int d = schema_.dim;
     if (schema_.embedding_type == EmbeddingType::fp16) {
-      auto* h = reinterpret_cast<std::uint16_t*>(out);
-      for (int k = 0; k < d; ++k) h[k] = float_to_half(embedding[k]);
+      floats_to_halves(embedding, reinterpret_cast<std::uint16_t*>(out), static_cast<std::size_t>(d));
       return;
     }
     const QuantizedEmbedding q = quantize(schema_.embedding_type, std::vector<float>(embedding, embedding + d));
-    std::memcpy(out, q.values.data(), static_cast<std::size_t>(d));
+    write_stored_row(q.values.data(), q.scales.data(), out, scale_words);
+  }
+  /// An int8 row as stored: its d values, and its scale (int8) or its groups' fp16 scales, two a
+  /// word, the lower group first (int8_group32).
+  void write_stored_row(const std::int8_t* values, const float* scales, unsigned char* out, float* scale_words) const {
+    std::memcpy(out, values, static_cast<std::size_t>(schema_.dim));
     if (schema_.embedding_type == EmbeddingType::int8) {
-      scale_words[0] = q.scales[0];
+      scale_words[0] = scales[0];
       return;
     }
-    for (std::size_t w = 0; w < q.scales.size() / 2; ++w) {  // two fp16 scales a word, the lower group first
-      const std::uint32_t word = float_to_half(q.scales[2 * w]) | static_cast<std::uint32_t>(float_to_half(q.scales[2 * w + 1])) << 16;
+    for (int w = 0; w < scales_per_ad(schema_.embedding_type, schema_.dim) / 2; ++w) {
+      const std::uint32_t word = float_to_half(scales[2 * w]) | static_cast<std::uint32_t>(float_to_half(scales[2 * w + 1])) << 16;
       std::memcpy(scale_words + w, &word, 4);
     }
   }
@@ -632,24 +677,24 @@ class DeviceAdIndex {
       KEVO_GPU_TRY(gpu_copy_async(dropped, overwritten.data(), overwritten.size() * 4, update_stream_));
       const auto count = static_cast<std::uint32_t>(overwritten.size());
       kernels::drop_clause_runs<<<std::max(1u, std::min(4096u, (count + 255) / 256)), 256, 0, update_stream_>>>(
-          dropped, count, targeting_);
+          dropped, count, targeting_.get());
     }
     KEVO_GPU_TRY(gpu_memset_async(quads + n, 0, 4, update_stream_));
     if (n > 0)
-      kernels::arena_run_quads<<<grid, 256, 0, update_stream_>>>(targeting_, reinterpret_cast<const uint4*>(clauses_),
+      kernels::arena_run_quads<<<grid, 256, 0, update_stream_>>>(targeting_.get(), reinterpret_cast<const uint4*>(clauses_.get()),
                                                                   n, quads);
     KEVO_GPU_TRY(gpu_cub::DeviceScan::ExclusiveSum(scan_temp, scan_bytes, quads, offsets, n + 1, update_stream_));
     if (n > 0)
       kernels::arena_move_runs<<<grid, 256, 0, update_stream_>>>(
-          targeting_, reinterpret_cast<const uint4*>(clauses_), reinterpret_cast<uint4*>(fresh), quads, offsets, n);
+          targeting_.get(), reinterpret_cast<const uint4*>(clauses_.get()), reinterpret_cast<uint4*>(fresh), quads, offsets, n);
     KEVO_GPU_TRY(gpu_last_error());
     std::uint32_t total_quads = 0;
     KEVO_GPU_TRY(gpu_copy_async(&total_quads, offsets + n, 4, update_stream_));
     KEVO_GPU_TRY(gpu_stream_synchronize(update_stream_));  // searches that read the old arena are done too
     // The fresh arena becomes the index's; the old one is freed with the temporaries.
     scratch.release(fresh);
-    scratch.adopt(clauses_);
-    clauses_ = fresh;
+    scratch.adopt(clauses_.release());
+    clauses_.reset(fresh);
     options_.clause_capacity = capacity;
     arena_tail_ = static_cast<std::size_t>(total_quads) * 4;
     for (std::uint32_t slot : overwritten) {
@@ -680,7 +725,7 @@ class DeviceAdIndex {
     KEVO_GPU_TRY(gpu_memset_async(wide, 0, 4, stream));
     const unsigned grid = std::max(1u, std::min(8192u, (n + 255) / 256));
     KEVO_GPU_TRY(gpu_memset_async(counts + n, 0, 4, stream));
-    if (n > 0) kernels::postings_count<<<grid, 256, 0, stream>>>(targeting_, clauses_, n, headers, counts, wide);
+    if (n > 0) kernels::postings_count<<<grid, 256, 0, stream>>>(targeting_.get(), clauses_.get(), n, headers, counts, wide);
     std::size_t scan_bytes = 0;
     unsigned char* scan_temp = nullptr;
     KEVO_GPU_TRY(gpu_cub::DeviceScan::ExclusiveSum(nullptr, scan_bytes, counts, offsets, n + 1));
@@ -717,18 +762,15 @@ class DeviceAdIndex {
     KEVO_GPU_TRY(scratch.allocate(slice_temp, slice_temp_bytes));
 
     std::vector<SegmentDirectory> directory(segments);
-    std::vector<void*> tables;  // the new hash tables, one buffer per slice
+    std::vector<DeviceBuffer<void>> tables;  // the new hash tables, one buffer per slice
     std::size_t table_entries = 0;
-    auto free_tables = [&] {
-      for (void* p : tables) gpu_free(p);
-    };
     auto build_slice = [&](std::uint32_t s0, std::uint32_t s1) -> expected<void, Error> {
       const std::uint32_t entries = host_starts[s1] - host_starts[s0];
       for (std::uint32_t s = s0; s < s1; ++s) directory[s].postings_base = host_starts[s];
       if (entries == 0) return {};
       const std::uint32_t first = s0 * kSegmentSlots, end = std::min<std::uint64_t>(n, std::uint64_t{s1} * kSegmentSlots);
       kernels::postings_emit<<<std::max(1u, std::min(8192u, (end - first + 255) / 256)), 256, 0, stream>>>(
-          targeting_, clauses_, category_offsets_, offsets, first, end, keys, values);
+          targeting_.get(), clauses_.get(), category_offsets_.get(), offsets, first, end, keys, values);
       const int end_bit = 22 + std::bit_width(s1 - s0 - 1);
       std::size_t bytes = slice_temp_bytes;
       KEVO_GPU_TRY(gpu_cub::DeviceRadixSort::SortPairs(slice_temp, bytes, keys, sorted_keys, values,
@@ -758,9 +800,10 @@ class DeviceAdIndex {
         table_sizes[s - s0] = b ? 2 * b + 1 : 0;  // under half full: a probe for an absent bit ends in ~2.5 reads
         slice_table += table_sizes[s - s0];
       }
-      unsigned long long* table = nullptr;
-      KEVO_GPU_TRY(gpu_malloc(&table, std::max<std::size_t>(slice_table, 1) * 8));
-      tables.push_back(table);
+      DeviceBuffer<void> buffer;
+      KEVO_GPU_TRY(gpu_allocate(buffer, std::max<std::size_t>(slice_table, 1) * 8));
+      auto* table = static_cast<unsigned long long*>(buffer.get());
+      tables.push_back(std::move(buffer));
       table_entries += slice_table;
       KEVO_GPU_TRY(gpu_memset_async(table, 0, std::max<std::size_t>(slice_table, 1) * 8, stream));
       KEVO_GPU_TRY(gpu_copy_async(slice_tables, slice.data(), slice.size() * 4, stream));
@@ -776,25 +819,23 @@ class DeviceAdIndex {
       return {};
     };
     for (std::uint32_t s0 = 0; s0 < segments; s0 += slice_segments)
-      if (auto ok = build_slice(s0, std::min(segments, s0 + slice_segments)); !ok) {
-        free_tables();
-        return ok;
-      }
+      if (auto ok = build_slice(s0, std::min(segments, s0 + slice_segments)); !ok) return ok;
 
     // Searches ran on while this was built; the new postings replace the old between two of them.
     scratch.release(postings);
+    DeviceBuffer<std::uint16_t> built(postings);  // the new postings; after the swap below, the old
     std::unique_lock<std::mutex> held(mutex_, std::defer_lock);
     auto published = publish(held, [&]() -> expected<void, Error> {
-      if (n > 0) KEVO_GPU_TRY(gpu_copy_async(headers_, headers, n, stream));
+      if (n > 0) KEVO_GPU_TRY(gpu_copy_async(headers_.get(), headers, n, stream));
       if (segments > 0)
-        KEVO_GPU_TRY(gpu_copy_async(segments_, directory.data(), segments * sizeof(SegmentDirectory), stream));
-      std::swap(postings_, postings);
+        KEVO_GPU_TRY(gpu_copy_async(segments_.get(), directory.data(), segments * sizeof(SegmentDirectory), stream));
+      std::swap(postings_, built);
       std::swap(table_buffers_, tables);
       return {};
     });
     // The old postings and tables once published (every search that read them is done), else the new.
-    if (postings) gpu_free(postings);
-    free_tables();
+    built.reset();
+    tables.clear();
     if (!published) return published;
     postings_count_ = host_starts[segments];
     table_entries_ = table_entries;
@@ -845,12 +886,12 @@ class DeviceAdIndex {
   Options options_;
   mutable std::mutex update_mutex_;  // one update at a time; the host bookkeeping below
   mutable std::mutex mutex_;         // held briefly: while a search or an update enqueues device work
-  std::uint32_t* ids_ = nullptr;
-  std::uint32_t* targeting_ = nullptr;
-  std::uint32_t* clauses_ = nullptr;
-  void* embeddings_ = nullptr;
-  float* side_ = nullptr;  // (capacity, side_width()): bias, then the scale words
-  std::uint32_t* category_offsets_ = nullptr;
+  DeviceBuffer<std::uint32_t> ids_;
+  DeviceBuffer<std::uint32_t> targeting_;
+  DeviceBuffer<std::uint32_t> clauses_;
+  DeviceBuffer<void> embeddings_;
+  DeviceBuffer<float> side_;  // (capacity, side_width()): bias, then the scale words
+  DeviceBuffer<std::uint32_t> category_offsets_;
   std::vector<std::uint32_t> host_category_offsets_;
   std::uint32_t total_query_bits_ = 0;
   std::size_t slots_ = 0;
@@ -865,10 +906,10 @@ class DeviceAdIndex {
   gpu_event_t updated_ = nullptr;
   std::vector<std::pair<gpu_stream_t, gpu_event_t>> search_events_;
   // Matching's postings (reindex_locked).
-  std::uint8_t* headers_ = nullptr;        // (capacity in whole segments) match_header
-  std::uint16_t* postings_ = nullptr;      // (postings_count_)
-  SegmentDirectory* segments_ = nullptr;   // (capacity in segments)
-  std::vector<void*> table_buffers_;       // the hash tables that segments_ points into
+  DeviceBuffer<std::uint8_t> headers_;             // (capacity in whole segments) match_header
+  DeviceBuffer<std::uint16_t> postings_;           // (postings_count_)
+  DeviceBuffer<SegmentDirectory> segments_;        // (capacity in segments)
+  std::vector<DeviceBuffer<void>> table_buffers_;  // the hash tables that segments_ points into
   std::size_t postings_count_ = 0;
   std::size_t table_entries_ = 0;
   std::size_t walk_count_ = 0;             // live ads written since the last reindex

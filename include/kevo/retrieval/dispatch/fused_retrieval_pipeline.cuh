@@ -110,16 +110,9 @@ class FusedRetrievalPipeline {
     return create(schema, std::move(*model), options);
   }
 
-  ~FusedRetrievalPipeline() {
-    for (void* p : {static_cast<void*>(w1_), static_cast<void*>(c1_), static_cast<void*>(w2_),
-                    static_cast<void*>(c2_), static_cast<void*>(projection_), static_cast<void*>(own_temp_),
-                    static_cast<void*>(own_batch_temp_), static_cast<void*>(own_answers_)})
-      if (p) gpu_free(p);
-    if (own_answers_host_) gpu_free_host(own_answers_host_);
-    for (Upload& u : uploads_) {
-      if (u.host) gpu_free_host(u.host);
+  ~FusedRetrievalPipeline() {  // (the device buffers are freed after this, as members)
+    for (Upload& u : uploads_)
       if (u.done) gpu_event_destroy(u.done);
-    }
     if (own_stream_) gpu_stream_destroy(own_stream_);
   }
   FusedRetrievalPipeline(const FusedRetrievalPipeline&) = delete;
@@ -140,15 +133,13 @@ class FusedRetrievalPipeline {
     batch_layout_ = compute_batch_layout();
     if (own_batch_temp_ && batch_layout_.total > own_batch_temp_bytes_) {
       KEVO_GPU_TRY(gpu_stream_synchronize(own_stream_));
-      KEVO_GPU_TRY(gpu_free(own_batch_temp_));
-      own_batch_temp_ = nullptr;  // allocated again by the next search_batch
+      own_batch_temp_.reset();  // allocated again by the next search_batch
     }
     if (search_temp_bytes() > own_temp_bytes_) {
       KEVO_GPU_TRY(gpu_stream_synchronize(own_stream_));
-      KEVO_GPU_TRY(gpu_free(own_temp_));
-      own_temp_ = nullptr;
+      own_temp_.reset();
       own_temp_bytes_ = search_temp_bytes();
-      KEVO_GPU_TRY(gpu_malloc(&own_temp_, own_temp_bytes_));
+      KEVO_GPU_TRY(gpu_allocate(own_temp_, own_temp_bytes_));
     }
     return {};
   }
@@ -235,11 +226,11 @@ class FusedRetrievalPipeline {
   /// answers the searches that queue as one batch.
   expected<std::vector<ScoredAd>, Error> search(const Request& request, std::uint32_t* eligible = nullptr) {
     std::lock_guard lock(own_mutex_);
-    if (auto ok = search_async(request, own_temp_, own_temp_bytes_, answer_output(0, request.k), own_stream_); !ok)
+    if (auto ok = search_async(request, own_temp_.get(), own_temp_bytes_, answer_output(0, request.k), own_stream_); !ok)
       return unexpected(ok.error());
     KEVO_GPU_TRY(copy_answer_back(0, request.k));
     if (eligible) {  // matching's count, in the request's top-K state
-      const auto* state = reinterpret_cast<const TopKState*>(static_cast<const unsigned char*>(own_temp_) + layout_.state);
+      const auto* state = reinterpret_cast<const TopKState*>(static_cast<const unsigned char*>(own_temp_.get()) + layout_.state);
       KEVO_GPU_TRY(gpu_copy_async(eligible, &state->eligible_count, 4, own_stream_));
     }
     KEVO_GPU_TRY(gpu_stream_synchronize(own_stream_));
@@ -265,13 +256,13 @@ class FusedRetrievalPipeline {
       if (n >= static_cast<std::size_t>(policy_.batch_scoring.one_pass_from)) {
         if (!own_batch_temp_) {  // the first one-pass batch pays for its temp storage (~37 B per ad of capacity)
           own_batch_temp_bytes_ = search_batch_temp_bytes();
-          KEVO_GPU_TRY(gpu_malloc(&own_batch_temp_, own_batch_temp_bytes_));
+          KEVO_GPU_TRY(gpu_allocate(own_batch_temp_, own_batch_temp_bytes_));
         }
-        if (auto ok = search_batch_async(some, own_batch_temp_, own_batch_temp_bytes_, outs, own_stream_); !ok)
+        if (auto ok = search_batch_async(some, own_batch_temp_.get(), own_batch_temp_bytes_, outs, own_stream_); !ok)
           return unexpected(ok.error());
       } else {
         for (std::size_t r = 0; r < n; ++r)  // stream-ordered: they share the temp storage
-          if (auto ok = search_async(some[r], own_temp_, own_temp_bytes_, outs[r], own_stream_); !ok)
+          if (auto ok = search_async(some[r], own_temp_.get(), own_temp_bytes_, outs[r], own_stream_); !ok)
             return batch_error(first + r, ok.error());
       }
       for (std::size_t r = 0; r < n; ++r) KEVO_GPU_TRY(copy_answer_back(r, some[r].k));
@@ -311,31 +302,19 @@ class FusedRetrievalPipeline {
     auto* state = reinterpret_cast<TopKState*>(t + l.state);
     auto* keys = reinterpret_cast<std::uint32_t*>(t + l.keys);
     auto* chunk_max = reinterpret_cast<std::uint32_t*>(t + l.chunk_max);
-    bool launched = false;
     gpu_error_t launch_error = gpu_success;
-    auto launch = [&](auto* kernel, int threads, std::size_t dynamic_shared) {
+    const bool built = with_scoring_kernel(p, [&](auto* kernel, int threads, std::size_t dynamic_shared) {
       const int resident = resident_blocks(kernel, threads, dynamic_shared);
-      if (resident == 0) return;
+      if (resident == 0) {
+        launch_error = gpu_error_out_of_memory;  // (check_shared_memory refuses such a policy first)
+        return;
+      }
       // No more blocks than are resident at once: a partial second wave would idle most SMs.
       const auto grid = static_cast<unsigned>(multiprocessors_ * std::min(p.blocks_per_sm, resident));
       launch_error = gpu_launch_after_prior(kernel, grid, threads, dynamic_shared, stream, view, vectors, list, state,
                                             keys, chunk_max, routing, model_.experts, p.tiles_per_chunk);
-      launched = true;
-    };
-    for_each_scoring_variant([&]<int Threads, int Dim, EmbeddingType Type>() {
-      if (p.block_threads != Threads || model_.dim != Dim || schema().embedding_type != Type) return;
-      dispatch_variant<ScoringPolicy, field_index<ScoringPolicy>("stages")>(p.stages, [&](auto stages) {
-        if constexpr (stages() == 0) {  // tiles held in registers
-          dispatch_variant<ScoringPolicy, field_index<ScoringPolicy>("tiles_in_flight")>(p.tiles_in_flight, [&](auto tiles) {
-            launch(kernels::scoring<Threads, Dim, Type, tiles()>, Threads, 0);
-          });
-        } else {  // tiles streamed through a ring of `stages` in shared memory
-          const std::size_t bytes = kernels::scoring_staged_dynamic_bytes<Dim, Type>(Threads / 32, stages(), l.chunk_size);
-          launch(kernels::scoring_staged<Threads, Dim, Type, stages()>, Threads, bytes);
-        }
-      });
     });
-    if (!launched) return make_error("no prebuilt scoring variant for " + to_string(p), ErrorKind::bug);
+    if (!built) return make_error("no prebuilt scoring variant for " + to_string(p), ErrorKind::bug);
     KEVO_GPU_TRY(launch_error);
     return {};
   }
@@ -348,14 +327,57 @@ class FusedRetrievalPipeline {
                 out, stream);
   }
 
-  /// Shared memory one scoring block needs (static and dynamic) under `p`, for this pool's d and type.
-  std::size_t scoring_shared_bytes(const ScoringPolicy& p) const {
-    std::size_t bytes = 0;
+  /// Calls use(kernel, threads, dynamic shared bytes) with the prebuilt scoring kernel that `p`
+  /// selects for this pool's d and type; false where none is built. The one place that maps a
+  /// policy to its kernel: enqueue_scoring launches it, check_shared_memory sizes it.
+  template <class Use>
+  bool with_scoring_kernel(const ScoringPolicy& p, Use&& use) const {
+    bool built = false;
+    const auto chunk_size = 16u * static_cast<std::uint32_t>(p.tiles_per_chunk);
     for_each_scoring_variant([&]<int Threads, int Dim, EmbeddingType Type>() {
       if (p.block_threads != Threads || model_.dim != Dim || schema().embedding_type != Type) return;
-      bytes = sizeof(ScoringFragments<Dim>) + 4 * kTopKBins;
-      if (p.stages == 0) bytes += sizeof(std::uint32_t) * (Threads / 32) * kernels::kMaxChunkSlots;
-      else bytes += kernels::scoring_staged_dynamic_bytes<Dim, Type>(Threads / 32, p.stages, 16u * p.tiles_per_chunk);
+      dispatch_variant<ScoringPolicy, field_index<ScoringPolicy>("stages")>(p.stages, [&](auto stages) {
+        if constexpr (stages() == 0) {  // tiles held in registers
+          dispatch_variant<ScoringPolicy, field_index<ScoringPolicy>("tiles_in_flight")>(p.tiles_in_flight, [&](auto tiles) {
+            use(kernels::scoring<Threads, Dim, Type, tiles()>, Threads, std::size_t{0});
+            built = true;
+          });
+        } else {  // tiles streamed through a ring of `stages` in shared memory
+          use(kernels::scoring_staged<Threads, Dim, Type, stages()>, Threads,
+              kernels::scoring_staged_dynamic_bytes<Dim, Type>(Threads / 32, stages(), chunk_size));
+          built = true;
+        }
+      });
+    });
+    return built;
+  }
+
+  /// The same for batched scoring under `p` (its chunks are `scoring`'s, whose maxima layout it shares).
+  template <class Use>
+  bool with_batch_scoring_kernel(const BatchScoringPolicy& p, const ScoringPolicy& scoring, Use&& use) const {
+    bool built = false;
+    const auto chunk_size = 16u * static_cast<std::uint32_t>(scoring.tiles_per_chunk);
+    for_each_scoring_variant([&]<int Threads, int Dim, EmbeddingType Type>() {
+      if constexpr (Threads == kBatchScoringThreads) {  // (only these are built)
+        if (model_.dim != Dim || schema().embedding_type != Type) return;
+        const std::size_t bytes = kernels::scoring_batch_dynamic_bytes<Dim, Type>(Threads / 32, p.stages, chunk_size);
+        dispatch_variant<BatchScoringPolicy, field_index<BatchScoringPolicy>("stages")>(p.stages, [&](auto stages) {
+          dispatch_variant<BatchScoringPolicy, field_index<BatchScoringPolicy>("group")>(p.group, [&](auto group) {
+            use(kernels::scoring_batch<Threads, Dim, Type, stages(), group()>, Threads, bytes);
+            built = true;
+          });
+        });
+      }
+    });
+    return built;
+  }
+
+  /// Shared memory one scoring block needs under `p`, for this pool's d and type: the kernel's own
+  /// static shared memory, as compiled, and the dynamic bytes it is launched with.
+  std::size_t scoring_shared_bytes(const ScoringPolicy& p) const {
+    std::size_t bytes = 0;
+    with_scoring_kernel(p, [&](auto* kernel, int, std::size_t dynamic_shared) {
+      bytes = gpu_static_shared_bytes(kernel) + dynamic_shared;
     });
     return bytes;
   }
@@ -375,10 +397,8 @@ class FusedRetrievalPipeline {
   /// warp: at d = 256 a ring does not fit, so such a policy is refused here, not at its first batch.
   expected<void, Error> check_shared_memory(const BatchScoringPolicy& p, const ScoringPolicy& scoring) const {
     std::size_t need = 0;
-    for_each_scoring_variant([&]<int Threads, int Dim, EmbeddingType Type>() {
-      if (Threads != kBatchScoringThreads || model_.dim != Dim || schema().embedding_type != Type) return;
-      need = kernels::scoring_batch_dynamic_bytes<Dim, Type>(Threads / 32, p.stages,
-                                                             16u * static_cast<std::uint32_t>(scoring.tiles_per_chunk));
+    with_batch_scoring_kernel(p, scoring, [&](auto* kernel, int, std::size_t dynamic_shared) {
+      need = gpu_static_shared_bytes(kernel) + dynamic_shared;
     });
     if (need > max_shared_per_block_)
       return make_error(to_string(p) + " needs " + std::to_string(need) + " bytes of shared memory per block; this GPU allows " +
@@ -409,7 +429,7 @@ class FusedRetrievalPipeline {
                                 gpu_stream_t stream) {
     Upload& up = uploads_[next_upload_++ % uploads_.size()];
     KEVO_GPU_TRY(gpu_event_synchronize(up.done));  // its previous copy has left
-    auto* words = reinterpret_cast<std::uint32_t*>(up.host);
+    auto* words = static_cast<std::uint32_t*>(up.host.get());
     std::memcpy(words, request.features.data(), request.features.size() * 4);
     std::uint32_t bits = 0;
     std::uint32_t* bit_list = words + model_.features + 1;
@@ -424,7 +444,7 @@ class FusedRetrievalPipeline {
       for (std::uint32_t v : values) bit_list[bits++] = offsets[q.category] + v;
     }
     words[model_.features] = bits;
-    KEVO_GPU_TRY(gpu_copy_async(t + l.input, up.host, (model_.features + 1 + bits) * 4ull, stream));
+    KEVO_GPU_TRY(gpu_copy_async(t + l.input, up.host.get(), (model_.features + 1 + bits) * 4ull, stream));
     KEVO_GPU_TRY(gpu_event_record(up.done, stream));
     const auto* input_words = reinterpret_cast<const std::uint32_t*>(t + l.input);
     kernels::prepare_query<<<1, kernels::kPrepareQueryThreads, 0, stream>>>(
@@ -436,9 +456,9 @@ class FusedRetrievalPipeline {
     auto* vectors = reinterpret_cast<__half*>(t + l.vectors);
     const int e = model_.experts, h = model_.hidden, d = model_.dim;
     auto warps_grid = [](int rows) { return static_cast<unsigned>((rows * 32 + 255) / 256); };
-    kernels::tower_hidden<<<warps_grid(e * h), 256, 0, stream>>>(w1_, c1_, x, model_.features, e * h, hidden);
-    kernels::tower_expert<<<warps_grid(e * d), 256, 0, stream>>>(w2_, c2_, hidden, h, d, e * d, u);
-    kernels::tower_gate<<<warps_grid(kMaxGpuExperts * d), 256, 0, stream>>>(projection_, u, d, e, vectors,
+    kernels::tower_hidden<<<warps_grid(e * h), 256, 0, stream>>>(w1_.get(), c1_.get(), x, model_.features, e * h, hidden);
+    kernels::tower_expert<<<warps_grid(e * d), 256, 0, stream>>>(w2_.get(), c2_.get(), hidden, h, d, e * d, u);
+    kernels::tower_gate<<<warps_grid(kMaxGpuExperts * d), 256, 0, stream>>>(projection_.get(), u, d, e, vectors,
                                                                              reinterpret_cast<TopKState*>(t + l.state));
     KEVO_GPU_TRY(gpu_last_error());
     return {};
@@ -449,16 +469,16 @@ class FusedRetrievalPipeline {
   static constexpr std::size_t kAnswerWords = 1 + 2 * static_cast<std::size_t>(kMaxK);
   SearchOutput answer_output(std::size_t r, int k) const {
     k = std::clamp(k, 1, kMaxK);  // (a K out of range is refused before anything is written)
-    std::uint32_t* slot = own_answers_ + r * kAnswerWords;
+    std::uint32_t* slot = own_answers_.get() + r * kAnswerWords;
     return {slot + 1, reinterpret_cast<float*>(slot + 1 + k), slot};
   }
   gpu_error_t copy_answer_back(std::size_t r, int k) {
-    return gpu_copy_async(own_answers_host_ + r * kAnswerWords, own_answers_ + r * kAnswerWords,
+    return gpu_copy_async(own_answers_host_.get() + r * kAnswerWords, own_answers_.get() + r * kAnswerWords,
                           (1 + 2 * static_cast<std::size_t>(k)) * 4, own_stream_);
   }
   /// Answer r, once its copy has landed.
   expected<std::vector<ScoredAd>, Error> read_answer(std::size_t r, int k) const {
-    const std::uint32_t* slot = own_answers_host_ + r * kAnswerWords;
+    const std::uint32_t* slot = own_answers_host_.get() + r * kAnswerWords;
     const std::uint32_t count = slot[0];
     if (count == kCountVectorsOverflowed) return make_error(kVectorsOverflowMessage);
     if (count == kCountCandidatesOverflowed) return make_error("top-K candidate buffer overflowed (a bug)", ErrorKind::bug);
@@ -538,25 +558,14 @@ class FusedRetrievalPipeline {
     const BatchScoringPolicy& p = policy_.batch_scoring;
     const int tiles_per_chunk = policy_.scoring.tiles_per_chunk;  // the chunk maxima's layout is shared
     bool launched = false;
-    for_each_scoring_variant([&]<int Threads, int Dim, EmbeddingType Type>() {
-      if constexpr (Threads == kBatchScoringThreads) {  // (only these are built)
-        if (model_.dim != Dim || schema().embedding_type != Type) return;
-        const std::size_t bytes = kernels::scoring_batch_dynamic_bytes<Dim, Type>(Threads / 32, p.stages, b.request.chunk_size);
-        auto launch = [&](auto* kernel) {
-          const int resident = resident_blocks(kernel, Threads, bytes);
-          if (resident == 0) return;
-          const auto grid = static_cast<unsigned>(multiprocessors_ * std::min(resident, p.blocks_per_sm));
-          kernel<<<grid, Threads, bytes, stream>>>(view, s, reinterpret_cast<const std::uint32_t*>(t + b.eligible),
-                                                  t + b.request_masks, reinterpret_cast<const std::uint32_t*>(t + b.listed),
-                                                  model_.experts, tiles_per_chunk);
-          launched = true;
-        };
-        dispatch_variant<BatchScoringPolicy, field_index<BatchScoringPolicy>("stages")>(p.stages, [&](auto stages) {
-          dispatch_variant<BatchScoringPolicy, field_index<BatchScoringPolicy>("group")>(p.group, [&](auto group) {
-            launch(kernels::scoring_batch<Threads, Dim, Type, stages(), group()>);
-          });
-        });
-      }
+    with_batch_scoring_kernel(p, policy_.scoring, [&](auto* kernel, int threads, std::size_t dynamic_shared) {
+      const int resident = resident_blocks(kernel, threads, dynamic_shared);
+      if (resident == 0) return;
+      const auto grid = static_cast<unsigned>(multiprocessors_ * std::min(resident, p.blocks_per_sm));
+      kernel<<<grid, threads, dynamic_shared, stream>>>(view, s, reinterpret_cast<const std::uint32_t*>(t + b.eligible),
+                                                        t + b.request_masks, reinterpret_cast<const std::uint32_t*>(t + b.listed),
+                                                        model_.experts, tiles_per_chunk);
+      launched = true;
     });
     if (!launched) return make_error("no batched scoring variant fits this GPU for " + to_string(policy_.batch_scoring), ErrorKind::capacity);
     KEVO_GPU_TRY(gpu_last_error());
@@ -721,9 +730,9 @@ class FusedRetrievalPipeline {
     // The default cap's sort (K + 2048 keys, 64 KB) fits every GPU since Volta; a larger explicit cap may not.
     if (auto ok = check_shared_memory(policy_.topk); !ok) return ok;
     if (auto ok = check_shared_memory(policy_.batch_scoring, policy_.scoring); !ok) return ok;
-    auto upload = [](float*& d, const std::vector<float>& h) -> expected<void, Error> {
-      KEVO_GPU_TRY(gpu_malloc(&d, h.size() * 4));
-      KEVO_GPU_TRY(gpu_copy(d, h.data(), h.size() * 4));
+    auto upload = [](DeviceBuffer<float>& d, const std::vector<float>& h) -> expected<void, Error> {
+      KEVO_GPU_TRY(gpu_allocate(d, h.size() * 4));
+      KEVO_GPU_TRY(gpu_copy(d.get(), h.data(), h.size() * 4));
       return {};
     };
     for (auto [d, h] : {std::pair{&w1_, &model_.w1}, std::pair{&c1_, &model_.c1}, std::pair{&w2_, &model_.w2},
@@ -733,14 +742,14 @@ class FusedRetrievalPipeline {
     batch_layout_ = compute_batch_layout();
     const std::size_t upload_bytes = layout_.input_words * 4ull;
     for (Upload& u : uploads_) {
-      KEVO_GPU_TRY(gpu_malloc_host(&u.host, upload_bytes));
+      KEVO_GPU_TRY(gpu_allocate(u.host, upload_bytes));
       KEVO_GPU_TRY(gpu_event_create(&u.done));
       KEVO_GPU_TRY(gpu_event_record(u.done, 0));
     }
     own_temp_bytes_ = search_temp_bytes();
-    KEVO_GPU_TRY(gpu_malloc(&own_temp_, own_temp_bytes_));
-    KEVO_GPU_TRY(gpu_malloc(&own_answers_, kernels::kMaxBatchRequests * kAnswerWords * 4));
-    KEVO_GPU_TRY(gpu_malloc_host(&own_answers_host_, kernels::kMaxBatchRequests * kAnswerWords * 4));
+    KEVO_GPU_TRY(gpu_allocate(own_temp_, own_temp_bytes_));
+    KEVO_GPU_TRY(gpu_allocate(own_answers_, kernels::kMaxBatchRequests * kAnswerWords * 4));
+    KEVO_GPU_TRY(gpu_allocate(own_answers_host_, kernels::kMaxBatchRequests * kAnswerWords * 4));
     KEVO_GPU_TRY(gpu_stream_create(&own_stream_));
     KEVO_GPU_TRY(gpu_device_synchronize());
     return {};
@@ -764,7 +773,7 @@ class FusedRetrievalPipeline {
   }
 
   struct Upload {
-    void* host = nullptr;
+    PinnedBuffer<void> host;
     gpu_event_t done = nullptr;
   };
 
@@ -781,16 +790,16 @@ class FusedRetrievalPipeline {
   std::string policy_origin_;
   int multiprocessors_ = 0;
   std::size_t max_shared_per_block_ = 0;
-  float *w1_ = nullptr, *c1_ = nullptr, *w2_ = nullptr, *c2_ = nullptr, *projection_ = nullptr;
+  DeviceBuffer<float> w1_, c1_, w2_, c2_, projection_;
   std::vector<Upload> uploads_ = std::vector<Upload>(2 * kernels::kMaxBatchRequests);  // a batch's uploads in flight at once
   std::size_t next_upload_ = 0;
   FairMutex own_mutex_;  // callers of search() from several threads take turns in arrival order
-  void* own_temp_ = nullptr;
+  DeviceBuffer<void> own_temp_;
   std::size_t own_temp_bytes_ = 0;
-  void* own_batch_temp_ = nullptr;  // search_batch's, allocated by its first call
+  DeviceBuffer<void> own_batch_temp_;  // search_batch's, allocated by its first call
   std::size_t own_batch_temp_bytes_ = 0;
-  std::uint32_t* own_answers_ = nullptr;       // kMaxBatchRequests answers of kAnswerWords (device)
-  std::uint32_t* own_answers_host_ = nullptr;  // their pinned copies on the host
+  DeviceBuffer<std::uint32_t> own_answers_;       // kMaxBatchRequests answers of kAnswerWords (device)
+  PinnedBuffer<std::uint32_t> own_answers_host_;  // their pinned copies on the host
   gpu_stream_t own_stream_ = nullptr;
 };
 
