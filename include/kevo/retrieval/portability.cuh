@@ -14,6 +14,7 @@
 #include <cstdlib>
 #include <memory>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 #include <algorithm>
@@ -161,19 +162,14 @@ using DeviceBuffer = std::unique_ptr<T, GpuFree>;
 template <class T>
 using PinnedBuffer = std::unique_ptr<T, GpuFreeHost>;  // page-locked host memory
 
-/// Replaces what `out` owns with `bytes` of device memory (nothing changes where it fails).
-template <class T>
-gpu_error_t gpu_allocate(DeviceBuffer<T>& out, std::size_t bytes) {
+/// Replaces what `out` owns with `bytes` of device memory (a DeviceBuffer) or of page-locked host
+/// memory (a PinnedBuffer); nothing changes where the allocation fails.
+template <class T, class Free>
+gpu_error_t gpu_allocate(std::unique_ptr<T, Free>& out, std::size_t bytes) {
+  static_assert(std::is_same_v<Free, GpuFree> || std::is_same_v<Free, GpuFreeHost>);
   T* p = nullptr;
-  if (gpu_error_t e = gpu_malloc(&p, bytes); e != gpu_success) return e;
-  out.reset(p);
-  return gpu_success;
-}
-/// The same for page-locked host memory.
-template <class T>
-gpu_error_t gpu_allocate(PinnedBuffer<T>& out, std::size_t bytes) {
-  T* p = nullptr;
-  if (gpu_error_t e = gpu_malloc_host(&p, bytes); e != gpu_success) return e;
+  const gpu_error_t e = std::is_same_v<Free, GpuFreeHost> ? gpu_malloc_host(&p, bytes) : gpu_malloc(&p, bytes);
+  if (e != gpu_success) return e;
   out.reset(p);
   return gpu_success;
 }

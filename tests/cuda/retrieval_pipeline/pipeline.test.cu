@@ -1,5 +1,5 @@
 // The whole pipeline against the reference: single searches, bad requests refused with a clear
-// error, and searches enqueued from several threads on their own streams.
+// error, searches enqueued from several threads on their own streams, and the dispatch alone.
 // (One of the files of test_cuda_retrieval_pipeline; its main is main.cu.)
 #include <atomic>
 #include <thread>
@@ -168,4 +168,56 @@ TEST_CASE("searches enqueued from several threads on their own streams agree wit
     cudaFree(l.counts);
     cudaStreamDestroy(l.stream);
   }
+}
+
+TEST_CASE("a RetrievalDispatch alone searches on the caller's stream and temp storage", "[cuda][pipeline]") {
+  // The dispatch without the synchronous facade: nothing of its own to search with, so the caller's
+  // buffers (poisoned) and stream carry every search, and set_policy's new layout is the caller's to size.
+  const Workload w(small_options(21, EmbeddingType::int8_group32));
+  HostAdPool host(w.schema());
+  auto dispatch = RetrievalDispatch::create(w.schema(), w.model(), {.capacity = 8192});
+  REQUIRE(dispatch);
+  std::vector<AdRecord> ads;
+  for (int i = 0; i < 6000; ++i) ads.push_back(w.ad(static_cast<std::uint64_t>(i)));
+  REQUIRE((*dispatch)->index().upsert(ads));
+  for (const AdRecord& ad : ads) REQUIRE(host.upsert(ad));
+  cudaStream_t stream;
+  KEVO_GPU_ASSERT(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  constexpr int k = 300;
+  DeviceBuffer<std::uint32_t> ids, counts;
+  DeviceBuffer<float> scores;
+  KEVO_GPU_ASSERT(gpu_allocate(ids, k * 4));
+  KEVO_GPU_ASSERT(gpu_allocate(scores, k * 4));
+  KEVO_GPU_ASSERT(gpu_allocate(counts, 4));
+  for (const PipelinePolicy& policy : {(*dispatch)->policy(), PipelinePolicy{.scoring = {128, 4, 2, 2, 0}}}) {
+    REQUIRE((*dispatch)->set_policy(policy));
+    DeviceBuffer<void> temp;
+    KEVO_GPU_ASSERT(gpu_allocate(temp, (*dispatch)->search_temp_bytes()));
+    KEVO_GPU_ASSERT(cudaMemset(temp.get(), 0xab, (*dispatch)->search_temp_bytes()));
+    for (RequestKind kind : {RequestKind::typical, RequestKind::broad}) {
+      KEVO_GPU_ASSERT(cudaMemset(ids.get(), 0xff, k * 4));
+      KEVO_GPU_ASSERT(cudaMemset(scores.get(), 0xff, k * 4));
+      const Request request = w.request(static_cast<std::uint64_t>(kind) + 3, kind, k);
+      REQUIRE((*dispatch)->search_async(request, temp.get(), (*dispatch)->search_temp_bytes(),
+                                        {ids.get(), scores.get(), counts.get()}, stream));
+      KEVO_GPU_ASSERT(cudaStreamSynchronize(stream));
+      REQUIRE(download<std::uint32_t>(counts.get(), 1)[0] == static_cast<std::uint32_t>(k));
+      const auto got_ids = download<std::uint32_t>(ids.get(), k);
+      const auto got_scores = download<float>(scores.get(), k);
+      std::vector<ScoredAd> top(k);
+      for (int i = 0; i < k; ++i) top[i] = {got_ids[i], got_scores[i]};
+      auto ok = compare_with_reference(host, compute_request_vectors(w.model(), request.features), request, top);
+      INFO(to_string(policy) << ": " << (ok ? "ok" : ok.error().message));
+      REQUIRE(ok);
+    }
+  }
+  // Too little temp storage is refused, not overrun.
+  DeviceBuffer<void> small;
+  KEVO_GPU_ASSERT(gpu_allocate(small, 256));
+  auto refused = (*dispatch)->search_async(w.request(9, RequestKind::typical, k), small.get(), 256,
+                                           {ids.get(), scores.get(), counts.get()}, stream);
+  REQUIRE(!refused);
+  CHECK_THAT(refused.error().message, Catch::Contains("temp storage too small"));
+  KEVO_GPU_ASSERT(cudaStreamSynchronize(stream));
+  KEVO_GPU_ASSERT(cudaStreamDestroy(stream));
 }

@@ -28,7 +28,7 @@
 //   (*index)->upsert(ads);
 //   (*index)->expire(ids);
 //
-// Why one file of about 880 lines: the device layout, the update kernels and the host-side packing
+// Why one file of about 920 lines: the device layout, the update kernels and the host-side packing
 // must agree byte for byte.
 #pragma once
 
