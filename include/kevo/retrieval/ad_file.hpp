@@ -39,7 +39,8 @@
 namespace kevo::retrieval {
 
 struct AdFileOptions {
-  bool fp16_embeddings = false;  // store embeddings rounded to fp16 (what an fp16 pool holds anyway)
+  bool fp16_embeddings = false;  // store embeddings rounded to fp16 (what an fp16 pool holds anyway);
+                                 // an int8 pool given any ad quantized is stored as I8 whatever this says
 };
 
 /// The __metadata__ key an ad file records its embedding type under.

@@ -8,7 +8,10 @@
 #include <cstddef>
 #include <cstdint>
 
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+// Host compilation only: a CUDA device pass (nvcc's, or clang's, which also defines __x86_64__)
+// knows no CPU features, and floats_to_halves is a host function.
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && !defined(__CUDA_ARCH__)
+#include <cpuid.h>
 #include <immintrin.h>
 #define KEVO_HAVE_F16C_PATH 1
 #endif
@@ -59,6 +62,12 @@ inline float half_to_float(std::uint16_t bits) {
 
 #if defined(KEVO_HAVE_F16C_PATH)
 namespace detail {
+/// AVX with the OS saving its registers (the compiler's own check), and F16C (CPUID leaf 1: clang
+/// 15's __builtin_cpu_supports does not know "f16c").
+inline bool cpu_has_f16c() {
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  return __builtin_cpu_supports("avx") && __get_cpuid(1, &eax, &ebx, &ecx, &edx) && (ecx & bit_F16C) != 0;
+}
 /// The whole groups of 8 of in[0, n) through F16C's vcvtps2ph (round to nearest even, as
 /// float_to_half); returns how many it converted.
 __attribute__((target("avx,f16c"))) inline std::size_t floats_to_halves_f16c(const float* in, std::uint16_t* out,
@@ -76,7 +85,7 @@ __attribute__((target("avx,f16c"))) inline std::size_t floats_to_halves_f16c(con
 inline void floats_to_halves(const float* in, std::uint16_t* out, std::size_t n) {
   std::size_t done = 0;
 #if defined(KEVO_HAVE_F16C_PATH)
-  static const bool f16c = __builtin_cpu_supports("avx") && __builtin_cpu_supports("f16c");
+  static const bool f16c = detail::cpu_has_f16c();
   if (f16c) done = detail::floats_to_halves_f16c(in, out, n);
 #endif
   for (; done < n; ++done) out[done] = float_to_half(in[done]);
