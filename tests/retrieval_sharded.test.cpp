@@ -4,11 +4,14 @@
 // CudaRetrievalBackends (tests/cuda on a machine with GPUs).
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <atomic>
+#include <random>
 #include <set>
 #include <thread>
 #include <vector>
 
+#include "kevo/retrieval/answer_comparison.hpp"
 #include "kevo/retrieval/retrieval.hpp"
 #include "kevo/retrieval/sharded_backend.hpp"
 
@@ -54,6 +57,53 @@ TEST_CASE("ads spread evenly over the shards by id", "[retrieval][sharded]") {
     for (std::uint32_t id = 0; id < 40000; ++id) ++counts[ShardedBackend::shard_of(id, shards)];
     for (int c : counts) CHECK(std::abs(c - 40000 / static_cast<int>(shards)) < 40000 / static_cast<int>(shards) / 20);
   }
+}
+
+TEST_CASE("merging the shards' ranked answers ranks their union as the spec does", "[retrieval][sharded]") {
+  std::mt19937 rng(11);
+  for (int trial = 0; trial < 300; ++trial) {
+    const int shards = 1 + trial % 5;
+    std::vector<std::vector<ScoredAd>> answers(shards);
+    std::vector<ScoredAd> all;
+    for (auto& answer : answers) {
+      const int size = static_cast<int>(rng() % 40);  // some empty
+      for (int i = 0; i < size; ++i) {
+        // Few distinct scores, so ties are common and only the ids rank them.
+        answer.push_back({static_cast<std::uint32_t>(rng() % 100000), static_cast<float>(rng() % 8) * 0.25f - 1.0f});
+        all.push_back(answer.back());
+      }
+      std::sort(answer.begin(), answer.end(), ranks_before);
+    }
+    // Every fourth trial hands one answer in unranked: it is ranked, not trusted.
+    if (trial % 4 == 0) std::shuffle(answers[0].begin(), answers[0].end(), rng);
+    std::sort(all.begin(), all.end(), ranks_before);
+    const int k = static_cast<int>(rng() % 90);  // below, at and past the answers' total
+    const std::vector<ScoredAd> expected(all.begin(), all.begin() + std::min<std::size_t>(all.size(), static_cast<std::size_t>(k)));
+    INFO("trial " << trial << ", " << shards << " shards, k " << k);
+    CHECK(merge_ranked(answers, k) == expected);
+  }
+  CHECK(merge_ranked({}, 10).empty());
+}
+
+TEST_CASE("two engines' answers agree only within the spec's tolerance, ties at the K-th score either way", "[retrieval][sharded]") {
+  std::vector<ScoredAd> reference;
+  for (std::uint32_t i = 0; i < 20; ++i) reference.push_back({100 + i, 2.0f - 0.1f * static_cast<float>(i)});
+  CHECK(answers_differ(reference, reference).empty());
+  auto answer = reference;
+  answer.pop_back();
+  CHECK(answers_differ(reference, answer) == "returned 19 ads where the reference returns 20");
+  answer = reference;
+  answer[5].score += 0.01f;  // past 1e-3 (1 + |1.5|)
+  CHECK(answers_differ(reference, answer).rfind("rank 5 scored", 0) == 0);
+  answer = reference;
+  answer[5].score += 0.0005f;  // within it
+  CHECK(answers_differ(reference, answer).empty());
+  answer = reference;
+  answer.back() = {999, reference.back().score + 0.0004f};  // another ad tied with the K-th: either may be returned
+  CHECK(answers_differ(reference, answer).empty());
+  answer = reference;
+  answer[3].id = 999;  // the same score, but an ad far above the K-th is missing
+  CHECK(answers_differ(reference, answer) == "ad 103 (score 1.700000) is missing");
 }
 
 TEST_CASE("2 and 4 shards answer exactly as one engine over the whole pool, through updates and expiries", "[retrieval][sharded]") {

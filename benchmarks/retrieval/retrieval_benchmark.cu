@@ -20,7 +20,9 @@
 #include "kevo/retrieval/dispatch/cuda_backend.cuh"
 #include "kevo/retrieval/dispatch/fused_retrieval_pipeline.cuh"
 #include "kevo/retrieval/retrieval.hpp"
+#include "kevo/retrieval/shard_placement.hpp"
 #include "kevo/retrieval/tuning/pipeline_bench.cuh"  // the synthetic pool: targeting and embeddings
+#include "sharded_bench.hpp"
 
 using namespace kevo::retrieval;
 
@@ -618,6 +620,79 @@ void run_updates(Pool& fp16, const Workload& fp16_workload, const Request& typic
 
 }
 
+/// Targeting-only PackedAds (rows left to the fill) split by the shard each ad's id places it on.
+std::vector<PackedAds> split_by_shard(const PackedAds& ads, std::size_t shards) {
+  std::vector<PackedAds> parts(shards);
+  for (std::size_t i = 0; i < ads.size(); ++i) {
+    PackedAds& part = parts[shard_of(ads.ids[i], shards)];
+    part.ids.push_back(ads.ids[i]);
+    part.bias.push_back(ads.bias[i]);
+    part.live.push_back(ads.live[i]);
+    part.clauses.insert(part.clauses.end(), ads.clauses.begin() + ads.clause_begin[i], ads.clauses.begin() + ads.clause_begin[i + 1]);
+    part.clause_begin.push_back(static_cast<std::uint32_t>(part.clauses.size()));
+  }
+  return parts;
+}
+
+/// The workload's first `total` ads over shards on `gpus` (placed as ShardedBackend routes them), and
+/// with `with_whole` all of them on gpus[0] as well; every ad's row drawn from its id, so the shards
+/// and the whole pool hold the same ads. Each engine is created with its GPU current and stays there.
+bench::ShardedPools build_sharded_pools(const Workload& w, std::uint64_t total, const std::vector<int>& gpus, bool with_whole) {
+  const auto start = std::chrono::steady_clock::now();
+  bench::ShardedPools pools;
+  pools.gpus = gpus;
+  pools.total_ads = total;
+  pools.shard_ads.assign(gpus.size(), 0);
+  auto engine_on = [&](int gpu, std::uint64_t capacity) {
+    KEVO_GPU_ASSERT(cudaSetDevice(gpu));
+    auto engine = CudaRetrievalBackend::create(w.schema(), w.model(), {.capacity = capacity, .clause_capacity = capacity * 8});
+    CHECK_OK(engine);
+    return std::move(*engine);
+  };
+  std::vector<CudaRetrievalBackend*> shards;
+  const std::uint64_t shard_capacity = total / gpus.size() + total / gpus.size() / 50 + 4096;  // the hash's spread, and more
+  for (int gpu : gpus) {
+    auto engine = engine_on(gpu, shard_capacity);
+    shards.push_back(engine.get());
+    pools.shards.push_back(std::move(engine));
+  }
+  CudaRetrievalBackend* whole = nullptr;
+  if (with_whole) {
+    auto engine = engine_on(gpus[0], total);
+    whole = engine.get();
+    pools.whole = std::move(engine);
+  }
+  for (std::uint64_t b = 0; b < total; b += 1u << 20) {
+    const PackedAds batch = generate_targeting(w, b, std::min(total, b + (1u << 20)));
+    std::vector<PackedAds> parts = split_by_shard(batch, gpus.size());
+    for (std::size_t s = 0; s < gpus.size(); ++s) {
+      KEVO_GPU_ASSERT(cudaSetDevice(gpus[s]));
+      CHECK_OK(shards[s]->pipeline().index().upsert(parts[s]));
+      pools.shard_ads[s] += parts[s].size();
+    }
+    if (whole) {
+      KEVO_GPU_ASSERT(cudaSetDevice(gpus[0]));
+      CHECK_OK(whole->pipeline().index().upsert(batch));
+    }
+  }
+  auto fill = [&](CudaRetrievalBackend& engine) {
+    KEVO_GPU_ASSERT(cudaSetDevice(engine.pipeline().device()));
+    CHECK_OK(fill_synthetic_embeddings(engine.pipeline().index(), w, 99));
+  };
+  for (CudaRetrievalBackend* shard : shards) fill(*shard);
+  if (whole) fill(*whole);
+  for (int gpu : gpus) {
+    std::size_t free_bytes = 0, total_bytes = 0;
+    KEVO_GPU_ASSERT(cudaSetDevice(gpu));
+    KEVO_GPU_ASSERT(cudaMemGetInfo(&free_bytes, &total_bytes));
+    std::printf("GPU %d: %.1f of %.1f GB in use\n", gpu, (total_bytes - free_bytes) * 1e-9, total_bytes * 1e-9);
+  }
+  std::printf("built %zu shards%s of %llu ads in %.1f s\n", gpus.size(), with_whole ? " and the whole pool" : "",
+              static_cast<unsigned long long>(total),
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  return pools;
+}
+
 }  // namespace
 
 /// Batches of B typical requests (different users) through search_batch_async, one pass each,
@@ -899,8 +974,9 @@ int main(int argc, char** argv) {
   std::uint64_t n = 100'000'000;
   bool quick = false, stages_only = false, updates_only = false, matching_only = false, probes_only = false,
        batch_only = false, serving_only = false, sweep_only = false, topk_only = false, launches_only = false,
-       int8_only = false, shapes_only = false;
+       int8_only = false, shapes_only = false, sharded_only = false, sharded_whole = true;
   std::vector<int> shape_dims{64, 128, 256};
+  std::vector<int> gpus;  // --sharded-only: a shard on each (a GPU may repeat); default every GPU, or 0,0 where one
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--n") && i + 1 < argc) n = std::strtoull(argv[++i], nullptr, 10);
     else if (!std::strcmp(argv[i], "--quick")) quick = true;
@@ -916,8 +992,12 @@ int main(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--int8-only")) int8_only = true;  // fp16 and both int8 storages: speed and recall
     else if (!std::strcmp(argv[i], "--shapes-only")) shapes_only = true;  // scoring against the gather probe, every d and dtype
     else if (!std::strcmp(argv[i], "--dim") && i + 1 < argc) shape_dims = {std::atoi(argv[++i])};  // --shapes-only at one d
-    else {
-      std::fprintf(stderr, "usage: %s [--n ADS] [--quick] [--shapes-only [--dim D]] [--stages-only | --matching-only | --sweep-only | --topk-only | --launches-only | --int8-only | --updates-only | --probes-only | --batch-only | --serving-only]\n", argv[0]);
+    else if (!std::strcmp(argv[i], "--sharded-only")) sharded_only = true;  // --n ads a shard, checked against one GPU holding all
+    else if (!std::strcmp(argv[i], "--no-whole")) sharded_whole = false;     // --sharded-only without that check (memory)
+    else if (!std::strcmp(argv[i], "--gpus") && i + 1 < argc) {
+      for (const char* p = argv[++i]; p; p = std::strchr(p, ',') ? std::strchr(p, ',') + 1 : nullptr) gpus.push_back(std::atoi(p));
+    } else {
+      std::fprintf(stderr, "usage: %s [--n ADS] [--quick] [--shapes-only [--dim D]] [--sharded-only [--gpus 0,1] [--no-whole]] [--stages-only | --matching-only | --sweep-only | --topk-only | --launches-only | --int8-only | --updates-only | --probes-only | --batch-only | --serving-only]\n", argv[0]);
       return 2;
     }
   }
@@ -958,6 +1038,17 @@ int main(int argc, char** argv) {
   if (shapes_only) {
     run_scoring_shapes(n, shape_dims, repeats, roofline, out, stream);
     return 0;
+  }
+  if (sharded_only) {
+    if (gpus.empty())
+      for (int g = 0; g < std::max(2, gpu_device_count()); ++g) gpus.push_back(g % gpu_device_count());
+    for (int g : gpus)
+      if (g < 0 || g >= gpu_device_count()) {
+        std::fprintf(stderr, "--gpus: no GPU %d here (%d)\n", g, gpu_device_count());
+        return 2;
+      }
+    auto pools = build_sharded_pools(fp16_workload, n * gpus.size(), gpus, sharded_whole);
+    return bench::run_sharded(std::move(pools), fp16_workload, quick) ? 0 : 1;
   }
   std::vector<PackedAds> targeting;
   auto t0 = std::chrono::steady_clock::now();

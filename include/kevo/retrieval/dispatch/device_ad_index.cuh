@@ -201,6 +201,11 @@ class DeviceAdIndex {
     std::lock_guard lock(update_mutex_);
     return id_to_slot_.size();
   }
+  /// The high-water mark of used slots: rows [0, slot_count()) belong to ads, live or not.
+  std::size_t slot_count() const {
+    std::lock_guard lock(update_mutex_);
+    return slots_;
+  }
   std::uint32_t total_query_bits() const { return total_query_bits_; }
   /// The first query-bitmap bit of each category, on the device and on the host.
   const std::uint32_t* category_offsets() const { return category_offsets_.get(); }
@@ -209,6 +214,8 @@ class DeviceAdIndex {
   /// side_width()) 32-bit words: the bias, then the scale words at its tail (views.cuh). For bulk fills.
   void* embeddings() { return embeddings_.get(); }
   float* side_values() { return side_.get(); }
+  /// Each slot's ad id, (capacity) on the device: which ad a bulk fill's row belongs to.
+  const std::uint32_t* slot_ids() const { return ids_.get(); }
   int side_width() const { return retrieval::side_width(schema_.embedding_type, schema_.dim); }
   int scale_words() const { return retrieval::scale_words(schema_.embedding_type, schema_.dim); }
 

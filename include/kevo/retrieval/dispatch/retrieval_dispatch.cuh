@@ -126,6 +126,9 @@ class RetrievalDispatch {
   /// Where each stage's policy came from: given, tuned (which file and entry) or the defaults, and why.
   const std::string& policy_origin() const { return policy_origin_; }
   int multiprocessors() const { return multiprocessors_; }
+  /// The GPU this pipeline lives on (current when it was created). Its calls set no device: the
+  /// caller makes this one current (CudaRetrievalBackend does so on every call).
+  int device() const { return device_; }
 
   /// The temp storage layout for the current policy (computed when the policy is set).
   const SearchTempLayout& temp_layout() const { return layout_; }
@@ -352,8 +355,8 @@ class RetrievalDispatch {
   /// After a constructor, what create does: the policy chosen and checked, the weights uploaded,
   /// the layouts computed.
   expected<void, Error> initialize() {
-    int device = 0;
-    KEVO_GPU_TRY(gpu_current_device(&device));
+    KEVO_GPU_TRY(gpu_current_device(&device_));
+    const int device = device_;
     KEVO_GPU_TRY(gpu_multiprocessor_count(&multiprocessors_, device));
     int max_shared = 0;
     KEVO_GPU_TRY(gpu_max_shared_memory_optin(&max_shared, device));
@@ -693,6 +696,7 @@ class RetrievalDispatch {
   static constexpr ScoringPolicy kRegisterScoringPolicy{128, 16, 4, 2, 0};
   PipelinePolicy policy_{};
   std::string policy_origin_;
+  int device_ = 0;
   int multiprocessors_ = 0;
   std::size_t max_shared_per_block_ = 0;
   DeviceBuffer<float> w1_, c1_, w2_, c2_, projection_;

@@ -12,6 +12,7 @@
 // nvcc-safe (no fmt): host code reaches it through a .cu file of its own.
 #pragma once
 
+#include "kevo/retrieval/answer_comparison.hpp"
 #include "kevo/retrieval/dispatch/fused_retrieval_pipeline.cuh"
 #include "kevo/retrieval/reference.hpp"
 #include "kevo/retrieval/tuning/policy_timing.hpp"
@@ -42,20 +43,22 @@ __device__ inline float hashed_normal(std::uint64_t seed, std::uint64_t ad, int 
   return sqrtf(-2.0f * logf(u1)) * cospif(2.0f * u2);
 }
 
-/// Fills rows [0, n) with N(0, 1/d) values: fp16 directly, int8 quantized per row or per group of
-/// 32 values as ad_pool.hpp's quantisers do (a warp a row: a group is one pass of the warp).
-/// Drawing 100M rows on the host and copying them would take minutes; this takes milliseconds.
-__global__ inline void fill_embeddings(void* rows, float* side_values, std::uint64_t n, int dim, EmbeddingType type,
-                                       std::uint64_t seed) {
+/// Fills rows [0, n) with N(0, 1/d) values drawn from each slot's ad id (so an ad's values do not
+/// depend on where it sits, nor on which shard holds it): fp16 directly, int8 quantized per row or
+/// per group of 32 values as ad_pool.hpp's quantisers do (a warp a row: a group is one pass of the
+/// warp). Drawing 100M rows on the host and copying them would take minutes; this takes milliseconds.
+__global__ inline void fill_embeddings(void* rows, float* side_values, const std::uint32_t* slot_ids, std::uint64_t n,
+                                       int dim, EmbeddingType type, std::uint64_t seed) {
   const std::uint64_t row = (static_cast<std::uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
   const int lane = threadIdx.x % 32;
   if (row >= n) return;
+  const std::uint64_t ad = slot_ids[row];
   const float sigma = rsqrtf(static_cast<float>(dim));
   if (type == EmbeddingType::int8_group32) {
     const int side = side_width(type, dim);
     auto* scales = reinterpret_cast<__half*>(side_values + row * side + (side - scale_words(type, dim)));
     for (int k = lane; k < dim; k += 32) {
-      const float a = hashed_normal(seed, row, k) * sigma;
+      const float a = hashed_normal(seed, ad, k) * sigma;
       float group_max = fabsf(a);
       for (int o = 16; o > 0; o /= 2) group_max = fmaxf(group_max, __shfl_xor_sync(0xffffffffu, group_max, o));
       __half scale = __float2half_rn(group_max / 127.0f);
@@ -69,11 +72,11 @@ __global__ inline void fill_embeddings(void* rows, float* side_values, std::uint
   }
   const bool int8 = type == EmbeddingType::int8;
   float max_abs = 0.0f;
-  for (int k = lane; k < dim; k += 32) max_abs = fmaxf(max_abs, fabsf(hashed_normal(seed, row, k) * sigma));
+  for (int k = lane; k < dim; k += 32) max_abs = fmaxf(max_abs, fabsf(hashed_normal(seed, ad, k) * sigma));
   for (int o = 16; o > 0; o /= 2) max_abs = fmaxf(max_abs, __shfl_xor_sync(0xffffffffu, max_abs, o));
   const float scale = max_abs / 127.0f;
   for (int k = lane; k < dim; k += 32) {
-    const float a = hashed_normal(seed, row, k) * sigma;
+    const float a = hashed_normal(seed, ad, k) * sigma;
     if (int8) static_cast<std::int8_t*>(rows)[row * dim + k] = static_cast<std::int8_t>(fminf(127.f, fmaxf(-127.f, rintf(a / scale))));
     else static_cast<__half*>(rows)[row * dim + k] = __float2half_rn(a);
   }
@@ -120,6 +123,20 @@ struct SyntheticPool {
   std::uint64_t ads = 0;
 };
 
+/// Writes every used slot's row (and int8 scale) from its ad's id and `embedding_seed`, after the
+/// upserts that placed the ads (their targeting and biases), then reindexes: the last step of
+/// building a synthetic pool, on the device that holds `index` (current on this thread).
+inline expected<void, Error> fill_synthetic_embeddings(DeviceAdIndex& index, const Workload& w, std::uint64_t embedding_seed) {
+  if (auto ok = index.synchronize(); !ok) return ok;  // the upserts land before rows are written beside them
+  const std::uint64_t slots = index.slot_count();
+  bench_detail::fill_embeddings<<<static_cast<unsigned>((slots * 32 + 255) / 256), 256>>>(
+      index.embeddings(), index.side_values(), index.slot_ids(), slots, w.schema().dim, w.schema().embedding_type,
+      embedding_seed);
+  KEVO_GPU_TRY(gpu_last_error());
+  KEVO_GPU_TRY(gpu_device_synchronize());
+  return index.reindex();
+}
+
 /// Builds the pool in batches of 2^20 ads. `targeting_cache`, where given, keeps each batch's
 /// targeting (entry i: ads [i 2^20, (i + 1) 2^20)) for another pool of the same workload.
 inline expected<SyntheticPool, Error> build_synthetic_pool(const Workload& w, std::uint64_t ads, std::uint64_t embedding_seed,
@@ -137,34 +154,8 @@ inline expected<SyntheticPool, Error> build_synthetic_pool(const Workload& w, st
     if (auto ok = pool.pipeline->index().upsert(cache[i]); !ok) return unexpected(ok.error());
     if (!targeting_cache) cache[i] = PackedAds{};  // nobody keeps it: its memory goes back now
   }
-  DeviceAdIndex& index = pool.pipeline->index();
-  if (auto ok = index.synchronize(); !ok) return unexpected(ok.error());  // the upserts land before rows are written beside them
-  bench_detail::fill_embeddings<<<static_cast<unsigned>((ads * 32 + 255) / 256), 256>>>(
-      index.embeddings(), index.side_values(), ads, w.schema().dim, w.schema().embedding_type, embedding_seed);
-  KEVO_GPU_TRY(gpu_last_error());
-  KEVO_GPU_TRY(gpu_device_synchronize());
-  if (auto ok = index.reindex(); !ok) return unexpected(ok.error());
+  if (auto ok = fill_synthetic_embeddings(pool.pipeline->index(), w, embedding_seed); !ok) return unexpected(ok.error());
   return pool;
-}
-
-/// Whether `answer` is `reference`'s answer to the same request up to the spec's tolerance: the
-/// same count, the scores rank by rank within 1e-3 (1 + |s|), and the same ads except those within
-/// tolerance of the K-th score (ties there may fall either way). Empty when they agree, else why.
-inline std::string answers_differ(const std::vector<ScoredAd>& reference, const std::vector<ScoredAd>& answer) {
-  if (answer.size() != reference.size())
-    return "returned " + std::to_string(answer.size()) + " ads where the defaults return " + std::to_string(reference.size());
-  for (std::size_t i = 0; i < answer.size(); ++i)
-    if (std::fabs(answer[i].score - reference[i].score) > score_tolerance(reference[i].score))
-      return "rank " + std::to_string(i) + " scored " + std::to_string(answer[i].score) + " where the defaults score " +
-             std::to_string(reference[i].score);
-  if (answer.empty()) return {};
-  const double kth = reference.back().score;
-  std::map<std::uint32_t, float> returned;
-  for (const ScoredAd& a : answer) returned[a.id] = a.score;
-  for (const ScoredAd& r : reference)
-    if (!returned.count(r.id) && std::fabs(r.score - kth) > score_tolerance(kth))
-      return "ad " + std::to_string(r.id) + " (score " + std::to_string(r.score) + ") is missing";
-  return {};
 }
 
 /// Times policies on one pool: each call sets the policy, checks its answers to the seed's requests
