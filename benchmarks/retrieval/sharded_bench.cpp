@@ -101,9 +101,9 @@ void run_updates(ShardedBackend& sharded, const Workload& w, std::uint64_t total
     stop = true;
     if (searcher.joinable()) searcher.join();
     std::sort(search_ms.begin(), search_ms.end());
-    std::printf("| %s | %.2f | %s |\n", with_search ? "while searching" : "alone", kBatch * batches / seconds * 1e-6,
-                search_ms.empty() ? "-" : (std::to_string(search_ms[search_ms.size() / 2]) + " / " +
-                                           std::to_string(search_ms[search_ms.size() * 99 / 100]) + " ms").c_str());
+    std::printf("| %s | %.2f | ", with_search ? "while searching" : "alone", kBatch * batches / seconds * 1e-6);
+    if (search_ms.empty()) std::puts("- |");
+    else std::printf("%.2f / %.2f ms |\n", search_ms[search_ms.size() / 2], search_ms[search_ms.size() * 99 / 100]);
   }
 }
 

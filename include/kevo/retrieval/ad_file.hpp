@@ -78,10 +78,13 @@ inline expected<void, Error> save_ads(const Schema& schema, std::span<const AdRe
        }},
       {"ids", "U32", {n}, ads.size() * 4ull, each_ad([put](std::ostream& out, const AdRecord& ad) { put(out, ad.id); })},
       stored_int8 ? detail::TensorWriter{"embeddings", "I8", {n, d}, ads.size() * static_cast<std::uint64_t>(d),
-                                         each_ad([&schema](std::ostream& out, const AdRecord& ad) {
-                                           const QuantizedEmbedding q = stored_int8_form(schema.embedding_type, ad);
-                                           out.write(reinterpret_cast<const char*>(q.values.data()),
-                                                     static_cast<std::streamsize>(q.values.size()));
+                                         each_ad([&schema, scales](std::ostream& out, const AdRecord& ad) {
+                                           std::int8_t values[kMaxDim];
+                                           float unused[kMaxDim / kScaleGroup];
+                                           const auto width = static_cast<std::size_t>(schema.dim);
+                                           write_stored_int8_form(schema.embedding_type, ad, std::span(values, width),
+                                                                  std::span(unused, static_cast<std::size_t>(scales)));
+                                           out.write(reinterpret_cast<const char*>(values), static_cast<std::streamsize>(width));
                                          })}
                   : detail::TensorWriter{"embeddings", options.fp16_embeddings ? "F16" : "F32", {n, d},
                                          ads.size() * static_cast<std::uint64_t>(d) * (options.fp16_embeddings ? 2 : 4),
@@ -109,8 +112,14 @@ inline expected<void, Error> save_ads(const Schema& schema, std::span<const AdRe
   };
   if (stored_int8)
     tensors.push_back({"scales", "F32", {n, scales}, ads.size() * static_cast<std::uint64_t>(scales) * 4,
-                       each_ad([&schema, put](std::ostream& out, const AdRecord& ad) {
-                         for (float scale : stored_int8_form(schema.embedding_type, ad).scales) put(out, scale);
+                       // An ad given as floats is quantised again for its scales: holding every ad's
+                       // from the values' pass would take 4 B a scale of the whole pool in memory.
+                       each_ad([&schema, put, scales](std::ostream& out, const AdRecord& ad) {
+                         std::int8_t unused[kMaxDim];
+                         float stored[kMaxDim / kScaleGroup];
+                         write_stored_int8_form(schema.embedding_type, ad, std::span(unused, static_cast<std::size_t>(schema.dim)),
+                                                std::span(stored, static_cast<std::size_t>(scales)));
+                         for (std::int64_t g = 0; g < scales; ++g) put(out, stored[g]);
                        })});
   return detail::write_safetensors(path, tensors, {{kAdFileEmbeddingTypeKey, to_string(schema.embedding_type)}});
 }

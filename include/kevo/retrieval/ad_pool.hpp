@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdint>
 #include <optional>
+#include <span>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -39,7 +40,7 @@ inline expected<void, Error> validate_schema(const Schema& schema) {
     return make_error("schema: 1 to 32 categories");
   for (std::uint32_t v : schema.category_values)
     if (v < 1 || v > kMaxCategoryValues) return make_error("schema: a category has 1 to 131072 values");
-  if (schema.dim < 1 || schema.dim > 1024) return make_error("schema: d from 1 to 1024");
+  if (schema.dim < 1 || schema.dim > kMaxDim) return make_error("schema: d from 1 to " + std::to_string(kMaxDim));
   if (schema.embedding_type == EmbeddingType::int8_group32 && schema.dim % kScaleGroup != 0)
     return make_error("schema: int8_group32 needs d to be a multiple of 32, not " + std::to_string(schema.dim));
   return {};
@@ -47,50 +48,64 @@ inline expected<void, Error> validate_schema(const Schema& schema) {
 
 namespace detail {
 /// Rounds values[begin, end) to q at the max-abs scale `scale`.
-inline void round_to_int8(const std::vector<float>& values, std::size_t begin, std::size_t end, float scale,
-                          std::vector<std::int8_t>& q) {
-  if (scale == 0.0f) return;  // all zeros (or fp16's scale underflowed): q stays 0
+inline void round_to_int8(std::span<const float> values, std::size_t begin, std::size_t end, float scale,
+                          std::span<std::int8_t> q) {
+  if (scale == 0.0f) {  // all zeros (or fp16's scale underflowed)
+    std::fill(q.begin() + static_cast<std::ptrdiff_t>(begin), q.begin() + static_cast<std::ptrdiff_t>(end), std::int8_t{0});
+    return;
+  }
   for (std::size_t k = begin; k < end; ++k)
     q[k] = static_cast<std::int8_t>(std::clamp(std::lround(values[k] / scale), -127l, 127l));
 }
-inline float max_abs(const std::vector<float>& values, std::size_t begin, std::size_t end) {
+inline float max_abs(std::span<const float> values, std::size_t begin, std::size_t end) {
   float m = 0.0f;
   for (std::size_t k = begin; k < end; ++k) m = std::max(m, std::fabs(values[k]));
   return m;
 }
 }  // namespace detail
 
-/// One fp32 scale per ad: max |a| / 127.
-inline QuantizedEmbedding quantize_int8(const std::vector<float>& embedding) {
-  QuantizedEmbedding q{std::vector<std::int8_t>(embedding.size(), 0), {detail::max_abs(embedding, 0, embedding.size()) / 127.0f}};
-  detail::round_to_int8(embedding, 0, embedding.size(), q.scales[0], q.values);
-  return q;
-}
-
-/// One fp16 scale per group of 32 values: each group's max |a| / 127, rounded to fp16 (the stored
-/// scale, so that q is rounded against what is dequantised; q is clamped where that rounded down),
-/// and one fp16 step lower where 127 times it would pass fp16's range (the GPU's dequantised values
-/// are fp16).
-inline QuantizedEmbedding quantize_int8_group32(const std::vector<float>& embedding) {
-  const std::size_t groups = embedding.size() / kScaleGroup;
-  QuantizedEmbedding q{std::vector<std::int8_t>(embedding.size(), 0), std::vector<float>(groups, 0.0f)};
-  for (std::size_t g = 0; g < groups; ++g) {
+/// Quantises one embedding (d values) into an int8 pool's stored form, written in place: q (d) and
+/// scales_per_ad(type, d) scales. int8: one fp32 scale, max |a| / 127. int8_group32: one fp16 scale
+/// per group of 32 values, the group's max |a| / 127 rounded to fp16 (the stored scale, so that q
+/// is rounded against what is dequantised; q is clamped where that rounded down), and one fp16
+/// step lower where 127 times it would pass fp16's range (the GPU's dequantised values are fp16).
+inline void quantize_into(EmbeddingType type, std::span<const float> embedding, std::span<std::int8_t> values,
+                          std::span<float> scales) {
+  if (type == EmbeddingType::int8) {
+    scales[0] = detail::max_abs(embedding, 0, embedding.size()) / 127.0f;
+    detail::round_to_int8(embedding, 0, embedding.size(), scales[0], values);
+    return;
+  }
+  for (std::size_t g = 0; g < embedding.size() / kScaleGroup; ++g) {
     const std::size_t begin = g * kScaleGroup, end = begin + kScaleGroup;
     std::uint16_t scale = float_to_half(detail::max_abs(embedding, begin, end) / 127.0f);
     if (127.0f * half_to_float(scale) > kMaxHalf) --scale;  // positive fp16 bits step down by one ulp
-    q.scales[g] = half_to_float(scale);
-    detail::round_to_int8(embedding, begin, end, q.scales[g], q.values);
+    scales[g] = half_to_float(scale);
+    detail::round_to_int8(embedding, begin, end, scales[g], values);
   }
+}
+
+/// The quantisation an int8 pool of `type` stores, as a QuantizedEmbedding.
+inline QuantizedEmbedding quantize(EmbeddingType type, std::span<const float> embedding) {
+  const int d = static_cast<int>(embedding.size());
+  QuantizedEmbedding q{std::vector<std::int8_t>(embedding.size()), std::vector<float>(static_cast<std::size_t>(scales_per_ad(type, d)))};
+  quantize_into(type, embedding, q.values, q.scales);
   return q;
 }
-
-/// The quantisation an int8 pool of `type` stores.
-inline QuantizedEmbedding quantize(EmbeddingType type, const std::vector<float>& embedding) {
-  return type == EmbeddingType::int8_group32 ? quantize_int8_group32(embedding) : quantize_int8(embedding);
+inline QuantizedEmbedding quantize_int8(std::span<const float> embedding) { return quantize(EmbeddingType::int8, embedding); }
+inline QuantizedEmbedding quantize_int8_group32(std::span<const float> embedding) {
+  return quantize(EmbeddingType::int8_group32, embedding);
 }
 
-/// What an int8 pool of `type` stores for a checked ad: its own quantized form where it gave one,
-/// else its embedding quantised.
+/// What an int8 pool of `type` stores for a checked ad, written in place (q, d values, and
+/// scales_per_ad scales): its own quantized form where it gave one, else its embedding quantised.
+inline void write_stored_int8_form(EmbeddingType type, const AdRecord& ad, std::span<std::int8_t> values,
+                                   std::span<float> scales) {
+  if (ad.quantized.values.empty()) return quantize_into(type, ad.embedding, values, scales);
+  std::copy(ad.quantized.values.begin(), ad.quantized.values.end(), values.begin());
+  std::copy(ad.quantized.scales.begin(), ad.quantized.scales.end(), scales.begin());
+}
+/// The same, as a QuantizedEmbedding of its own.
 inline QuantizedEmbedding stored_int8_form(EmbeddingType type, const AdRecord& ad) {
   return ad.quantized.values.empty() ? quantize(type, ad.embedding) : ad.quantized;
 }
@@ -185,9 +200,8 @@ class HostAdPool {
     if (schema_.embedding_type == EmbeddingType::fp16) {
       floats_to_halves(ad.embedding.data(), fp16_.data() + slot * d, d);
     } else {
-      const QuantizedEmbedding q = stored_int8_form(schema_.embedding_type, ad);
-      std::copy(q.values.begin(), q.values.end(), int8_.begin() + static_cast<std::ptrdiff_t>(slot * d));
-      std::copy(q.scales.begin(), q.scales.end(), scale_.begin() + static_cast<std::ptrdiff_t>(slot * scales_per_slot()));
+      write_stored_int8_form(schema_.embedding_type, ad, std::span(int8_).subspan(slot * d, d),
+                             std::span(scale_).subspan(slot * scales_per_slot(), scales_per_slot()));
     }
     std::vector<std::uint32_t>& packed = clauses_[slot];
     packed.clear();

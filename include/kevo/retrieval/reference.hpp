@@ -204,6 +204,27 @@ void parallel_for_ranges(std::size_t count, unsigned parts, Body body) {
   for (std::thread& w : workers) w.join();
 }
 
+/// Threads for a batch's host work (checking, packing): about 512 ads each, up to every core this
+/// process may use. Updates are bound by this work (run 125: 10,000-ad batches ran at 0.71 M ads/s
+/// on 16 cores and 0.62 on 4 while it ran on few threads).
+inline unsigned batch_threads(std::size_t ads) {
+  return static_cast<unsigned>(std::clamp<std::size_t>(ads / 512, 1, default_thread_count()));
+}
+
+/// Runs check(i) for i = 0 .. n - 1 over batch_threads(n) threads, each part stopping at its first
+/// problem (a non-empty message); the first part's problem, if any.
+template <class Check>
+expected<void, Error> first_problem(std::size_t n, Check check) {
+  const unsigned parts = batch_threads(n);
+  std::vector<std::string> problems(parts);
+  parallel_for_ranges(n, parts, [&](unsigned part, std::size_t begin, std::size_t end) {
+    for (std::size_t i = begin; i < end && problems[part].empty(); ++i) problems[part] = check(i);
+  });
+  for (const std::string& problem : problems)
+    if (!problem.empty()) return make_error(problem);
+  return {};
+}
+
 /// Every eligible ad with its reference score, in slot order.
 struct EligibleScores {
   std::vector<std::size_t> slots;

@@ -149,15 +149,20 @@ class ShardedBackend final : public RetrievalBackend {
     return merged;
   }
 
-  /// Each ad goes to its shard; all are checked first, so a bad ad changes nothing. The call
-  /// returns once every shard has its part, so every later search sees all of them.
+  /// Each ad goes to its shard; all are checked first (over threads: it is most of a batch's host
+  /// work), so a bad ad changes nothing. The call returns once every shard has its part, so every
+  /// later search sees all of them.
   expected<void, Error> upsert(std::span<const AdRecord> ads) override {
-    for (const AdRecord& ad : ads)
-      if (auto ok = validate_ad(schema(), ad); !ok) return ok;
-    std::vector<std::vector<AdRecord>> routed(shards_.size());
-    for (const AdRecord& ad : ads) routed[shard_of(ad.id, shards_.size())].push_back(ad);
+    if (auto ok = first_problem(ads.size(), [&](std::size_t i) {
+          auto checked = validate_ad(schema(), ads[i]);
+          return checked ? std::string() : checked.error().message;
+        });
+        !ok)
+      return ok;
     auto results = on_every_shard([&](RetrievalBackend& s, std::size_t i) -> expected<void, Error> {
-      const auto& part = routed[i];
+      std::vector<AdRecord> part;  // copied on the shard's own thread, beside the other shards' copies
+      for (const AdRecord& ad : ads)
+        if (shard_of(ad.id, shards_.size()) == i) part.push_back(ad);
       if (part.empty()) return {};
       return s.upsert(std::span<const AdRecord>(part.data(), part.size()));
     });

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdint>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -46,6 +47,8 @@ inline int scales_per_ad(EmbeddingType type, int dim) {
 inline constexpr int kMaxK = 4096;
 inline constexpr std::uint32_t kMaxCategoryValues = 1u << 17;
 inline constexpr int kMaxCategories = 32;
+/// The widest embedding a pool holds.
+inline constexpr int kMaxDim = 1024;
 
 /// The targeting space and embedding width that an ad pool is built for.
 struct Schema {
@@ -192,23 +195,27 @@ inline expected<void, Error> check_scale(EmbeddingType type, float scale) {
 }
 
 /// Checks an embedding handed in as an int8 pool's stored form: d values in [-127, 127] and the
-/// storage's scales.
-inline expected<void, Error> check_quantized_embedding(const Schema& schema, const QuantizedEmbedding& q) {
+/// storage's scales (spans, so that a packed batch's rows are checked where they lie).
+inline expected<void, Error> check_quantized_embedding(const Schema& schema, std::span<const std::int8_t> values,
+                                                       std::span<const float> scales) {
   if (!is_int8(schema.embedding_type))
     return make_error("a quantized embedding needs an int8 pool; this one holds fp16 (give embedding instead)");
-  if (static_cast<int>(q.values.size()) != schema.dim)
-    return make_error("quantized embedding has " + std::to_string(q.values.size()) + " values, the pool holds " +
+  if (static_cast<int>(values.size()) != schema.dim)
+    return make_error("quantized embedding has " + std::to_string(values.size()) + " values, the pool holds " +
                       std::to_string(schema.dim));
-  const int scales = scales_per_ad(schema.embedding_type, schema.dim);
-  if (static_cast<int>(q.scales.size()) != scales)
-    return make_error("quantized embedding has " + std::to_string(q.scales.size()) + " scales, " +
+  const int wanted = scales_per_ad(schema.embedding_type, schema.dim);
+  if (static_cast<int>(scales.size()) != wanted)
+    return make_error("quantized embedding has " + std::to_string(scales.size()) + " scales, " +
                       to_string(schema.embedding_type) + " at d = " + std::to_string(schema.dim) + " takes " +
-                      std::to_string(scales));
-  for (std::int8_t v : q.values)
+                      std::to_string(wanted));
+  for (std::int8_t v : values)
     if (v == -128) return make_error("quantized values run from -127 to 127, not -128");
-  for (float scale : q.scales)
+  for (float scale : scales)
     if (auto ok = check_scale(schema.embedding_type, scale); !ok) return ok;
   return {};
+}
+inline expected<void, Error> check_quantized_embedding(const Schema& schema, const QuantizedEmbedding& q) {
+  return check_quantized_embedding(schema, q.values, q.scales);
 }
 
 /// Checks an ad against the schema before it enters a pool.

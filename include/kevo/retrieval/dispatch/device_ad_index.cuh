@@ -56,8 +56,8 @@ namespace kevo::retrieval {
 /// Ads as arrays, for bulk loads: clauses in CSR form (already packed with clause_bits, the last
 /// of each ad flagged). The rows come as d values an ad (`embeddings`, rounded to the pool's
 /// storage), or for an int8 pool as that storage itself (`quantized_values` and `quantized_scales`,
-/// taken as they are); neither leaves the rows on the device as they are (a caller that fills them
-/// with its own kernel through DeviceAdIndex::embeddings()).
+/// taken as they are). Leaving both empty keeps the rows on the device as they are, for a caller
+/// that fills them with its own kernel through DeviceAdIndex::embeddings().
 struct PackedAds {
   std::vector<std::uint32_t> ids;
   std::vector<float> bias;
@@ -109,9 +109,8 @@ struct PackedAds {
         p.live[i] = ad.live ? 1 : 0;
         pack_clauses(ad, p.clauses.data() + p.clause_begin[i]);
         if (quantized) {
-          const QuantizedEmbedding q = stored_int8_form(schema.embedding_type, ad);
-          std::copy(q.values.begin(), q.values.end(), p.quantized_values.begin() + static_cast<std::ptrdiff_t>(i * dim));
-          std::copy(q.scales.begin(), q.scales.end(), p.quantized_scales.begin() + static_cast<std::ptrdiff_t>(i * scales));
+          write_stored_int8_form(schema.embedding_type, ad, std::span(p.quantized_values).subspan(i * dim, dim),
+                                 std::span(p.quantized_scales).subspan(i * scales, scales));
         } else {
           std::copy(ad.embedding.begin(), ad.embedding.end(), p.embeddings.begin() + static_cast<std::ptrdiff_t>(i * dim));
         }
@@ -230,7 +229,7 @@ class DeviceAdIndex {
         !ok)
       return ok;
     // validate_ad has checked what check_packed would: packing them cannot make them wrong.
-    return upsert_checked(PackedAds::from(ads, schema_, host_parts(ads.size())));
+    return upsert_checked(PackedAds::from(ads, schema_, batch_threads(ads.size())));
   }
 
   expected<void, Error> upsert(const PackedAds& ads) {
@@ -239,27 +238,6 @@ class DeviceAdIndex {
   }
 
  private:
-  /// Threads for a batch's host work: about 512 ads each, up to every core this process may use
-  /// (updates are bound by this work, run 125: 10,000-ad batches ran at 0.71 M ads/s on 16 cores
-  /// and 0.62 on 4).
-  static unsigned host_parts(std::size_t ads) {
-    return static_cast<unsigned>(std::clamp<std::size_t>(ads / 512, 1, default_thread_count()));
-  }
-
-  /// Runs check(i) for ads 0 .. n - 1 over host_parts(n) threads, each part stopping at its first
-  /// problem (a non-empty message); the batch's first problem, if any.
-  template <class Check>
-  static expected<void, Error> first_problem(std::size_t n, Check check) {
-    const unsigned parts = host_parts(n);
-    std::vector<std::string> problems(parts);
-    parallel_for_ranges(n, parts, [&](unsigned part, std::size_t begin, std::size_t end) {
-      for (std::size_t i = begin; i < end && problems[part].empty(); ++i) problems[part] = check(i);
-    });
-    for (const std::string& problem : problems)
-      if (!problem.empty()) return make_error(problem);
-    return {};
-  }
-
   /// A PackedAds batch as a caller built it: everything matching and scoring rely on (the rows'
   /// values over threads: 1.3 M of them in a 10,000-ad batch).
   expected<void, Error> check_packed(const PackedAds& ads) const {
@@ -296,11 +274,8 @@ class DeviceAdIndex {
       if (!is_finite(ads.bias[i])) return make_error("PackedAds: ad " + std::to_string(i) + "'s bias must be finite");
     if (quantized)
       return first_problem(n, [&](std::size_t i) {
-        const QuantizedEmbedding q{{ads.quantized_values.begin() + static_cast<std::ptrdiff_t>(i * d),
-                                    ads.quantized_values.begin() + static_cast<std::ptrdiff_t>((i + 1) * d)},
-                                   {ads.quantized_scales.begin() + static_cast<std::ptrdiff_t>(i * scales),
-                                    ads.quantized_scales.begin() + static_cast<std::ptrdiff_t>((i + 1) * scales)}};
-        auto ok = check_quantized_embedding(schema_, q);
+        auto ok = check_quantized_embedding(schema_, std::span(ads.quantized_values).subspan(i * d, d),
+                                            std::span(ads.quantized_scales).subspan(i * scales, scales));
         return ok ? std::string() : "PackedAds: ad " + std::to_string(i) + ": " + ok.error().message;
       });
     if (ads.embeddings.empty()) return {};
@@ -335,7 +310,7 @@ class DeviceAdIndex {
     // at once). current[i]: the slot ad i replaces, if any.
     constexpr std::uint32_t no_slot = ~0u;
     std::vector<std::uint32_t> current(n, no_slot);
-    const unsigned lookup_parts = host_parts(n);
+    const unsigned lookup_parts = batch_threads(n);
     std::vector<std::size_t> fresh_in_part(lookup_parts, 0);
     parallel_for_ranges(n, lookup_parts, [&](unsigned part, std::size_t begin, std::size_t end) {
       for (std::size_t i = begin; i < end; ++i) {
@@ -353,6 +328,7 @@ class DeviceAdIndex {
     const std::size_t padded_clauses = padded_begin[n];
     // Staging first: once a compaction has dropped this batch's old runs, nothing may fail on the host.
     const bool quantized_rows = !ads.quantized_values.empty();
+    const auto scales_per_row = static_cast<std::size_t>(scales_per_ad(schema_.embedding_type, schema_.dim));
     const bool with_rows = !ads.embeddings.empty() || quantized_rows;
     Staging s = staging_layout(n, padded_clauses, with_rows);
     auto staging = take_staging(s.total);
@@ -420,7 +396,7 @@ class DeviceAdIndex {
       entries.emplace_back(i, slot);
     }
     const std::size_t written = entries.size();
-    const unsigned parts = host_parts(written);
+    const unsigned parts = batch_threads(written);
     std::vector<std::int64_t> clause_delta(parts, 0);  // per part: change in live_clauses_
     parallel_for_ranges(written, parts, [&](unsigned part, std::size_t begin, std::size_t end) {
       for (std::size_t w = begin; w < end; ++w) {
@@ -439,8 +415,7 @@ class DeviceAdIndex {
         float* words = scale + w * static_cast<std::size_t>(scale_words());
         if (quantized_rows)
           write_stored_row(ads.quantized_values.data() + i * schema_.dim,
-                           ads.quantized_scales.data() + i * static_cast<std::size_t>(scales_per_ad(schema_.embedding_type, schema_.dim)),
-                           row, words);
+                           ads.quantized_scales.data() + i * scales_per_row, row, words);
         else if (with_rows)
           write_row(ads.embeddings.data() + i * schema_.dim, row, words);
       }
@@ -640,8 +615,12 @@ class DeviceAdIndex {
       floats_to_halves(embedding, reinterpret_cast<std::uint16_t*>(out), static_cast<std::size_t>(d));
       return;
     }
-    const QuantizedEmbedding q = quantize(schema_.embedding_type, std::vector<float>(embedding, embedding + d));
-    write_stored_row(q.values.data(), q.scales.data(), out, scale_words);
+    std::int8_t values[kMaxDim];
+    float scales[kMaxDim / kScaleGroup];
+    const auto n = static_cast<std::size_t>(d);
+    quantize_into(schema_.embedding_type, std::span(embedding, n), std::span(values, n),
+                  std::span(scales, static_cast<std::size_t>(scales_per_ad(schema_.embedding_type, d))));
+    write_stored_row(values, scales, out, scale_words);
   }
   /// An int8 row as stored: its d values, and its scale (int8) or its groups' fp16 scales, two a
   /// word, the lower group first (int8_group32).
