@@ -3,6 +3,7 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -11,6 +12,7 @@
 #include <numeric>
 #include <random>
 #include <set>
+#include <thread>
 
 #include "kevo/retrieval/retrieval.hpp"
 #include "support/quantized_ads.hpp"
@@ -216,6 +218,36 @@ TEST_CASE("floats_to_halves rounds every value as float_to_half does, on F16C an
       REQUIRE(out[i] == float_to_half(values[i]));
     }
   }
+}
+
+TEST_CASE("parallel_for_ranges runs every index once, from several callers at once and from inside its own body",
+          "[retrieval][threads]") {
+  // Each index of each call runs exactly once, whatever the part count and however many callers share
+  // the host, and a call made inside a body finishes.
+  constexpr std::size_t kCount = 10007;  // not a multiple of any part count
+  std::vector<std::thread> callers;
+  std::vector<std::vector<int>> runs(6, std::vector<int>(kCount, 0));
+  std::atomic<int> bad_parts{0};  // counted, not asserted: Catch2's assertions are not thread-safe
+  for (std::size_t c = 0; c < runs.size(); ++c)
+    callers.emplace_back([&, c] {
+      for (unsigned parts : {1u, 3u, 16u, 40u})
+        parallel_for_ranges(kCount, parts, [&](unsigned part, std::size_t begin, std::size_t end) {
+          if (part >= parts) ++bad_parts;
+          for (std::size_t i = begin; i < end; ++i) ++runs[c][i];
+        });
+    });
+  for (auto& t : callers) t.join();
+  CHECK(bad_parts == 0);
+  for (const auto& r : runs) CHECK(std::all_of(r.begin(), r.end(), [](int n) { return n == 4; }));
+
+  std::vector<std::atomic<int>> nested(64 * 64);
+  parallel_for_ranges(64, 64, [&](unsigned, std::size_t begin, std::size_t end) {
+    for (std::size_t outer = begin; outer < end; ++outer)
+      parallel_for_ranges(64, 8, [&](unsigned, std::size_t b, std::size_t e) {
+        for (std::size_t inner = b; inner < e; ++inner) ++nested[outer * 64 + inner];
+      });
+  });
+  CHECK(std::all_of(nested.begin(), nested.end(), [](const std::atomic<int>& n) { return n.load() == 1; }));
 }
 
 TEST_CASE("the reference equals a brute-force reading of the spec", "[retrieval][reference]") {

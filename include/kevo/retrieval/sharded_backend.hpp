@@ -6,7 +6,7 @@
 // a partial answer is given only by search_sharded, where the caller opts in, and is marked.
 //
 // Why the host merges: each shard's top-K already ends in host memory (that is what a search
-// returns), and a P-way merge of ranked lists takes K log P steps (about 10 us for 8 shards of
+// returns), and a P-way merge of ranked lists takes K log P steps (about 20 us for 8 shards of
 // 1,000); a device merge would add a peer copy and a launch to every search. The shards' work runs
 // on a pool of threads kept for the backend's life: starting a thread a shard a search cost about
 // 25 us each.
