@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <numeric>
+#include <set>
 #include <span>
 #include <string>
 #include <thread>
@@ -681,7 +682,7 @@ bench::ShardedPools build_sharded_pools(const Workload& w, std::uint64_t total, 
   };
   for (CudaRetrievalBackend* shard : shards) fill(*shard);
   if (whole) fill(*whole);
-  for (int gpu : gpus) {
+  for (int gpu : std::set<int>(gpus.begin(), gpus.end())) {  // each device once, however many shards it holds
     std::size_t free_bytes = 0, total_bytes = 0;
     KEVO_GPU_ASSERT(cudaSetDevice(gpu));
     KEVO_GPU_ASSERT(cudaMemGetInfo(&free_bytes, &total_bytes));
