@@ -282,7 +282,7 @@ TEST_CASE("a new best is re-timed side by side, so a lucky measurement cannot wi
   auto store = store::SqliteStore::open(":memory:").value();
   SearchLoop<synth::TemplateSynthesizer, search::Greedy, memory::Combined, NoisyEvaluator, knowledge::NullRetriever, store::SqliteStore>
       loop(problem, synth::TemplateSynthesizer(problem), search::Greedy{}, memory::Combined{}, evaluator,
-           knowledge::NullRetriever{}, store, {.max_evaluations = 60, .seed = 4});
+           knowledge::NullRetriever{}, store, {.jobs = 1, .max_evaluations = 60, .seed = 4});  // one job: the same run every time
   auto r = loop.run(synth::TemplateSynthesizer(problem).seed());
   REQUIRE(r);
   const double truth = SyntheticEvaluator::speedup_of(r->best_candidate->knobs);
@@ -315,7 +315,7 @@ TEST_CASE("a new best that gives a wrong answer when re-checked is recorded as w
   SearchLoop<synth::TemplateSynthesizer, search::Greedy, memory::Combined, OnceCorrectEvaluator, knowledge::NullRetriever,
              store::SqliteStore>
       loop(problem, synth::TemplateSynthesizer(problem), search::Greedy{}, memory::Combined{}, evaluator,
-           knowledge::NullRetriever{}, store, {.max_evaluations = 60, .seed = 4});
+           knowledge::NullRetriever{}, store, {.jobs = 1, .max_evaluations = 60, .seed = 4});  // one job: the same run every time
   auto r = loop.run(synth::TemplateSynthesizer(problem).seed());
   REQUIRE(r);
   CHECK(!OnceCorrectEvaluator::flaky(*r->best_candidate));

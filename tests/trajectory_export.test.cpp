@@ -58,7 +58,7 @@ std::filesystem::path searched_store(const std::string& name) {
   SyntheticEvaluator evaluator;
   auto store = store::SqliteStore::open(path).value();
   for (std::uint64_t seed : {3, 4}) {
-    auto loop = make_loop(problem, evaluator, store, {.jobs = 2, .max_evaluations = 40, .seed = seed, .warm_start = 0});
+    auto loop = make_loop(problem, evaluator, store, {.jobs = 1, .max_evaluations = 40, .seed = seed, .warm_start = 0});
     REQUIRE(loop.run(loop.synthesizer().seed()));
   }
   return path;
