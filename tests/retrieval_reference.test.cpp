@@ -1321,3 +1321,72 @@ TEST_CASE("the CPU backend applies upserts and expiries to later searches", "[re
   REQUIRE(!refused);
   CHECK_THAT(refused.error().message, Catch::Contains("K out of range"));
 }
+
+namespace {
+/// Mean length of the runs of neighbouring slots that hold ads eligible for `request`.
+double mean_eligible_run(const HostAdPool& pool, const Request& request) {
+  const QuerySets query(pool.schema().category_values.size(), request.query);
+  std::size_t eligible = 0, runs = 0;
+  bool previous = false;
+  for (std::size_t slot = 0; slot < pool.slots(); ++slot) {
+    const bool now = is_eligible(pool, slot, query);
+    eligible += now;
+    runs += now && !previous;
+    previous = now;
+  }
+  REQUIRE(runs > 0);
+  return double(eligible) / double(runs);
+}
+}  // namespace
+
+TEST_CASE("ads loaded in targeting order answer as in id order, with a request's eligible ads in longer runs", "[retrieval][slot_order]") {
+  const Workload w({.seed = 2026, .dim = 64, .features = 32, .hidden = 48});
+  std::vector<AdRecord> ads;
+  for (std::uint64_t i = 0; i < 40'000; ++i) ads.push_back(w.ad(i));
+  const std::vector<std::size_t> order = targeting_order(ads);
+
+  // A permutation, in key order, ties in their input order.
+  REQUIRE(order.size() == ads.size());
+  std::vector<std::size_t> sorted = order;
+  std::sort(sorted.begin(), sorted.end());
+  for (std::size_t i = 0; i < sorted.size(); ++i) REQUIRE(sorted[i] == i);
+  for (std::size_t i = 1; i < order.size(); ++i) {
+    const auto before = targeting_order_key(ads[order[i - 1]].clauses), after = targeting_order_key(ads[order[i]].clauses);
+    REQUIRE(before <= after);
+    if (before == after) REQUIRE(order[i - 1] < order[i]);
+  }
+  CHECK(targeting_order_key(ads[order.front()].clauses) >> 58 == 0);  // ads without clauses come first
+
+  HostAdPool by_id(w.schema()), by_targeting(w.schema());
+  for (const AdRecord& ad : ads) REQUIRE(by_id.upsert(ad));
+  for (std::size_t i : order) REQUIRE(by_targeting.upsert(ads[i]));
+  for (std::uint64_t r = 0; r < 3; ++r) {
+    const Request request = w.request(r, RequestKind::typical, 300);
+    const double id_run = mean_eligible_run(by_id, request), targeting_run = mean_eligible_run(by_targeting, request);
+    INFO("request " << r << ": mean eligible run " << id_run << " ads in id order, " << targeting_run << " in targeting order");
+    CHECK(id_run < 2.5);
+    CHECK(targeting_run > 3 * id_run);
+    const RequestVectors v = compute_request_vectors(w.model(), request.features);
+    const auto a = reference_search(by_id, v, request), b = reference_search(by_targeting, v, request);
+    REQUIRE(a.size() == 300);
+    REQUIRE(a.size() == b.size());
+    for (std::size_t i = 0; i < a.size(); ++i) {
+      CHECK(a[i].id == b[i].id);
+      CHECK(a[i].score == b[i].score);
+    }
+  }
+}
+
+TEST_CASE("an ad's targeting order key ignores the order of its clauses and its exclusions' values", "[retrieval][slot_order]") {
+  const std::vector<Clause> listed{{3, 7}, {1, 40}, {1, 2}, {9, 5, true}};
+  const std::vector<Clause> reordered{{9, 5, true}, {1, 2}, {3, 7}, {1, 40}};
+  const std::vector<Clause> other_exclusion{{1, 40}, {3, 7}, {1, 2}, {0, 1, true}};
+  CHECK(targeting_order_key(listed) == targeting_order_key(reordered));
+  CHECK(targeting_order_key(listed) == targeting_order_key(other_exclusion));
+  // Fewer clauses sort first; then the smallest allow clauses decide.
+  CHECK(targeting_order_key(std::vector<Clause>{}) < targeting_order_key(std::vector<Clause>{{0, 0}}));
+  CHECK(targeting_order_key(std::vector<Clause>{{31, 99999}}) < targeting_order_key(std::vector<Clause>{{0, 0}, {0, 1}}));
+  CHECK(targeting_order_key(std::vector<Clause>{{2, 5}}) < targeting_order_key(std::vector<Clause>{{2, 6}}));
+  CHECK(targeting_order_key(std::vector<Clause>{{2, 6}}) < targeting_order_key(std::vector<Clause>{{3, 0}}));
+  CHECK(targeting_order_key(std::vector<Clause>{{1, 2}, {1, 40}}) < targeting_order_key(std::vector<Clause>{{1, 2}, {3, 7}}));
+}

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <limits>
 #include <random>
 #include <set>
 #include <thread>
@@ -49,7 +50,93 @@ class FlakyShard final : public RetrievalBackend {
   CpuRetrievalBackend engine_;
 };
 
+/// A CPU shard that records how each batch reached it: checked already, or not.
+class RecordingShard final : public RetrievalBackend {
+ public:
+  RecordingShard(const Workload& w) : engine_(w.schema(), w.model(), 1) {}
+  std::string name() const override { return "recording"; }
+  const Schema& schema() const override { return engine_.schema(); }
+  const Model& model() const override { return engine_.model(); }
+  expected<std::vector<ScoredAd>, Error> search(const Request& r) override { return engine_.search(r); }
+  expected<void, Error> upsert(std::span<const AdRecord> ads) override {
+    ++unchecked_batches;
+    return engine_.upsert(ads);
+  }
+  expected<void, Error> upsert_checked(const CheckedAds& ads) override {
+    for (const AdRecord& ad : ads.ads()) checked_ids.push_back(ad.id);
+    ++checked_batches;
+    return engine_.upsert_checked(ads);
+  }
+  expected<std::size_t, Error> expire(std::span<const std::uint32_t> ids) override { return engine_.expire(ids); }
+  int unchecked_batches = 0, checked_batches = 0;  // each shard is called from one thread at a time
+  std::vector<std::uint32_t> checked_ids;
+
+ private:
+  CpuRetrievalBackend engine_;
+};
+
 }  // namespace
+
+TEST_CASE("each shard is handed its part checked once, and a bad ad anywhere changes no shard", "[retrieval][sharded]") {
+  const Workload w = small_workload();
+  std::vector<std::unique_ptr<RetrievalBackend>> engines;
+  std::vector<RecordingShard*> shards;
+  for (int i = 0; i < 3; ++i) {
+    auto shard = std::make_unique<RecordingShard>(w);
+    shards.push_back(shard.get());
+    engines.push_back(std::move(shard));
+  }
+  auto pool = ShardedBackend::create(std::move(engines));
+  REQUIRE(pool);
+  std::vector<AdRecord> ads;
+  for (std::uint64_t i = 0; i < 1000; ++i) ads.push_back(w.ad(i));
+  REQUIRE((*pool)->upsert(ads));
+  std::size_t handed = 0;
+  for (std::size_t i = 0; i < shards.size(); ++i) {
+    CHECK(shards[i]->unchecked_batches == 0);
+    CHECK(shards[i]->checked_batches == 1);
+    for (std::uint32_t id : shards[i]->checked_ids) CHECK(ShardedBackend::shard_of(id, shards.size()) == i);
+    handed += shards[i]->checked_ids.size();
+  }
+  CHECK(handed == ads.size());
+  const Request request = w.request(3, RequestKind::broad, 100);
+  const auto before = (*pool)->search(request);
+  REQUIRE(before);
+
+  // Every ad replaced, one of them (on the last shard) with an embedding that is not finite.
+  std::vector<AdRecord> replaced;
+  for (std::uint64_t i = 0; i < 1000; ++i) replaced.push_back(w.ad(i + 5000));
+  for (std::uint64_t i = 0; i < 1000; ++i) replaced[i].id = static_cast<std::uint32_t>(i);
+  auto bad = std::find_if(replaced.begin(), replaced.end(), [&](const AdRecord& ad) { return ShardedBackend::shard_of(ad.id, 3) == 2; });
+  REQUIRE(bad != replaced.end());
+  bad->embedding[7] = std::numeric_limits<float>::quiet_NaN();
+  auto refused = (*pool)->upsert(replaced);
+  REQUIRE_FALSE(refused);
+  CHECK_THAT(refused.error().message, Catch::Contains("finite"));
+  for (RecordingShard* shard : shards) CHECK(shard->checked_batches + shard->unchecked_batches == 1);  // no shard touched
+  const auto after = (*pool)->search(request);
+  REQUIRE(after);
+  CHECK(*after == *before);
+}
+
+TEST_CASE("check_ads names the first bad ad, and a checked batch carries its schema", "[retrieval][sharded]") {
+  const Workload w = small_workload();
+  std::vector<AdRecord> ads;
+  for (std::uint64_t i = 0; i < 2000; ++i) ads.push_back(w.ad(i));
+  auto checked = check_ads(w.schema(), ads);
+  REQUIRE(checked);
+  CHECK(checked->size() == ads.size());
+  CHECK(checked->ads().data() == ads.data());
+  CHECK(same_schema(checked->schema(), w.schema()));
+  Schema copy = w.schema();
+  CHECK(same_schema(checked->schema(), copy));
+  copy.category_values.back() += 1;
+  CHECK_FALSE(same_schema(checked->schema(), copy));
+  ads[1500].bias = std::numeric_limits<float>::infinity();
+  auto refused = check_ads(w.schema(), ads);
+  REQUIRE_FALSE(refused);
+  CHECK_THAT(refused.error().message, Catch::Contains("bias"));
+}
 
 TEST_CASE("ads spread evenly over the shards by id", "[retrieval][sharded]") {
   for (std::size_t shards : {2, 3, 4}) {

@@ -289,12 +289,12 @@ double matched_postings(const Pool& pool, const Request& request, std::uint64_t 
 }
 
 Pool build_pool(const Workload& w, std::uint64_t n, std::uint64_t embedding_seed, std::vector<PackedAds>* cache,
-                std::size_t clauses_per_slot = 8) {
+                std::size_t clauses_per_slot = 8, SlotOrder order = SlotOrder::by_id) {
   Pool pool;
   pool.n = n;
   pool.targeting = cache;
   const auto a = std::chrono::steady_clock::now();
-  auto built = build_synthetic_pool(w, n, embedding_seed, cache, clauses_per_slot);
+  auto built = build_synthetic_pool(w, n, embedding_seed, cache, clauses_per_slot, order);
   CHECK_OK(built);
   pool.pipeline = std::move(built->pipeline);
   std::printf("built a pool of %llu ads in %.1f ms (%zu left to walk their clause runs)\n", static_cast<unsigned long long>(n),
@@ -844,9 +844,10 @@ void run_scoring_policy_sweep(const std::array<Pool*, 2>& pools, const Request& 
 /// and over its first 1M, 10M and n slots, scoring alone (the best of five policies, the default
 /// among them) beside the gather probe over the same eligible list: the probe reads exactly the
 /// bytes scoring reads and computes nothing, so it is the ceiling the layout allows at that size.
-void run_scoring_shapes(std::uint64_t n, std::span<const int> dims, int repeats, double roofline, SearchOutput out,
-                        cudaStream_t stream) {
-  std::puts("## Scoring shapes (typical, K = 1000; scoring alone, best of 5 policies, beside the gather probe)\n");
+void run_scoring_shapes(std::uint64_t n, std::span<const int> dims, SlotOrder order, int repeats, double roofline,
+                        SearchOutput out, cudaStream_t stream) {
+  std::printf("## Scoring shapes (typical, K = 1000; scoring alone, best of 5 policies, beside the gather probe; slots %s)\n\n",
+              order == SlotOrder::by_id ? "in id order" : "grouped by targeting");
   std::puts("| d | dtype | N | eligible | scoring | % of roofline | gather probe | % of roofline | scoring / probe | policy |");
   std::puts("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |");
   std::vector<PackedAds> targeting;  // the same ads' targeting for every pool
@@ -854,7 +855,7 @@ void run_scoring_shapes(std::uint64_t n, std::span<const int> dims, int repeats,
     for (EmbeddingType type : {EmbeddingType::fp16, EmbeddingType::int8, EmbeddingType::int8_group32}) {
       if (type == EmbeddingType::int8_group32 && dim != 128) continue;  // the spec's third storage at its headline d
       const Workload w({.seed = 2026, .dim = dim, .embedding_type = type});
-      Pool pool = build_pool(w, n, 99, &targeting);
+      Pool pool = build_pool(w, n, 99, &targeting, 8, order);
       const Request typical = w.request(1, RequestKind::typical, 1000);
       const PipelinePolicy original = pool.pipeline->policy();
       const double bytes_per_ad = pool.pipeline->index().row_bytes() + 4.0 * pool.pipeline->index().side_width() + 8;
@@ -977,6 +978,7 @@ int main(int argc, char** argv) {
        batch_only = false, serving_only = false, sweep_only = false, topk_only = false, launches_only = false,
        int8_only = false, shapes_only = false, sharded_only = false, sharded_whole = true;
   std::vector<int> shape_dims{64, 128, 256};
+  SlotOrder slot_order = SlotOrder::by_id;
   std::vector<int> gpus;  // --sharded-only: a shard on each (a GPU may repeat); default every GPU, or 0,0 where one
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--n") && i + 1 < argc) n = std::strtoull(argv[++i], nullptr, 10);
@@ -993,12 +995,13 @@ int main(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--int8-only")) int8_only = true;  // fp16 and both int8 storages: speed and recall
     else if (!std::strcmp(argv[i], "--shapes-only")) shapes_only = true;  // scoring against the gather probe, every d and dtype
     else if (!std::strcmp(argv[i], "--dim") && i + 1 < argc) shape_dims = {std::atoi(argv[++i])};  // --shapes-only at one d
+    else if (!std::strcmp(argv[i], "--slots-by-targeting")) slot_order = SlotOrder::by_targeting;  // --shapes-only, ads grouped
     else if (!std::strcmp(argv[i], "--sharded-only")) sharded_only = true;  // --n ads a shard, checked against one GPU holding all
     else if (!std::strcmp(argv[i], "--no-whole")) sharded_whole = false;     // --sharded-only without that check (memory)
     else if (!std::strcmp(argv[i], "--gpus") && i + 1 < argc) {
       for (const char* p = argv[++i]; p; p = std::strchr(p, ',') ? std::strchr(p, ',') + 1 : nullptr) gpus.push_back(std::atoi(p));
     } else {
-      std::fprintf(stderr, "usage: %s [--n ADS] [--quick] [--shapes-only [--dim D]] [--sharded-only [--gpus 0,1] [--no-whole]] [--stages-only | --matching-only | --sweep-only | --topk-only | --launches-only | --int8-only | --updates-only | --probes-only | --batch-only | --serving-only]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--n ADS] [--quick] [--shapes-only [--dim D] [--slots-by-targeting]] [--sharded-only [--gpus 0,1] [--no-whole]] [--stages-only | --matching-only | --sweep-only | --topk-only | --launches-only | --int8-only | --updates-only | --probes-only | --batch-only | --serving-only]\n", argv[0]);
       return 2;
     }
   }
@@ -1037,7 +1040,7 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (shapes_only) {
-    run_scoring_shapes(n, shape_dims, repeats, roofline, out, stream);
+    run_scoring_shapes(n, shape_dims, slot_order, repeats, roofline, out, stream);
     return 0;
   }
   if (sharded_only) {

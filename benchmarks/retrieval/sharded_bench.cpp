@@ -67,9 +67,10 @@ bool answers_agree(ShardedBackend& sharded, RetrievalBackend& whole, const Workl
   return true;
 }
 
-/// Batches of 10,000 ads replacing random existing ones, routed to their shards, alone and while
-/// another thread searches back to back. Counted once applied: a last search waits for them all.
-void run_updates(ShardedBackend& sharded, const Workload& w, std::uint64_t total_ads, bool quick) {
+/// Batches of 10,000 ads replacing random existing ones (routed to their shards, where `pool` is
+/// sharded), alone and while another thread searches back to back. Counted once applied: a last
+/// search waits for them all.
+void run_updates(RetrievalBackend& pool, const char* label, const Workload& w, std::uint64_t total_ads, bool quick) {
   constexpr int kBatch = 10000;
   const int batches = quick ? 10 : 30;
   Rng rng(17);
@@ -77,7 +78,7 @@ void run_updates(ShardedBackend& sharded, const Workload& w, std::uint64_t total
   for (auto& ads : prepared)
     for (int i = 0; i < kBatch; ++i) ads.push_back(w.ad(rng.next() % total_ads));  // the host-drawn ad: new values in place of the device fill's
   const Request typical = w.request(700, RequestKind::typical, 1000);
-  std::printf("\n| updates (batches of %d, routed by id) | M ads/s applied | searches alongside: median / p99 |\n| --- | --- | --- |\n", kBatch);
+  std::printf("\n| updates of %s (batches of %d) | M ads/s applied | searches alongside: median / p99 |\n| --- | --- | --- |\n", label, kBatch);
   for (bool with_search : {false, true}) {
     std::atomic<bool> stop{false};
     std::vector<double> search_ms;
@@ -86,17 +87,17 @@ void run_updates(ShardedBackend& sharded, const Workload& w, std::uint64_t total
       searcher = std::thread([&] {
         while (!stop) {
           const auto start = Clock::now();
-          if (!sharded.search(typical)) break;
+          if (!pool.search(typical)) break;
           search_ms.push_back(seconds_since(start) * 1e3);
         }
       });
     const auto start = Clock::now();
     for (const auto& ads : prepared)
-      if (auto ok = sharded.upsert(ads); !ok) {
+      if (auto ok = pool.upsert(ads); !ok) {
         std::fprintf(stderr, "upsert failed: %s\n", ok.error().message.c_str());
         std::exit(1);
       }
-    if (!sharded.search(typical)) std::exit(1);  // ordered after every update on every shard
+    if (!pool.search(typical)) std::exit(1);  // ordered after every update on every shard
     const double seconds = seconds_since(start);
     stop = true;
     if (searcher.joinable()) searcher.join();
@@ -148,13 +149,16 @@ bool run_sharded(ShardedPools pools, const Workload& w, bool quick) {
     const double whole_s = median_seconds(repeats, [&](int r) { return pools.whole->search(typical(r)); });
     std::printf("| one at a time, GPU %d holding every ad | %.0fM | %.3f ms | %.1f G | %.2fx |\n", pools.gpus[0],
                 all_ads * 1e-6, whole_s * 1e3, all_ads / whole_s * 1e-9, (all_ads / whole_s) / (one_ads / one_s));
-    pools.whole.reset();  // its memory back before the updates
   }
   std::printf("| batches of %d, one GPU (shard 0) | %.0fM | %.3f ms | %.1f G | 1 |\n", kBatch, one_ads * 1e-6,
               one_batch_s * 1e3, kBatch * one_ads / one_batch_s * 1e-9);
   std::printf("| batches of %d, %zu shards | %.0fM | %.3f ms | %.1f G | %.2fx |\n", kBatch, shards, all_ads * 1e-6,
               all_batch_s * 1e3, kBatch * all_ads / all_batch_s * 1e-9, (all_ads / all_batch_s) / (one_ads / one_batch_s));
-  run_updates(sharded, w, pools.total_ads, quick);
+  if (pools.whole) {  // the same batches into one pool of every ad, then its memory back
+    run_updates(*pools.whole, "one pool of every ad", w, pools.total_ads, quick);
+    pools.whole.reset();
+  }
+  run_updates(sharded, "the shards, routed by id", w, pools.total_ads, quick);
   return agree;
 }
 

@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "kevo/retrieval/ad_pool.hpp"
+#include "kevo/retrieval/checked_ads.hpp"
 #include "kevo/retrieval/fair_mutex.hpp"
 #include "kevo/retrieval/reference.hpp"
 #include "kevo/retrieval/types.hpp"
@@ -51,6 +52,9 @@ class RetrievalBackend {
   }
   /// Inserts or replaces ads; every later search sees all of them.
   virtual expected<void, Error> upsert(std::span<const AdRecord> ads) = 0;
+  /// Applies a batch that check_ads accepted for this backend's schema; a backend that can skip
+  /// checking it again overrides this (the GPU's does: a sharded pool checks each part once).
+  virtual expected<void, Error> upsert_checked(const CheckedAds& ads) { return upsert(ads.ads()); }
   /// Expires ads by id; returns how many were live.
   virtual expected<std::size_t, Error> expire(std::span<const std::uint32_t> ids) = 0;
   /// Rebuilds whatever index speeds up searches after a bulk load (the GPU's matching postings);
@@ -175,6 +179,7 @@ class BatchingBackend final : public RetrievalBackend {
     return engine_.search_batch(requests);
   }
   expected<void, Error> upsert(std::span<const AdRecord> ads) override { return engine_.upsert(ads); }
+  expected<void, Error> upsert_checked(const CheckedAds& ads) override { return engine_.upsert_checked(ads); }
   expected<std::size_t, Error> expire(std::span<const std::uint32_t> ids) override { return engine_.expire(ids); }
   expected<void, Error> reindex() override { return engine_.reindex(); }
 

@@ -13,6 +13,7 @@
 #include "kevo/retrieval/half.hpp"
 #include "kevo/retrieval/reference.hpp"
 #include "kevo/retrieval/safetensors.hpp"
+#include "kevo/retrieval/slot_order.hpp"
 #include "kevo/retrieval/tuning/policies.hpp"
 #include "kevo/retrieval/types.hpp"
 #include "kevo/retrieval/workload.hpp"

@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <future>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <utility>
@@ -30,6 +31,7 @@
 #include <boost/asio/thread_pool.hpp>
 
 #include "kevo/retrieval/backend.hpp"
+#include "kevo/retrieval/checked_ads.hpp"
 #include "kevo/retrieval/reference.hpp"
 #include "kevo/retrieval/shard_placement.hpp"
 #include "kevo/retrieval/types.hpp"
@@ -149,22 +151,25 @@ class ShardedBackend final : public RetrievalBackend {
     return merged;
   }
 
-  /// Each ad goes to its shard; all are checked first (over threads: it is most of a batch's host
-  /// work), so a bad ad changes nothing. The call returns once every shard has its part, so every
-  /// later search sees all of them.
+  /// Each ad goes to its shard. Every shard copies and checks its own part on its own thread, and
+  /// none applies its part until all passed, so a bad ad changes nothing and no ad is checked twice.
+  /// The call returns once every shard has its part, so every later search sees all of them.
   expected<void, Error> upsert(std::span<const AdRecord> ads) override {
-    if (auto ok = first_problem(ads.size(), [&](std::size_t i) {
-          auto checked = validate_ad(schema(), ads[i]);
-          return checked ? std::string() : checked.error().message;
-        });
-        !ok)
-      return ok;
-    auto results = on_every_shard([&](RetrievalBackend& s, std::size_t i) -> expected<void, Error> {
-      std::vector<AdRecord> part;  // copied on the shard's own thread, beside the other shards' copies
+    std::vector<std::vector<AdRecord>> parts(shards_.size());
+    std::vector<std::optional<CheckedAds>> checked(shards_.size());
+    auto checks = on_every_shard([&](RetrievalBackend& s, std::size_t i) -> expected<void, Error> {
       for (const AdRecord& ad : ads)
-        if (shard_of(ad.id, shards_.size()) == i) part.push_back(ad);
-      if (part.empty()) return {};
-      return s.upsert(std::span<const AdRecord>(part.data(), part.size()));
+        if (shard_of(ad.id, shards_.size()) == i) parts[i].push_back(ad);
+      auto part = check_ads(s.schema(), parts[i]);
+      if (!part) return unexpected(part.error());
+      checked[i].emplace(*part);
+      return {};
+    });
+    for (auto& check : checks)
+      if (!check) return check;  // a bad ad is the caller's, not the shard's: its message as it is
+    auto results = on_every_shard([&](RetrievalBackend& s, std::size_t i) -> expected<void, Error> {
+      if (parts[i].empty()) return {};
+      return s.upsert_checked(*checked[i]);
     });
     for (std::size_t i = 0; i < results.size(); ++i)
       if (!results[i])

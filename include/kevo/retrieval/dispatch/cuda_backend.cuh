@@ -44,6 +44,10 @@ class CudaRetrievalBackend final : public RetrievalBackend {
     if (auto ok = select_device(); !ok) return ok;
     return pipeline_->index().upsert(ads);
   }
+  expected<void, Error> upsert_checked(const CheckedAds& ads) override {
+    if (auto ok = select_device(); !ok) return ok;
+    return pipeline_->index().upsert(ads);
+  }
   expected<std::size_t, Error> expire(std::span<const std::uint32_t> ids) override {
     if (auto ok = select_device(); !ok) return unexpected(ok.error());
     return pipeline_->index().expire(ids);

@@ -45,6 +45,7 @@
 #include <boost/unordered/unordered_flat_set.hpp>
 
 #include "kevo/retrieval/ad_pool.hpp"
+#include "kevo/retrieval/checked_ads.hpp"
 #include "kevo/retrieval/dispatch/index_kernels.cuh"
 #include "kevo/retrieval/half.hpp"
 #include "kevo/retrieval/portability.cuh"
@@ -222,14 +223,16 @@ class DeviceAdIndex {
   /// Returns once the batch is enqueued: every search that starts later sees it, every search
   /// already enqueued does not. `synchronize()` waits until it is applied.
   expected<void, Error> upsert(std::span<const AdRecord> ads) {
-    if (auto ok = first_problem(ads.size(), [&](std::size_t i) {
-          auto checked = validate_ad(schema_, ads[i]);
-          return checked ? std::string() : checked.error().message;
-        });
-        !ok)
-      return ok;
-    // validate_ad has checked what check_packed would: packing them cannot make them wrong.
-    return upsert_checked(PackedAds::from(ads, schema_, batch_threads(ads.size())));
+    auto checked = check_ads(schema_, ads);
+    if (!checked) return unexpected(checked.error());
+    return upsert(*checked);
+  }
+
+  /// A batch that check_ads accepted for this pool's schema, packed and applied without a second
+  /// check: validate_ad has checked what check_packed would, and packing cannot make ads wrong.
+  expected<void, Error> upsert(const CheckedAds& ads) {
+    if (!same_schema(ads.schema(), schema_)) return make_error("these ads were checked against another schema than this pool's");
+    return upsert_checked(PackedAds::from(ads.ads(), schema_, batch_threads(ads.size())));
   }
 
   expected<void, Error> upsert(const PackedAds& ads) {

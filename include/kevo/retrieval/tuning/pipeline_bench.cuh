@@ -15,6 +15,7 @@
 #include "kevo/retrieval/answer_comparison.hpp"
 #include "kevo/retrieval/dispatch/fused_retrieval_pipeline.cuh"
 #include "kevo/retrieval/reference.hpp"
+#include "kevo/retrieval/slot_order.hpp"
 #include "kevo/retrieval/tuning/policy_timing.hpp"
 #include "kevo/retrieval/workload.hpp"
 
@@ -85,26 +86,35 @@ __global__ inline void fill_embeddings(void* rows, float* side_values, const std
 
 }  // namespace bench_detail
 
-/// Targeting, bias and liveness of ads [begin, end) of the workload, drawn on all cores.
-inline PackedAds generate_targeting(const Workload& w, std::uint64_t begin, std::uint64_t end) {
+/// The order in which a batch's ads take their slots: by id, or grouped by targeting
+/// (slot_order.hpp), so that the ads one request finds eligible lie in runs of neighbouring slots.
+enum class SlotOrder { by_id, by_targeting };
+
+/// Targeting, bias and liveness of ads [begin, end) of the workload, drawn on all cores, in `order`.
+inline PackedAds generate_targeting(const Workload& w, std::uint64_t begin, std::uint64_t end, SlotOrder order = SlotOrder::by_id) {
   const unsigned threads = std::max(1u, std::thread::hardware_concurrency());
-  std::vector<PackedAds> parts(threads);
-  std::vector<std::thread> pool;
-  const std::uint64_t step = (end - begin + threads - 1) / threads;
-  for (unsigned t = 0; t < threads; ++t)
-    pool.emplace_back([&, t] {
-      const std::uint64_t b = std::min(end, begin + t * step), e = std::min(end, b + step);
-      PackedAds& p = parts[t];
-      for (std::uint64_t i = b; i < e; ++i) {
-        p.ids.push_back(static_cast<std::uint32_t>(i));
-        p.bias.push_back(w.ad_bias(i));
-        p.live.push_back(w.ad_live(i) ? 1 : 0);
-        const std::vector<Clause> clauses = w.ad_targeting(i);
-        for (std::size_t c = 0; c < clauses.size(); ++c) p.clauses.push_back(clause_bits::pack(clauses[c], c + 1 == clauses.size()));
-        p.clause_begin.push_back(static_cast<std::uint32_t>(p.clauses.size()));
-      }
+  std::vector<std::uint64_t> ad_at(end - begin);  // position -> ad index
+  for (std::uint64_t p = 0; p < ad_at.size(); ++p) ad_at[p] = begin + p;
+  if (order == SlotOrder::by_targeting) {
+    std::vector<std::uint64_t> keys(ad_at.size());
+    parallel_for_ranges(ad_at.size(), threads, [&](unsigned, std::size_t b, std::size_t e) {
+      for (std::size_t p = b; p < e; ++p) keys[p] = targeting_order_key(w.ad_targeting(begin + p));
     });
-  for (auto& t : pool) t.join();
+    std::stable_sort(ad_at.begin(), ad_at.end(), [&](std::uint64_t a, std::uint64_t b) { return keys[a - begin] < keys[b - begin]; });
+  }
+  std::vector<PackedAds> parts(threads);
+  parallel_for_ranges(ad_at.size(), threads, [&](unsigned t, std::size_t b, std::size_t e) {
+    PackedAds& p = parts[t];
+    for (std::uint64_t position = b; position < e; ++position) {
+      const std::uint64_t i = ad_at[position];
+      p.ids.push_back(static_cast<std::uint32_t>(i));
+      p.bias.push_back(w.ad_bias(i));
+      p.live.push_back(w.ad_live(i) ? 1 : 0);
+      const std::vector<Clause> clauses = w.ad_targeting(i);
+      for (std::size_t c = 0; c < clauses.size(); ++c) p.clauses.push_back(clause_bits::pack(clauses[c], c + 1 == clauses.size()));
+      p.clause_begin.push_back(static_cast<std::uint32_t>(p.clauses.size()));
+    }
+  });
   PackedAds all;
   for (PackedAds& p : parts) {
     const std::uint32_t base = static_cast<std::uint32_t>(all.clauses.size());
@@ -141,7 +151,7 @@ inline expected<void, Error> fill_synthetic_embeddings(DeviceAdIndex& index, con
 /// targeting (entry i: ads [i 2^20, (i + 1) 2^20)) for another pool of the same workload.
 inline expected<SyntheticPool, Error> build_synthetic_pool(const Workload& w, std::uint64_t ads, std::uint64_t embedding_seed,
                                                             std::vector<PackedAds>* targeting_cache = nullptr,
-                                                            std::size_t clauses_per_slot = 8) {
+                                                            std::size_t clauses_per_slot = 8, SlotOrder order = SlotOrder::by_id) {
   std::vector<PackedAds> own;
   std::vector<PackedAds>& cache = targeting_cache ? *targeting_cache : own;
   auto p = FusedRetrievalPipeline::create(w.schema(), w.model(), {.capacity = ads, .clause_capacity = ads * clauses_per_slot});
@@ -150,7 +160,7 @@ inline expected<SyntheticPool, Error> build_synthetic_pool(const Workload& w, st
   const std::uint64_t batch = std::uint64_t{1} << 20;
   for (std::uint64_t b = 0, i = 0; b < ads; b += batch, ++i) {
     const std::uint64_t e = std::min(ads, b + batch);
-    if (cache.size() <= i) cache.push_back(generate_targeting(w, b, e));
+    if (cache.size() <= i) cache.push_back(generate_targeting(w, b, e, order));
     if (auto ok = pool.pipeline->index().upsert(cache[i]); !ok) return unexpected(ok.error());
     if (!targeting_cache) cache[i] = PackedAds{};  // nobody keeps it: its memory goes back now
   }
