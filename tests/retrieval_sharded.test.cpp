@@ -261,14 +261,14 @@ TEST_CASE("searches racing routed updates see each ad whole, on one shard only",
     done = true;
   });
   int searches = 0;
-  while (!done) {
+  do {  // at least once, however soon the writer finishes
     auto top = pool->search(w.request(static_cast<std::uint64_t>(searches), RequestKind::broad, 1000));
     REQUIRE(top);
     std::set<std::uint32_t> ids;
     for (const ScoredAd& a : *top) CHECK(ids.insert(a.id).second);  // no ad twice: a replaced ad stays on its shard
     CHECK(std::is_sorted(top->begin(), top->end(), [](const ScoredAd& a, const ScoredAd& b) { return a.score > b.score || (a.score == b.score && a.id < b.id); }));
     ++searches;
-  }
+  } while (!done);
   writer.join();
   CHECK(searches > 0);
 }
