@@ -57,7 +57,7 @@ TEST_CASE("a waiting timed run goes before compiles that arrive after it") {
     std::unique_lock lock(gate);
     record(1);
   });
-  std::this_thread::sleep_for(50ms);  // the timed run is now waiting
+  while (gate.timed_runs_waiting() == 0) std::this_thread::sleep_for(1ms);  // the timed run is now waiting
   std::thread late_compile([&] {
     std::shared_lock lock(gate);
     record(2);

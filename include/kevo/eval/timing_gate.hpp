@@ -63,6 +63,12 @@ class TimingGate {
     changed_.notify_all();
   }
 
+  /// Timed runs waiting for the compiles in progress to end (new compiles wait behind them).
+  int timed_runs_waiting() const {
+    std::lock_guard lock(mutex_);
+    return exclusive_waiting_;
+  }
+
  private:
   void file_lock(int operation) {
     if (lock_fd_ < 0) return;
@@ -70,7 +76,7 @@ class TimingGate {
     }
   }
 
-  std::mutex mutex_;
+  mutable std::mutex mutex_;
   std::condition_variable changed_;
   int shared_holders_ = 0;
   int exclusive_waiting_ = 0;
