@@ -149,8 +149,9 @@ TEST_CASE("429 with Retry-After (seconds or an HTTP date) is retried after the s
   const bool as_date = GENERATE(false, true);
   LoopbackServer server;
   const std::string error_body = recorded(format == WireFormat::openai ? "openai/error_429.json" : "anthropic/error_429.json");
-  // As a date: two seconds ahead, to the second, so the client must wait at least one.
-  const std::string retry_after = as_date ? http_date(std::time(nullptr) + 2) : "1";
+  // As a date: three seconds ahead, to the second, so more than two whatever the fraction of the
+  // second now and the time the client takes to start (the options cap the wait at two).
+  const std::string retry_after = as_date ? http_date(std::time(nullptr) + 3) : "1";
   server.script({{.status = 429, .body = error_body, .headers = {{"retry-after", retry_after}}},
                  {.body = recorded(rewrite_file(format))}});
   std::vector<std::string> log;
