@@ -224,6 +224,7 @@ TEST_CASE("retrieval_server refuses bad flags and a port in use with a clear err
            {"--no-such-flag 1", "--no-such-flag"},
            {"--ads-file a.safetensors --save-ads b.safetensors", "--ads-file"},
            {"--shards 0", "--shards"},
+           {"--load-order random", "--load-order"},
            {"--shards 65", "--shards"},
            {"--gpus 0 --backend cpu", "--gpus"},
            {"--gpus 0,x", "--gpus"},
@@ -366,7 +367,8 @@ unsigned short announced_port(Child& server) {
 
 }  // namespace
 
-TEST_CASE("retrieval_server --shards 3 answers as one engine does and updates reach every shard", "[retrieval][server]") {
+TEST_CASE("retrieval_server --shards 3, and --load-order targeting, answer as one engine does and updates reach every shard",
+          "[retrieval][server]") {
   const std::string binary = server_binary();
   if (binary.empty()) {
     if (testing_gpu_backend()) FAIL("KEVO_SERVER_TEST_BACKEND=gpu and no retrieval_server: set KEVO_RETRIEVAL_SERVER");
@@ -376,11 +378,12 @@ TEST_CASE("retrieval_server --shards 3 answers as one engine does and updates re
   // The same seed and ads; on the GPU backend the three shards share GPU 0 (--gpus 0,0,0).
   const std::vector<std::string> common = {binary, "--backend", server_test_backend(), "--ads", "3000", "--seed", "7",
                                            "--port", "0", "--search-threads", "2"};
-  std::vector<std::string> one_args = common, three_args = common;
+  std::vector<std::string> one_args = common, three_args = common, grouped_args = common;
   if (testing_gpu_backend()) three_args.insert(three_args.end(), {"--gpus", "0,0,0"});
   else three_args.insert(three_args.end(), {"--shards", "3"});
-  Child one(one_args), three(three_args);
-  const unsigned short one_port = announced_port(one), three_port = announced_port(three);
+  grouped_args.insert(grouped_args.end(), {"--load-order", "targeting"});  // the same ads in other slots
+  Child one(one_args), three(three_args), grouped(grouped_args);
+  const unsigned short one_port = announced_port(one), three_port = announced_port(three), grouped_port = announced_port(grouped);
 
   const Reply health = call(three_port, http::verb::get, "/health", "");
   CHECK(health.status == 200);
@@ -401,6 +404,7 @@ TEST_CASE("retrieval_server --shards 3 answers as one engine does and updates re
       REQUIRE(a.status == 200);
       CHECK(b.status == 200);
       CHECK(b.body == a.body);
+      CHECK(call(grouped_port, http::verb::post, "/search", search).body == a.body);
     }
     std::string batch = "{\"requests\":[";
     for (std::size_t i = 0; i < searches.size(); ++i) batch += (i ? "," : "") + searches[i];
@@ -423,7 +427,7 @@ TEST_CASE("retrieval_server --shards 3 answers as one engine does and updates re
   }
   upsert += "]}";
   REQUIRE(shards_hit.size() == 3);
-  for (unsigned short port : {one_port, three_port}) {
+  for (unsigned short port : {one_port, three_port, grouped_port}) {
     const Reply r = call(port, http::verb::post, "/ads", upsert);
     CHECK(r.status == 200);
     CHECK(r.body == "{\"upserted\":12}");
@@ -437,6 +441,7 @@ TEST_CASE("retrieval_server --shards 3 answers as one engine does and updates re
   const Reply expired_three = call(three_port, http::verb::post, "/expire", expire);
   CHECK(expired_one.status == 200);
   CHECK(expired_three.body == expired_one.body);
+  CHECK(call(grouped_port, http::verb::post, "/expire", expire).body == expired_one.body);
   same_answers("after an expiry");
   CHECK_THAT(call(three_port, http::verb::post, "/search", search_body(w.request(0, RequestKind::broad, 12))).body,
              !Catch::Contains("\"id\":100000,"));

@@ -9,7 +9,7 @@
 //   for (std::size_t i : order) packed.push_back(ads[i]);      // then one upsert of the batch
 //
 // The order holds only while slots keep their ads: a replacement keeps its slot whatever its new
-// targeting, and a new ad fills whichever slot was freed last.
+// targeting, and a new ad takes a freed slot wherever one is.
 #pragma once
 
 #include "kevo/retrieval/types.hpp"
