@@ -26,6 +26,19 @@ TEST_CASE("every scoring policy in the declared domains is legal and has its own
           }
   REQUIRE(combinations == 2u * 4u * 6u * 2u * 4u);
   REQUIRE(keys.size() == combinations);
+
+  // every_policy enumerates the same set from the description, each once, the defaults among them.
+  const std::vector<ScoringPolicy> every = every_policy<ScoringPolicy>();
+  CHECK(every.size() == combinations);
+  std::set<std::string> enumerated;
+  for (const ScoringPolicy& p : every) {
+    CHECK(is_legal(p));
+    enumerated.insert(to_string(p));
+  }
+  CHECK(enumerated == keys);
+  CHECK(enumerated.count(to_string(ScoringPolicy{})) == 1);
+  CHECK(every_policy<TopKPolicy>().size() == TopKPolicy::boundary_cap_domain.size());
+  CHECK(every_policy<MatchingPolicy>().size() == MatchingPolicy::block_threads_domain.size() * MatchingPolicy::blocks_per_sm_domain.size());
 }
 
 TEST_CASE("a value outside any knob's domain makes the policy illegal", "[retrieval][policy]") {

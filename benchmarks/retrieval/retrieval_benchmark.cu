@@ -844,10 +844,14 @@ void run_scoring_policy_sweep(const std::array<Pool*, 2>& pools, const Request& 
 /// and over its first 1M, 10M and n slots, scoring alone (the best of five policies, the default
 /// among them) beside the gather probe over the same eligible list: the probe reads exactly the
 /// bytes scoring reads and computes nothing, so it is the ceiling the layout allows at that size.
-void run_scoring_shapes(std::uint64_t n, std::span<const int> dims, SlotOrder order, int repeats, double roofline,
-                        SearchOutput out, cudaStream_t stream) {
-  std::printf("## Scoring shapes (typical, K = 1000; scoring alone, best of 5 policies, beside the gather probe; slots %s)\n\n",
-              order == SlotOrder::by_id ? "in id order" : "grouped by targeting");
+void run_scoring_shapes(std::uint64_t n, std::span<const int> dims, SlotOrder order, bool all_policies, int repeats,
+                        double roofline, SearchOutput out, cudaStream_t stream) {
+  // Five policies (the pool's default first), or every one the description allows that fits.
+  std::vector<ScoringPolicy> candidates{ScoringPolicy{}, ScoringPolicy{128, 4, 8, 2, 2}, ScoringPolicy{128, 8, 8, 2, 2},
+                                        ScoringPolicy{256, 8, 8, 2, 2}, ScoringPolicy{256, 32, 8, 2, 2}};
+  if (all_policies) candidates = every_policy<ScoringPolicy>();
+  std::printf("## Scoring shapes (typical, K = 1000; scoring alone, best of %zu policies, beside the gather probe; slots %s)\n\n",
+              candidates.size(), order == SlotOrder::by_id ? "in id order" : "grouped by targeting");
   std::puts("| d | dtype | N | eligible | scoring | % of roofline | gather probe | % of roofline | scoring / probe | policy |");
   std::puts("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |");
   std::vector<PackedAds> targeting;  // the same ads' targeting for every pool
@@ -858,6 +862,7 @@ void run_scoring_shapes(std::uint64_t n, std::span<const int> dims, SlotOrder or
       Pool pool = build_pool(w, n, 99, &targeting, 8, order);
       const Request typical = w.request(1, RequestKind::typical, 1000);
       const PipelinePolicy original = pool.pipeline->policy();
+      if (!all_policies) candidates.front() = original.scoring;  // the default for this d and storage
       const double bytes_per_ad = pool.pipeline->index().row_bytes() + 4.0 * pool.pipeline->index().side_width() + 8;
       for (const std::uint64_t slots : {std::uint64_t{1} << 20, std::uint64_t{10} << 20, n}) {
         if (slots > n) continue;
@@ -865,8 +870,7 @@ void run_scoring_shapes(std::uint64_t n, std::span<const int> dims, SlotOrder or
         const double probe = time_gather_probe(pool, typical, slots, repeats, stream);
         double best = 1e30;
         ScoringPolicy best_policy;
-        for (const ScoringPolicy& s : {original.scoring, ScoringPolicy{128, 4, 8, 2, 2}, ScoringPolicy{128, 8, 8, 2, 2},
-                                       ScoringPolicy{256, 8, 8, 2, 2}, ScoringPolicy{256, 32, 8, 2, 2}}) {
+        for (const ScoringPolicy& s : candidates) {
           PipelinePolicy policy = original;
           policy.scoring = s;
           if (!pool.pipeline->set_policy(policy)) continue;
@@ -979,6 +983,7 @@ int main(int argc, char** argv) {
        int8_only = false, shapes_only = false, sharded_only = false, sharded_whole = true;
   std::vector<int> shape_dims{64, 128, 256};
   SlotOrder slot_order = SlotOrder::by_id;
+  bool all_policies = false;
   std::vector<int> gpus;  // --sharded-only: a shard on each (a GPU may repeat); default every GPU, or 0,0 where one
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--n") && i + 1 < argc) n = std::strtoull(argv[++i], nullptr, 10);
@@ -996,12 +1001,13 @@ int main(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--shapes-only")) shapes_only = true;  // scoring against the gather probe, every d and dtype
     else if (!std::strcmp(argv[i], "--dim") && i + 1 < argc) shape_dims = {std::atoi(argv[++i])};  // --shapes-only at one d
     else if (!std::strcmp(argv[i], "--slots-by-targeting")) slot_order = SlotOrder::by_targeting;  // --shapes-only, ads grouped
+    else if (!std::strcmp(argv[i], "--all-policies")) all_policies = true;  // --shapes-only: every scoring policy, not five
     else if (!std::strcmp(argv[i], "--sharded-only")) sharded_only = true;  // --n ads a shard, checked against one GPU holding all
     else if (!std::strcmp(argv[i], "--no-whole")) sharded_whole = false;     // --sharded-only without that check (memory)
     else if (!std::strcmp(argv[i], "--gpus") && i + 1 < argc) {
       for (const char* p = argv[++i]; p; p = std::strchr(p, ',') ? std::strchr(p, ',') + 1 : nullptr) gpus.push_back(std::atoi(p));
     } else {
-      std::fprintf(stderr, "usage: %s [--n ADS] [--quick] [--shapes-only [--dim D] [--slots-by-targeting]] [--sharded-only [--gpus 0,1] [--no-whole]] [--stages-only | --matching-only | --sweep-only | --topk-only | --launches-only | --int8-only | --updates-only | --probes-only | --batch-only | --serving-only]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--n ADS] [--quick] [--shapes-only [--dim D] [--slots-by-targeting] [--all-policies]] [--sharded-only [--gpus 0,1] [--no-whole]] [--stages-only | --matching-only | --sweep-only | --topk-only | --launches-only | --int8-only | --updates-only | --probes-only | --batch-only | --serving-only]\n", argv[0]);
       return 2;
     }
   }
@@ -1040,7 +1046,7 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (shapes_only) {
-    run_scoring_shapes(n, shape_dims, slot_order, repeats, roofline, out, stream);
+    run_scoring_shapes(n, shape_dims, slot_order, all_policies, repeats, roofline, out, stream);
     return 0;
   }
   if (sharded_only) {

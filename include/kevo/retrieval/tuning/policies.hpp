@@ -22,6 +22,7 @@
 #include <string_view>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 namespace kevo::retrieval {
 
@@ -150,6 +151,23 @@ consteval std::size_t field_index(std::string_view name) {
   for (std::size_t i = 0; i < PolicyDescription<P>::fields.size(); ++i)
     if (PolicyDescription<P>::fields[i].name == name) return i;
   throw "no such field in this policy";  // not a constant expression: names the mistake at compile time
+}
+
+/// Every policy the description allows: the product of its fields' domains, the last field varying
+/// fastest. For benchmarks that sweep a stage (kevo's search samples rather than enumerates).
+template <DescribedPolicy P>
+std::vector<P> every_policy() {
+  std::vector<P> policies{P{}};
+  for (const PolicyField<P>& field : PolicyDescription<P>::fields) {
+    std::vector<P> widened;
+    for (const P& p : policies)
+      for (int value : field.domain) {
+        widened.push_back(p);
+        widened.back().*field.member = value;
+      }
+    policies = std::move(widened);
+  }
+  return policies;
 }
 
 template <DescribedPolicy P>
