@@ -22,6 +22,7 @@ struct DeviceTimerOptions {
   int repeats = 3;
   int batch = 1;     ///< 1: searches one by one; more: batches of that many
   std::uint64_t workload_seed = 1;
+  std::string load_order = "id";  ///< id, or targeting (slot_order.hpp): tune on the pool order the server loads
 };
 
 /// A pool on the device and the timer over it.

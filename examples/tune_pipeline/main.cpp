@@ -48,6 +48,10 @@ void describe(CLI::App& app, Options& o) {
       ->capture_default_str()
       ->transform(whole_number)
       ->check(CLI::Range(1, 64));
+  app.add_option("--load-order", o.device.load_order,
+                 "the order the pool's ads take their slots: id, or targeting (as retrieval_server --load-order targeting serves)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"id", "targeting"}));
   app.add_option("--budget", o.budget, "policies to evaluate")
       ->capture_default_str()
       ->transform(whole_number)
