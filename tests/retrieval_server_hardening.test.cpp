@@ -354,11 +354,13 @@ TEST_CASE("retrieval_server on SIGTERM answers every request, 200 or 503, and ex
 
 namespace {
 
-/// The port a started retrieval_server announces on its first line ("serving N ads on http://127.0.0.1:PORT ...").
-unsigned short announced_port(Child& server) {
+/// The port in the server's start-up line ("serving ... on http://127.0.0.1:PORT ..."), and the
+/// line itself where asked for.
+unsigned short announced_port(Child& server, std::string* whole_line = nullptr) {
   char line[512] = {};
   REQUIRE(std::fgets(line, sizeof line, server.out) != nullptr);
   const std::string announced = line;
+  if (whole_line) *whole_line = announced;
   INFO(announced);
   const std::size_t colon = announced.find("127.0.0.1:");
   REQUIRE(colon != std::string::npos);
@@ -383,7 +385,11 @@ TEST_CASE("retrieval_server --shards 3, and --load-order targeting, answer as on
   else three_args.insert(three_args.end(), {"--shards", "3"});
   grouped_args.insert(grouped_args.end(), {"--load-order", "targeting"});  // the same ads in other slots
   Child one(one_args), three(three_args), grouped(grouped_args);
-  const unsigned short one_port = announced_port(one), three_port = announced_port(three), grouped_port = announced_port(grouped);
+  std::string one_line, grouped_line;
+  const unsigned short one_port = announced_port(one, &one_line), three_port = announced_port(three),
+                       grouped_port = announced_port(grouped, &grouped_line);
+  CHECK_THAT(one_line, Catch::Contains("slots in id order"));
+  CHECK_THAT(grouped_line, Catch::Contains("slots in targeting order"));
 
   const Reply health = call(three_port, http::verb::get, "/health", "");
   CHECK(health.status == 200);

@@ -396,8 +396,9 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "draining (up to %lld ms)\n", static_cast<long long>(o.drain.count()));
     server.drain(o.drain, [&](bool all) { finished = all; io.stop(); });
   });
-  std::printf("serving %llu ads (%s) on http://%s:%u with the %s backend\n", static_cast<unsigned long long>(o.ads),
-              to_string(schema.embedding_type), o.host.c_str(), static_cast<unsigned>(server.port()), backend->name().c_str());
+  std::printf("serving %llu ads (%s) on http://%s:%u with the %s backend, slots in %s order\n", static_cast<unsigned long long>(o.ads),
+              to_string(schema.embedding_type), o.host.c_str(), static_cast<unsigned>(server.port()), backend->name().c_str(),
+              o.load_order.c_str());
   std::fflush(stdout);
   std::vector<std::thread> threads;
   for (unsigned t = 1; t < o.threads; ++t) threads.emplace_back([&] { io.run(); });
