@@ -40,14 +40,19 @@ inline std::uint64_t targeting_order_key(std::span<const Clause> clauses) {
          (smallest[1] & kPairMask);
 }
 
+/// Positions 0 .. keys.size() - 1 in the order of their keys; equal keys keep their order.
+inline std::vector<std::size_t> order_by_key(std::span<const std::uint64_t> keys) {
+  std::vector<std::size_t> order(keys.size());
+  std::iota(order.begin(), order.end(), std::size_t{0});
+  std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return keys[a] < keys[b]; });
+  return order;
+}
+
 /// Positions into `ads` in targeting_order_key order; ads with equal keys keep their order.
 inline std::vector<std::size_t> targeting_order(std::span<const AdRecord> ads) {
   std::vector<std::uint64_t> keys(ads.size());
   for (std::size_t i = 0; i < ads.size(); ++i) keys[i] = targeting_order_key(ads[i].clauses);
-  std::vector<std::size_t> order(ads.size());
-  std::iota(order.begin(), order.end(), std::size_t{0});
-  std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return keys[a] < keys[b]; });
-  return order;
+  return order_by_key(keys);
 }
 
 }  // namespace kevo::retrieval

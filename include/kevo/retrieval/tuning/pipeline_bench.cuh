@@ -25,6 +25,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <numeric>
 #include <string>
 #include <thread>
 #include <vector>
@@ -93,24 +94,28 @@ enum class SlotOrder { by_id, by_targeting };
 /// Targeting, bias and liveness of ads [begin, end) of the workload, drawn on all cores, in `order`.
 inline PackedAds generate_targeting(const Workload& w, std::uint64_t begin, std::uint64_t end, SlotOrder order = SlotOrder::by_id) {
   const unsigned threads = std::max(1u, std::thread::hardware_concurrency());
-  std::vector<std::uint64_t> ad_at(end - begin);  // position -> ad index
-  for (std::uint64_t p = 0; p < ad_at.size(); ++p) ad_at[p] = begin + p;
-  if (order == SlotOrder::by_targeting) {
-    std::vector<std::uint64_t> keys(ad_at.size());
-    parallel_for_ranges(ad_at.size(), threads, [&](unsigned, std::size_t b, std::size_t e) {
-      for (std::size_t p = b; p < e; ++p) keys[p] = targeting_order_key(w.ad_targeting(begin + p));
-    });
-    std::stable_sort(ad_at.begin(), ad_at.end(), [&](std::uint64_t a, std::uint64_t b) { return keys[a - begin] < keys[b - begin]; });
-  }
+  const std::size_t n = end - begin;
+  // Each ad's clauses drawn once, then packed in the order asked for (offset from `begin`).
+  std::vector<std::vector<Clause>> drawn(n);
+  std::vector<std::uint64_t> keys(order == SlotOrder::by_targeting ? n : 0);
+  parallel_for_ranges(n, threads, [&](unsigned, std::size_t b, std::size_t e) {
+    for (std::size_t a = b; a < e; ++a) {
+      drawn[a] = w.ad_targeting(begin + a);
+      if (!keys.empty()) keys[a] = targeting_order_key(drawn[a]);
+    }
+  });
+  std::vector<std::size_t> ad_at(n);  // position -> ad, offset from `begin`
+  if (keys.empty()) std::iota(ad_at.begin(), ad_at.end(), std::size_t{0});
+  else ad_at = order_by_key(keys);
   std::vector<PackedAds> parts(threads);
-  parallel_for_ranges(ad_at.size(), threads, [&](unsigned t, std::size_t b, std::size_t e) {
+  parallel_for_ranges(n, threads, [&](unsigned t, std::size_t b, std::size_t e) {
     PackedAds& p = parts[t];
-    for (std::uint64_t position = b; position < e; ++position) {
-      const std::uint64_t i = ad_at[position];
+    for (std::size_t position = b; position < e; ++position) {
+      const std::uint64_t i = begin + ad_at[position];
+      const std::vector<Clause>& clauses = drawn[ad_at[position]];
       p.ids.push_back(static_cast<std::uint32_t>(i));
       p.bias.push_back(w.ad_bias(i));
       p.live.push_back(w.ad_live(i) ? 1 : 0);
-      const std::vector<Clause> clauses = w.ad_targeting(i);
       for (std::size_t c = 0; c < clauses.size(); ++c) p.clauses.push_back(clause_bits::pack(clauses[c], c + 1 == clauses.size()));
       p.clause_begin.push_back(static_cast<std::uint32_t>(p.clauses.size()));
     }
