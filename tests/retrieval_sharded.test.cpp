@@ -31,33 +31,38 @@ std::unique_ptr<ShardedBackend> sharded(const Workload& w, std::size_t shards, S
   return std::move(*pool);
 }
 
-/// A shard that fails every search while `failing` is set.
-class FlakyShard final : public RetrievalBackend {
+/// A shard over a CPU engine that forwards every call; the test doubles below change one or two.
+class CpuShard : public RetrievalBackend {
  public:
-  FlakyShard(const Workload& w) : engine_(w.schema(), w.model(), 1) {}
-  std::string name() const override { return "flaky"; }
+  explicit CpuShard(const Workload& w) : engine_(w.schema(), w.model(), 1) {}
+  std::string name() const override { return "cpu"; }
   const Schema& schema() const override { return engine_.schema(); }
   const Model& model() const override { return engine_.model(); }
+  expected<std::vector<ScoredAd>, Error> search(const Request& r) override { return engine_.search(r); }
+  expected<void, Error> upsert(std::span<const AdRecord> ads) override { return engine_.upsert(ads); }
+  expected<std::size_t, Error> expire(std::span<const std::uint32_t> ids) override { return engine_.expire(ids); }
+
+ protected:
+  CpuRetrievalBackend engine_;
+};
+
+/// A shard that fails every search while `failing` is set.
+class FlakyShard final : public CpuShard {
+ public:
+  using CpuShard::CpuShard;
+  std::string name() const override { return "flaky"; }
   expected<std::vector<ScoredAd>, Error> search(const Request& r) override {
     if (failing) return make_error("the device went away", ErrorKind::backend);
     return engine_.search(r);
   }
-  expected<void, Error> upsert(std::span<const AdRecord> ads) override { return engine_.upsert(ads); }
-  expected<std::size_t, Error> expire(std::span<const std::uint32_t> ids) override { return engine_.expire(ids); }
   std::atomic<bool> failing{false};
-
- private:
-  CpuRetrievalBackend engine_;
 };
 
 /// A CPU shard that records how each batch reached it: checked already, or not.
-class RecordingShard final : public RetrievalBackend {
+class RecordingShard final : public CpuShard {
  public:
-  RecordingShard(const Workload& w) : engine_(w.schema(), w.model(), 1) {}
+  using CpuShard::CpuShard;
   std::string name() const override { return "recording"; }
-  const Schema& schema() const override { return engine_.schema(); }
-  const Model& model() const override { return engine_.model(); }
-  expected<std::vector<ScoredAd>, Error> search(const Request& r) override { return engine_.search(r); }
   expected<void, Error> upsert(std::span<const AdRecord> ads) override {
     ++unchecked_batches;
     return engine_.upsert(ads);
@@ -67,12 +72,8 @@ class RecordingShard final : public RetrievalBackend {
     ++checked_batches;
     return engine_.upsert_checked(ads);
   }
-  expected<std::size_t, Error> expire(std::span<const std::uint32_t> ids) override { return engine_.expire(ids); }
   int unchecked_batches = 0, checked_batches = 0;  // each shard is called from one thread at a time
   std::vector<std::uint32_t> checked_ids;
-
- private:
-  CpuRetrievalBackend engine_;
 };
 
 }  // namespace
