@@ -844,8 +844,8 @@ void run_scoring_policy_sweep(const std::array<Pool*, 2>& pools, const Request& 
 /// and over its first 1M, 10M and n slots, scoring alone (the best of five policies, the default
 /// among them) beside the gather probe over the same eligible list: the probe reads exactly the
 /// bytes scoring reads and computes nothing, so it is the ceiling the layout allows at that size.
-void run_scoring_shapes(std::uint64_t n, std::span<const int> dims, SlotOrder order, bool all_policies, int repeats,
-                        double roofline, SearchOutput out, cudaStream_t stream) {
+void run_scoring_shapes(std::uint64_t n, std::span<const int> dims, std::span<const EmbeddingType> types, SlotOrder order,
+                        bool all_policies, int repeats, double roofline, SearchOutput out, cudaStream_t stream) {
   // Five policies (the pool's default first), or every one the description allows that fits.
   std::vector<ScoringPolicy> candidates{ScoringPolicy{}, ScoringPolicy{128, 4, 8, 2, 2}, ScoringPolicy{128, 8, 8, 2, 2},
                                         ScoringPolicy{256, 8, 8, 2, 2}, ScoringPolicy{256, 32, 8, 2, 2}};
@@ -856,7 +856,7 @@ void run_scoring_shapes(std::uint64_t n, std::span<const int> dims, SlotOrder or
   std::puts("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |");
   std::vector<PackedAds> targeting;  // the same ads' targeting for every pool
   for (const int dim : dims)
-    for (EmbeddingType type : {EmbeddingType::fp16, EmbeddingType::int8, EmbeddingType::int8_group32}) {
+    for (EmbeddingType type : types) {
       if (type == EmbeddingType::int8_group32 && dim != 128) continue;  // the spec's third storage at its headline d
       const Workload w({.seed = 2026, .dim = dim, .embedding_type = type});
       Pool pool = build_pool(w, n, 99, &targeting, 8, order);
@@ -982,6 +982,7 @@ int main(int argc, char** argv) {
        batch_only = false, serving_only = false, sweep_only = false, topk_only = false, launches_only = false,
        int8_only = false, shapes_only = false, sharded_only = false, sharded_whole = true;
   std::vector<int> shape_dims{64, 128, 256};
+  std::vector<EmbeddingType> shape_types;  // --shapes-only's storages: every one unless --dtype names some
   SlotOrder slot_order = SlotOrder::by_id;
   bool all_policies = false;
   std::vector<int> gpus;  // --sharded-only: a shard on each (a GPU may repeat); default every GPU, or 0,0 where one
@@ -1000,7 +1001,14 @@ int main(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--int8-only")) int8_only = true;  // fp16 and both int8 storages: speed and recall
     else if (!std::strcmp(argv[i], "--shapes-only")) shapes_only = true;  // scoring against the gather probe, every d and dtype
     else if (!std::strcmp(argv[i], "--dim") && i + 1 < argc) shape_dims = {std::atoi(argv[++i])};  // --shapes-only at one d
-    else if (!std::strcmp(argv[i], "--slots-by-targeting")) slot_order = SlotOrder::by_targeting;  // --shapes-only, ads grouped
+    else if (!std::strcmp(argv[i], "--dtype") && i + 1 < argc) {  // --shapes-only: this storage (repeatable)
+      const auto type = embedding_type_named(argv[++i]);
+      if (!type) {
+        std::fprintf(stderr, "--dtype: '%s' is not %s\n", argv[i], kEmbeddingTypeNames.data());
+        return 2;
+      }
+      shape_types.push_back(*type);
+    } else if (!std::strcmp(argv[i], "--slots-by-targeting")) slot_order = SlotOrder::by_targeting;  // --shapes-only, ads grouped
     else if (!std::strcmp(argv[i], "--all-policies")) all_policies = true;  // --shapes-only: every scoring policy, not five
     else if (!std::strcmp(argv[i], "--sharded-only")) sharded_only = true;  // --n ads a shard, checked against one GPU holding all
     else if (!std::strcmp(argv[i], "--no-whole")) sharded_whole = false;     // --sharded-only without that check (memory)
@@ -1046,7 +1054,8 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (shapes_only) {
-    run_scoring_shapes(n, shape_dims, slot_order, all_policies, repeats, roofline, out, stream);
+    if (shape_types.empty()) shape_types = {EmbeddingType::fp16, EmbeddingType::int8, EmbeddingType::int8_group32};
+    run_scoring_shapes(n, shape_dims, shape_types, slot_order, all_policies, repeats, roofline, out, stream);
     return 0;
   }
   if (sharded_only) {

@@ -132,6 +132,50 @@ struct StagedPair {
   float side[32][ScoringShape<Dim, Type>::side];  // of the row this lane scores: bias, then scale words
 };
 
+/// An expert as routing ranks it: its gate logit and its score.
+struct RankedExpert {
+  float logit, score;
+};
+/// The two experts routing picks first: larger logit first, ties to the lower expert index.
+struct TopTwoExperts {
+  RankedExpert first, second;
+};
+
+/// Whether expert a outranks expert b, when a's expert index is the lower iff `a_lower`.
+__host__ __device__ __forceinline__ bool outranks(float a_logit, float b_logit, bool a_lower) {
+  return a_logit > b_logit || (a_lower && a_logit == b_logit);
+}
+
+/// The top two of two top-two lists, where every expert of `a` has a lower index than every one of
+/// `b` iff `a_lower`: the second is the better of the loser of the firsts and the winner's second.
+__host__ __device__ __forceinline__ TopTwoExperts merge_top_two(const TopTwoExperts& a, const TopTwoExperts& b,
+                                                                bool a_lower) {
+  const bool a_first = outranks(a.first.logit, b.first.logit, a_lower);
+  const RankedExpert from_a = a_first ? a.second : a.first;
+  const RankedExpert from_b = a_first ? b.first : b.second;
+  return {a_first ? a.first : b.first, outranks(from_a.logit, from_b.logit, a_lower) ? from_a : from_b};
+}
+
+/// The top two of one row's 8 experts as a lane holds them after the exchanges: position p holds
+/// expert 2 (quad ^ (p / 2)) + p % 2. A tournament over the positions: each match's sides are
+/// whole runs of expert pairs, so which side holds the lower indices is one bit of `quad` per
+/// level, and no expert index is compared. (About half the instructions of a max, then scans for
+/// the lowest expert holding it, twice: routing was a quarter of d = 64 int8 scoring, run 138.)
+__host__ __device__ __forceinline__ TopTwoExperts top_two_experts(const float (&logit)[8], const float (&score)[8],
+                                                                  int quad) {
+  TopTwoExperts pair[4];
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {  // positions 2k, 2k + 1: experts 2j and 2j + 1 (j = quad ^ k)
+    const RankedExpert even{logit[2 * k], score[2 * k]}, odd{logit[2 * k + 1], score[2 * k + 1]};
+    const bool even_first = even.logit >= odd.logit;
+    pair[k] = {even_first ? even : odd, even_first ? odd : even};
+  }
+  // Expert pair quad ^ k against quad ^ (k ^ 1): the first is lower iff quad is even; runs
+  // {quad, quad ^ 1} against {quad ^ 2, quad ^ 3}: the first is lower iff quad < 2.
+  const bool even_quad = (quad & 1) == 0, low_quad = (quad & 2) == 0;
+  return merge_top_two(merge_top_two(pair[0], pair[1], even_quad), merge_top_two(pair[2], pair[3], even_quad), low_quad);
+}
+
 template <int Dim, EmbeddingType Type>
 struct AgentScoring {
   using Shape = ScoringShape<Dim, Type>;
@@ -409,43 +453,27 @@ struct AgentScoring {
 
   /// route_for's usual widths (1 or 2 of more experts), with the least arithmetic: the top two are
   /// chosen on the unscaled logits (a per-ad scale > 0 keeps their order; a zero scale makes every
-  /// score the bias either way), by a max and a scan for the lowest expert holding it, and only the
-  /// chosen four values are scaled. The same values as scaling first (to the spec's tie rule).
+  /// score the bias either way), by top_two_experts' tournament, and only the chosen four values are
+  /// scaled. The same values as scaling first (to the spec's tie rule).
   __device__ __forceinline__ float route_top_two(int width, int quad, const HalfRow& mine, const HalfRow& other,
                                                  float bias, float scale) const {
     float score[8], logit[8];
-    int expert[8];
 #pragma unroll
     for (int p = 0; p < 4; ++p) {
       score[p] = mine.score[p];
       logit[p] = mine.logit[p];
       score[p + 4] = other.score[p];
       logit[p + 4] = other.logit[p];
-      expert[p] = 2 * (quad ^ (p / 2)) + (p & 1);
-      expert[p + 4] = 2 * (quad ^ (2 + p / 2)) + (p & 1);
     }
     if (experts < kMaxGpuExperts)
 #pragma unroll
-      for (int p = 0; p < 8; ++p) logit[p] = expert[p] < experts ? logit[p] : -INFINITY;
-    // The largest logit, and the lowest expert that holds it.
-    const float l1 = fmaxf(fmaxf(fmaxf(logit[0], logit[1]), fmaxf(logit[2], logit[3])),
-                           fmaxf(fmaxf(logit[4], logit[5]), fmaxf(logit[6], logit[7])));
-    int e1 = kMaxGpuExperts;
-    float s1 = 0.0f;
-#pragma unroll
-    for (int p = 0; p < 8; ++p)
-      if (logit[p] == l1 && expert[p] < e1) e1 = expert[p], s1 = score[p];
+      for (int p = 0; p < 8; ++p)
+        if (2 * (quad ^ (p / 2)) + (p & 1) >= experts) logit[p] = -INFINITY;
+    const TopTwoExperts top = top_two_experts(logit, score, quad);
+    const float l1 = top.first.logit, s1 = top.first.score;
     // (Products rounded on their own, as scaling first rounds them: no contraction into the sums.)
     if (width == 1) return __fmul_rn(s1, scale) + bias;
-    // The same among the others.
-    float l2 = -INFINITY;
-#pragma unroll
-    for (int p = 0; p < 8; ++p) l2 = fmaxf(l2, expert[p] == e1 ? -INFINITY : logit[p]);
-    int e2 = kMaxGpuExperts;
-    float s2 = 0.0f;
-#pragma unroll
-    for (int p = 0; p < 8; ++p)
-      if (expert[p] != e1 && logit[p] == l2 && expert[p] < e2) e2 = expert[p], s2 = score[p];
+    const float l2 = top.second.logit, s2 = top.second.score;
     const float w = __expf(__fmul_rn(l2, scale) - __fmul_rn(l1, scale));
     return (__fmul_rn(s1, scale) + w * __fmul_rn(s2, scale)) / (1.0f + w) + bias;
   }
