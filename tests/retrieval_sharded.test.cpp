@@ -68,7 +68,7 @@ class RecordingShard final : public CpuShard {
     return engine_.upsert(ads);
   }
   expected<void, Error> upsert_checked(const CheckedAds& ads) override {
-    for (const AdRecord& ad : ads.ads()) checked_ids.push_back(ad.id);
+    for (std::size_t i = 0; i < ads.size(); ++i) checked_ids.push_back(ads[i].id);
     ++checked_batches;
     return engine_.upsert_checked(ads);
   }
@@ -127,7 +127,9 @@ TEST_CASE("check_ads names the first bad ad, and a checked batch carries its sch
   auto checked = check_ads(w.schema(), ads);
   REQUIRE(checked);
   CHECK(checked->size() == ads.size());
-  CHECK(checked->ads().data() == ads.data());
+  std::vector<AdRecord> scratch;
+  CHECK(checked->contiguous(scratch).data() == ads.data());  // a whole batch is read in place
+  CHECK(scratch.empty());
   CHECK(same_schema(checked->schema(), w.schema()));
   Schema copy = w.schema();
   CHECK(same_schema(checked->schema(), copy));
@@ -137,6 +139,25 @@ TEST_CASE("check_ads names the first bad ad, and a checked batch carries its sch
   auto refused = check_ads(w.schema(), ads);
   REQUIRE_FALSE(refused);
   CHECK_THAT(refused.error().message, Catch::Contains("bias"));
+
+  // A part: only its positions are checked, read in the order given, and copied only on request.
+  auto part = check_ads(w.schema(), ads, {1999, 0, 10});
+  REQUIRE(part);
+  REQUIRE(part->size() == 3);
+  CHECK(&(*part)[0] == &ads[1999]);
+  CHECK(&(*part)[1] == &ads[0]);
+  CHECK(&(*part)[2] == &ads[10]);
+  const auto copies = part->contiguous(scratch);
+  REQUIRE(copies.size() == 3);
+  CHECK(copies.data() == scratch.data());
+  CHECK((copies[0].id == ads[1999].id && copies[1].id == ads[0].id && copies[2].id == ads[10].id));
+  auto bad_part = check_ads(w.schema(), ads, {3, 1500});
+  REQUIRE_FALSE(bad_part);
+  CHECK_THAT(bad_part.error().message, Catch::Contains("bias"));
+  auto past = check_ads(w.schema(), ads, {2000});
+  REQUIRE_FALSE(past);
+  CHECK(past.error().kind == ErrorKind::bug);
+  CHECK_THAT(past.error().message, Catch::Contains("past a batch of 2000"));
 }
 
 TEST_CASE("ads spread evenly over the shards by id", "[retrieval][sharded]") {

@@ -143,7 +143,7 @@ bool run_sharded(ShardedPools pools, const Workload& w, bool quick) {
   const double one_ads = static_cast<double>(pools.shard_ads[0]), all_ads = static_cast<double>(pools.total_ads);
   std::printf("| typical requests, K = 1000 | pool | median time | pool ads/s | vs one GPU |\n| --- | --- | --- | --- | --- |\n");
   std::printf("| one at a time, one GPU (shard 0) | %.0fM | %.3f ms | %.1f G | 1 |\n", one_ads * 1e-6, one_s * 1e3, one_ads / one_s * 1e-9);
-  std::printf("| one at a time, %zu shards | %.0fM | %.3f ms | %.1f G | %.2fx |\n", shards, all_ads * 1e-6, all_s * 1e3,
+  std::printf("| one at a time, %zu %s | %.0fM | %.3f ms | %.1f G | %.2fx |\n", shards, shards == 1 ? "shard" : "shards", all_ads * 1e-6, all_s * 1e3,
               all_ads / all_s * 1e-9, (all_ads / all_s) / (one_ads / one_s));
   if (pools.whole) {
     const double whole_s = median_seconds(repeats, [&](int r) { return pools.whole->search(typical(r)); });
@@ -152,7 +152,7 @@ bool run_sharded(ShardedPools pools, const Workload& w, bool quick) {
   }
   std::printf("| batches of %d, one GPU (shard 0) | %.0fM | %.3f ms | %.1f G | 1 |\n", kBatch, one_ads * 1e-6,
               one_batch_s * 1e3, kBatch * one_ads / one_batch_s * 1e-9);
-  std::printf("| batches of %d, %zu shards | %.0fM | %.3f ms | %.1f G | %.2fx |\n", kBatch, shards, all_ads * 1e-6,
+  std::printf("| batches of %d, %zu %s | %.0fM | %.3f ms | %.1f G | %.2fx |\n", kBatch, shards, shards == 1 ? "shard" : "shards", all_ads * 1e-6,
               all_batch_s * 1e3, kBatch * all_ads / all_batch_s * 1e-9, (all_ads / all_batch_s) / (one_ads / one_batch_s));
   if (pools.whole) {  // the same batches into one pool of every ad, then its memory back
     run_updates(*pools.whole, "one pool of every ad", w, pools.total_ads);

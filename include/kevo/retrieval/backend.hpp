@@ -54,7 +54,10 @@ class RetrievalBackend {
   virtual expected<void, Error> upsert(std::span<const AdRecord> ads) = 0;
   /// Applies a batch that check_ads accepted for this backend's schema; a backend that can skip
   /// checking it again overrides this (the GPU's does: a sharded pool checks each part once).
-  virtual expected<void, Error> upsert_checked(const CheckedAds& ads) { return upsert(ads.ads()); }
+  virtual expected<void, Error> upsert_checked(const CheckedAds& ads) {
+    std::vector<AdRecord> scratch;
+    return upsert(ads.contiguous(scratch));
+  }
   /// Expires ads by id; returns how many were live.
   virtual expected<std::size_t, Error> expire(std::span<const std::uint32_t> ids) = 0;
   /// Rebuilds whatever index speeds up searches after a bulk load (the GPU's matching postings);

@@ -151,24 +151,25 @@ class ShardedBackend final : public RetrievalBackend {
     return merged;
   }
 
-  /// Each ad goes to its shard. Every shard copies and checks its own part on its own thread, and
-  /// none applies its part until all passed, so a bad ad changes nothing and no ad is checked twice.
-  /// The call returns once every shard has its part, so every later search sees all of them.
+  /// Each ad goes to its shard. Every shard picks and checks its own part of the batch on its own
+  /// thread (in place: no ad is copied), and none applies its part until all passed, so a bad ad
+  /// changes nothing and no ad is checked twice. The call returns once every shard has its part,
+  /// so every later search sees all of them.
   expected<void, Error> upsert(std::span<const AdRecord> ads) override {
-    std::vector<std::vector<AdRecord>> parts(shards_.size());
     std::vector<std::optional<CheckedAds>> checked(shards_.size());
     auto checks = on_every_shard([&](RetrievalBackend& s, std::size_t i) -> expected<void, Error> {
-      for (const AdRecord& ad : ads)
-        if (shard_of(ad.id, shards_.size()) == i) parts[i].push_back(ad);
-      auto part = check_ads(s.schema(), parts[i]);
+      std::vector<std::uint32_t> mine;
+      for (std::size_t a = 0; a < ads.size(); ++a)
+        if (shard_of(ads[a].id, shards_.size()) == i) mine.push_back(static_cast<std::uint32_t>(a));
+      auto part = check_ads(s.schema(), ads, std::move(mine));
       if (!part) return unexpected(part.error());
-      checked[i].emplace(*part);
+      checked[i].emplace(std::move(*part));
       return {};
     });
     for (auto& check : checks)
       if (!check) return check;  // a bad ad is the caller's, not the shard's: its message as it is
     auto results = on_every_shard([&](RetrievalBackend& s, std::size_t i) -> expected<void, Error> {
-      if (parts[i].empty()) return {};
+      if (checked[i]->size() == 0) return {};
       return s.upsert_checked(*checked[i]);
     });
     for (std::size_t i = 0; i < results.size(); ++i)

@@ -84,9 +84,12 @@ struct PackedAds {
   }
   /// Checked ads of a pool of `schema`, packed over `parts` threads. In an int8 pool, a batch in
   /// which any ad came quantized is packed quantized (the others quantised as the pool would).
-  static PackedAds from(std::span<const AdRecord> ads, const Schema& schema, unsigned parts) {
+  /// `Ads`: anything with size() and [] giving AdRecords (a span, or a CheckedAds part read in place).
+  template <class Ads>
+  static PackedAds from(const Ads& ads, const Schema& schema, unsigned parts) {
     const std::size_t n = ads.size(), dim = static_cast<std::size_t>(schema.dim);
-    const bool quantized = std::any_of(ads.begin(), ads.end(), [](const AdRecord& ad) { return !ad.quantized.values.empty(); });
+    bool quantized = false;
+    for (std::size_t i = 0; i < n && !quantized; ++i) quantized = !ads[i].quantized.values.empty();
     const auto scales = static_cast<std::size_t>(scales_per_ad(schema.embedding_type, schema.dim));
     PackedAds p;
     p.ids.resize(n);
@@ -232,7 +235,7 @@ class DeviceAdIndex {
   /// check: validate_ad has checked what check_packed would, and packing cannot make ads wrong.
   expected<void, Error> upsert(const CheckedAds& ads) {
     if (!same_schema(ads.schema(), schema_)) return make_error("these ads were checked against another schema than this pool's");
-    return upsert_checked(PackedAds::from(ads.ads(), schema_, batch_threads(ads.size())));
+    return upsert_checked(PackedAds::from(ads, schema_, batch_threads(ads.size())));
   }
 
   expected<void, Error> upsert(const PackedAds& ads) {
