@@ -58,6 +58,24 @@ class FlakyShard final : public CpuShard {
   std::atomic<bool> failing{false};
 };
 
+/// A CPU shard that counts the index upkeep it is asked for, and fails it while `failing` is set.
+class UpkeepShard final : public CpuShard {
+ public:
+  using CpuShard::CpuShard;
+  std::string name() const override { return "upkeep"; }
+  expected<void, Error> reindex() override { return count(reindexed); }
+  expected<void, Error> regroup() override { return count(regrouped); }
+  std::atomic<int> reindexed{0}, regrouped{0};
+  std::atomic<bool> failing{false};
+
+ private:
+  expected<void, Error> count(std::atomic<int>& calls) {
+    ++calls;
+    if (failing) return make_error("regroup needs device memory", ErrorKind::capacity);
+    return {};
+  }
+};
+
 /// A CPU shard that records how each batch reached it: checked already, or not.
 class RecordingShard final : public CpuShard {
  public:
@@ -350,4 +368,32 @@ TEST_CASE("a bad request is the caller's error, and shards of another model are 
   auto mismatched = ShardedBackend::create(std::move(mixed));
   REQUIRE_FALSE(mismatched);
   CHECK(mismatched.error().message == "shard 1 has another schema or model than shard 0");
+}
+
+TEST_CASE("index upkeep (reindex, regroup) reaches every shard, and a shard's failure is named", "[retrieval][sharded]") {
+  const Workload w = small_workload();
+  std::vector<std::unique_ptr<RetrievalBackend>> engines;
+  std::vector<UpkeepShard*> shards;
+  for (int i = 0; i < 3; ++i) {
+    auto shard = std::make_unique<UpkeepShard>(w);
+    shards.push_back(shard.get());
+    engines.push_back(std::move(shard));
+  }
+  auto pool = ShardedBackend::create(std::move(engines));
+  REQUIRE(pool);
+  REQUIRE((*pool)->reindex());
+  REQUIRE((*pool)->regroup());
+  for (const UpkeepShard* s : shards) {
+    CHECK(s->reindexed == 1);
+    CHECK(s->regrouped == 1);
+  }
+  shards[2]->failing = true;
+  auto failed = (*pool)->regroup();
+  REQUIRE_FALSE(failed);
+  CHECK(failed.error().message == "shard 2 of 3 failed: regroup needs device memory");
+  CHECK(failed.error().kind == ErrorKind::capacity);
+  for (const UpkeepShard* s : shards) CHECK(s->regrouped == 2);  // every shard was asked
+  auto reindex_failed = (*pool)->reindex();
+  REQUIRE_FALSE(reindex_failed);
+  CHECK(reindex_failed.error().message == "shard 2 of 3 failed: regroup needs device memory");
 }

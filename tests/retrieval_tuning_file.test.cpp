@@ -107,7 +107,7 @@ TEST_CASE("the pipeline takes the tuned policy for its device and shape, and the
     const PolicyChoice big = choose_policy(path, h200, {128, EmbeddingType::fp16, pool_class(200'000'000)}, defaults);
     CHECK(big.tuned);
     CHECK(big.policy == h200_file().entries[0].policy);
-    CHECK_THAT(big.origin, Catch::Contains("tuned for d = 128, fp16, ~100M ads on NVIDIA H200"));
+    CHECK_THAT(big.origin, Catch::Contains("tuned for d = 128, fp16, ~100M ads, loaded by id on NVIDIA H200"));
     CHECK_THAT(big.origin, Catch::Contains("scoring{block_threads=256,tiles_per_chunk=16,blocks_per_sm=6,tiles_in_flight=2,stages=3}"));
     const PolicyChoice small = choose_policy(path, h200, {128, EmbeddingType::fp16, pool_class(2'000'000)}, defaults);
     CHECK(small.policy == h200_file().entries[1].policy);
@@ -125,7 +125,7 @@ TEST_CASE("the pipeline takes the tuned policy for its device and shape, and the
     CHECK_THAT(refused(path, {"NVIDIA H200", "12.8"}, fp16_100m), Catch::Contains("this is NVIDIA H200 with CUDA 12.8"));
   }
   SECTION("no entry for the shape") {
-    CHECK_THAT(refused(path, h200, {256, EmbeddingType::int8, 8}), Catch::Contains("has no entry for d = 256, int8, ~100M ads"));
+    CHECK_THAT(refused(path, h200, {256, EmbeddingType::int8, 8}), Catch::Contains("has no entry for d = 256, int8"));
   }
   SECTION("no file, an unreadable one, a malformed one") {
     CHECK_THAT(refused({}, h200, fp16_100m), Catch::Contains("no tuning file"));
@@ -144,10 +144,61 @@ TEST_CASE("the pipeline takes the tuned policy for its device and shape, and the
     std::string illegal = text;
     illegal.replace(illegal.find("\"scoring.stages\":\"3\""), 20, "\"scoring.stages\":\"5\"");
     write_text(stale, illegal);
-    CHECK_THAT(refused(stale, h200, fp16_100m), Catch::Contains("entry 0 (d = 128, fp16, ~100M ads): scoring.stages = '5' is not one of {0, 2, 3, 4}"));
+    CHECK_THAT(refused(stale, h200, fp16_100m), Catch::Contains("entry 0 (d = 128, fp16, ~100M ads, loaded by id): scoring.stages = '5' is not one of {0, 2, 3, 4}"));
     std::string renamed = text;
     renamed.replace(renamed.find("\"scoring.stages\""), 16, "\"scoring.ring\"");
     write_text(stale, renamed);
     CHECK_THAT(refused(stale, h200, fp16_100m), Catch::Contains("'scoring.ring' is not a knob of the retrieval pipeline's policy"));
+  }
+}
+
+TEST_CASE("a tuned policy records the load order it was measured in, and the pool's own order wins", "[retrieval][tuning]") {
+  TuningFile file = h200_file();  // fp16 entries at 100M and 1M, tuned on pools loaded by id
+  PipelinePolicy grouped_100m;
+  grouped_100m.scoring.tiles_per_chunk = 8;
+  file.entries.push_back({.shape = {128, EmbeddingType::fp16, 8, SlotOrder::by_targeting}, .policy = grouped_100m, .evaluations = 17});
+  const fs::path path = scratch("orders.json");
+  REQUIRE(write_tuning_file(path, file));
+  auto back = read_tuning_file(path);
+  REQUIRE(back);
+  REQUIRE(back->entries.size() == 3);
+  CHECK(back->entries[0].shape.load_order == SlotOrder::by_id);
+  CHECK(back->entries[2].shape == ShapeClass{128, EmbeddingType::fp16, 8, SlotOrder::by_targeting});
+  const DeviceIdentity h200{"NVIDIA H200", "13.0"};
+
+  // The pipeline asks by id; the chooser over the file asks for the order its caller loads in.
+  const ShapeClass asked{128, EmbeddingType::fp16, pool_class(100'000'000)};
+  const PolicyChoice by_id = tuned_policies(path)(h200, asked);
+  CHECK(by_id.policy == h200_file().entries[0].policy);
+  const PolicyChoice grouped = tuned_policies(path, SlotOrder::by_targeting)(h200, asked);
+  CHECK(grouped.policy == grouped_100m);
+  CHECK_THAT(grouped.origin, Catch::Contains("tuned for d = 128, fp16, ~100M ads, loaded by targeting on NVIDIA H200"));
+  // The same order outranks a nearer size class: a 1M pool loaded by targeting takes the 100M
+  // entry tuned so, not the 1M one tuned by id.
+  const PolicyChoice small_grouped = tuned_policies(path, SlotOrder::by_targeting)(h200, {128, EmbeddingType::fp16, pool_class(1'000'000)});
+  CHECK(small_grouped.policy == grouped_100m);
+  // Where the file has only the other order, its policy is still a legal one for the pool: taken, and said so.
+  REQUIRE(write_tuning_file(path, h200_file()));
+  const PolicyChoice other = tuned_policies(path, SlotOrder::by_targeting)(h200, asked);
+  CHECK(other.tuned);
+  CHECK(other.policy == h200_file().entries[0].policy);
+  CHECK_THAT(other.origin, Catch::Contains("loaded by id (this pool is loaded by targeting; the file has no entry tuned so)"));
+
+  SECTION("a file from before the order was recorded was tuned by id") {
+    std::string text = tuning_file_json(h200_file());
+    for (std::size_t at; (at = text.find("\"load_order\": \"id\", ")) != std::string::npos;) text.erase(at, 20);
+    REQUIRE(text.find("load_order") == std::string::npos);
+    write_text(path, text);
+    auto old = read_tuning_file(path);
+    REQUIRE(old);
+    CHECK(old->entries[0].shape.load_order == SlotOrder::by_id);
+  }
+  SECTION("an order it does not know is named") {
+    std::string text = tuning_file_json(h200_file());
+    text.replace(text.find("\"load_order\": \"id\""), 18, "\"load_order\": \"random\"");
+    write_text(path, text);
+    auto refused = read_tuning_file(path);
+    REQUIRE(!refused);
+    CHECK_THAT(refused.error().message, Catch::Contains("entry 0: load_order 'random' is not id or targeting"));
   }
 }

@@ -887,6 +887,80 @@ void run_scoring_shapes(std::uint64_t n, std::span<const int> dims, std::span<co
     }
 }
 
+/// About `fraction` of the live ads of [begin, end) (picked by a hash of the id), each with the
+/// targeting and bias the workload draws for the ad `shift` ids on: replacements that keep their
+/// rows (and their slots).
+PackedAds retargeted(const Workload& w, std::uint64_t begin, std::uint64_t end, std::uint64_t shift, double fraction) {
+  const PackedAds drawn = generate_targeting(w, begin + shift, end + shift);
+  PackedAds picked;
+  for (std::size_t i = 0; i < drawn.size(); ++i) {
+    const auto id = static_cast<std::uint32_t>(drawn.ids[i] - shift);
+    if (!drawn.live[i] || !w.ad_live(id) || (id * 2654435761u >> 8) % 1000 >= fraction * 1000) continue;
+    picked.ids.push_back(id);
+    picked.bias.push_back(drawn.bias[i]);
+    picked.live.push_back(1);
+    picked.clauses.insert(picked.clauses.end(), drawn.clauses.begin() + drawn.clause_begin[i],
+                          drawn.clauses.begin() + drawn.clause_begin[i + 1]);
+    picked.clause_begin.push_back(static_cast<std::uint32_t>(picked.clauses.size()));
+  }
+  return picked;
+}
+
+/// What updates cost a pool loaded in targeting order, and what DeviceAdIndex::regroup() gives
+/// back: scoring (the pool's own policy) and the gather probe over every slot, and the whole
+/// search, when loaded, after `fraction` of the ads took new targeting in place, and after a
+/// regroup; the answers of 5 requests must not change across the regroup.
+void run_regroup(std::uint64_t n, int dim, EmbeddingType type, double fraction, int repeats, double roofline, SearchOutput out,
+                 cudaStream_t stream) {
+  const Workload w({.seed = 2026, .dim = dim, .embedding_type = type});
+  std::vector<PackedAds> targeting;
+  Pool pool = build_pool(w, n, 99, &targeting, 8, SlotOrder::by_targeting);
+  DeviceAdIndex& index = pool.pipeline->index();
+  const Request typical = w.request(1, RequestKind::typical, 1000);
+  const double bytes_per_ad = index.row_bytes() + 4.0 * index.side_width() + 8;
+  std::printf("\n## Slots regrouped by targeting after updates (d = %d, %s, %.0fM ads, typical request, K = 1000)\n\n", dim,
+              to_string(type), n * 1e-6);
+  std::puts("| pool | slots | eligible | scoring | % of roofline | gather probe | % of roofline | search (matching + scoring + top-K) |");
+  std::puts("| --- | --- | --- | --- | --- | --- | --- | --- |");
+  auto measure = [&](const char* label) {
+    pool.ensure_temp();
+    const std::uint64_t slots = index.slot_count();
+    const StageTimes st = time_stages(pool, typical, slots, repeats, out, stream);
+    const double probe = time_gather_probe(pool, typical, slots, repeats, stream);
+    auto percent = [&](double t) { return 100 * st.eligible * bytes_per_ad / t / roofline; };
+    std::printf("| %s | %.2fM | %.1f%% | %.2f G ads/s | %.0f%% | %.2f G ads/s | %.0f%% | %.3f ms |\n", label, slots * 1e-6,
+                100.0 * st.eligible / slots, st.eligible / st.scoring * 1e-9, percent(st.scoring), st.eligible / probe * 1e-9,
+                percent(probe), st.total * 1e3);
+    std::fflush(stdout);
+  };
+  measure("loaded in targeting order");
+  const auto a = std::chrono::steady_clock::now();
+  std::size_t replaced = 0;
+  for (std::uint64_t begin = 0; begin < n; begin += 1u << 20) {
+    const PackedAds batch = retargeted(w, begin, std::min<std::uint64_t>(n, begin + (1u << 20)), n, fraction);
+    CHECK_OK(index.upsert(batch));
+    replaced += batch.size();
+  }
+  CHECK_OK(index.reindex());  // matching as after a load: the order is what is measured
+  std::printf("(replaced the targeting of %zu ads, %.0f%%, in %.1f s)\n", replaced, 100.0 * replaced / index.live_count(),
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - a).count());
+  char label[96];
+  std::snprintf(label, sizeof label, "after %.0f%% took new targeting in place", 100.0 * replaced / index.live_count());
+  measure(label);
+  std::vector<std::vector<ScoredAd>> before;
+  for (int r = 0; r < 5; ++r) before.push_back(top_k(pool, w.request(10 + r, RequestKind::typical, 1000)));
+  const auto b = std::chrono::steady_clock::now();
+  auto regrouped = index.regroup();
+  CHECK_OK(regrouped);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - b).count();
+  measure("after regroup()");
+  int equal = 0;
+  for (int r = 0; r < 5; ++r) equal += top_k(pool, w.request(10 + r, RequestKind::typical, 1000)) == before[static_cast<std::size_t>(r)];
+  std::printf("\nregroup(): %zu ads into targeting order, %zu free slots dropped, in %.1f ms; answers of 5 requests equal before "
+              "and after: %d of 5\n",
+              regrouped->ads, regrouped->dropped_slots, seconds * 1e3, equal);
+}
+
 /// Top-K's time under each boundary cap: a smaller cap refines one level more often but leaves the
 /// one-block sort fewer candidates (at most K + cap, padded to a power of two).
 void run_topk_cap_sweep(Pool& pool, const Workload& workload, std::uint64_t n, int repeats, SearchOutput out,
@@ -980,7 +1054,8 @@ int main(int argc, char** argv) {
   std::uint64_t n = 100'000'000;
   bool quick = false, stages_only = false, updates_only = false, matching_only = false, probes_only = false,
        batch_only = false, serving_only = false, sweep_only = false, topk_only = false, launches_only = false,
-       int8_only = false, shapes_only = false, sharded_only = false, sharded_whole = true;
+       int8_only = false, shapes_only = false, sharded_only = false, sharded_whole = true, regroup_only = false;
+  double churn = 0.25;  // --regroup-only: the fraction of ads that take new targeting
   std::vector<int> shape_dims{64, 128, 256};
   std::vector<EmbeddingType> shape_types;  // --shapes-only's storages: every one unless --dtype names some
   SlotOrder slot_order = SlotOrder::by_id;
@@ -1000,6 +1075,8 @@ int main(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--matching-only")) stages_only = matching_only = true;  // stages, then the matching sweep
     else if (!std::strcmp(argv[i], "--int8-only")) int8_only = true;  // fp16 and both int8 storages: speed and recall
     else if (!std::strcmp(argv[i], "--shapes-only")) shapes_only = true;  // scoring against the gather probe, every d and dtype
+    else if (!std::strcmp(argv[i], "--regroup-only")) regroup_only = true;  // updates scatter targeting order; regroup() restores it
+    else if (!std::strcmp(argv[i], "--churn") && i + 1 < argc) churn = std::atof(argv[++i]);  // --regroup-only
     else if (!std::strcmp(argv[i], "--dim") && i + 1 < argc) shape_dims = {std::atoi(argv[++i])};  // --shapes-only at one d
     else if (!std::strcmp(argv[i], "--dtype") && i + 1 < argc) {  // --shapes-only: this storage (repeatable)
       const auto type = embedding_type_named(argv[++i]);
@@ -1015,7 +1092,7 @@ int main(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--gpus") && i + 1 < argc) {
       for (const char* p = argv[++i]; p; p = std::strchr(p, ',') ? std::strchr(p, ',') + 1 : nullptr) gpus.push_back(std::atoi(p));
     } else {
-      std::fprintf(stderr, "usage: %s [--n ADS] [--quick] [--shapes-only [--dim D] [--slots-by-targeting] [--all-policies]] [--sharded-only [--gpus 0,1] [--no-whole]] [--stages-only | --matching-only | --sweep-only | --topk-only | --launches-only | --int8-only | --updates-only | --probes-only | --batch-only | --serving-only]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--n ADS] [--quick] [--shapes-only [--dim D] [--slots-by-targeting] [--all-policies]] [--regroup-only [--dim D] [--dtype T] [--churn 0.25]] [--sharded-only [--gpus 0,1] [--no-whole]] [--stages-only | --matching-only | --sweep-only | --topk-only | --launches-only | --int8-only | --updates-only | --probes-only | --batch-only | --serving-only]\n", argv[0]);
       return 2;
     }
   }
@@ -1056,6 +1133,16 @@ int main(int argc, char** argv) {
   if (shapes_only) {
     if (shape_types.empty()) shape_types = {EmbeddingType::fp16, EmbeddingType::int8, EmbeddingType::int8_group32};
     run_scoring_shapes(n, shape_dims, shape_types, slot_order, all_policies, repeats, roofline, out, stream);
+    return 0;
+  }
+  if (regroup_only) {
+    if (!(churn > 0 && churn <= 1)) {
+      std::fprintf(stderr, "--churn: a fraction in (0, 1]\n");
+      return 2;
+    }
+    for (const int dim : shape_dims)
+      for (EmbeddingType type : shape_types.empty() ? std::vector<EmbeddingType>{EmbeddingType::int8} : shape_types)
+        run_regroup(n, dim, type, churn, repeats, roofline, out, stream);
     return 0;
   }
   if (sharded_only) {

@@ -198,7 +198,8 @@ std::unique_ptr<RetrievalBackend> make_engine(const Options& o, const Schema& sc
 #if defined(KEVO_RETRIEVAL_SERVER_CUDA)
   if (o.backend != "cpu") {
     // The tuning file is read here, in host code (simdjson); the pipeline only calls the chooser.
-    PolicyChooser choose_policy = o.tuning.empty() ? PolicyChooser{} : tuned_policies(o.tuning);
+    PolicyChooser choose_policy =
+        o.tuning.empty() ? PolicyChooser{} : tuned_policies(o.tuning, *slot_order_named(o.load_order));  // checked by CLI11
     auto gpu = device < 0 ? make_cuda_backend(schema, model, capacity, std::move(choose_policy), why)
                           : make_cuda_backend_on(device, schema, model, capacity, std::move(choose_policy), why);
     if (gpu) return gpu;

@@ -50,7 +50,7 @@ std::unique_ptr<DeviceTimer> make_device_timer(const DeviceTimerOptions& o, std:
   }
   auto workload = std::make_unique<Workload>(WorkloadOptions{
       .seed = o.workload_seed, .dim = o.dim, .embedding_type = o.dtype});
-  const SlotOrder order = o.load_order == "targeting" ? SlotOrder::by_targeting : SlotOrder::by_id;
+  const SlotOrder order = slot_order_named(o.load_order).value_or(SlotOrder::by_id);  // checked by the command line
   auto pool = build_synthetic_pool(*workload, o.ads, 99, nullptr, 8, order);
   if (!pool) {
     error = "building a pool of " + std::to_string(o.ads) + " ads: " + pool.error().message;

@@ -91,7 +91,8 @@ int main(int argc, char** argv) {
   const kevo::retrieval::DeviceIdentity identity = device->device();
 
   const kevo::eval::PipelineWorkload workload{
-      .shape = {o.device.dim, o.device.dtype, kevo::retrieval::pool_class(o.device.ads)},
+      .shape = {o.device.dim, o.device.dtype, kevo::retrieval::pool_class(o.device.ads),
+                *kevo::retrieval::slot_order_named(o.device.load_order)},  // checked by CLI11
       .ads = o.device.ads,
       .request_kind = o.device.request_kind,
       .k = o.device.k};

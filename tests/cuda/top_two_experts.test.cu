@@ -14,13 +14,6 @@
 
 using namespace kevo::retrieval;
 
-namespace {
-
-/// The expert a lane's position p holds after scoring's exchanges.
-int expert_at(int quad, int p) { return 2 * (quad ^ (p / 2)) + (p & 1); }
-
-}  // namespace
-
 TEST_CASE("routing's tournament picks the spec's top two experts, ties to the lower index, for every lane layout",
           "[retrieval][scoring]") {
   const std::array<float, 4> values{-1.0f, 0.5f, 2.0f, -INFINITY};
@@ -30,7 +23,7 @@ TEST_CASE("routing's tournament picks the spec's top two experts, ties to the lo
       float logit[8], score[8];
       std::array<float, 8> logit_of_expert;
       for (int p = 0; p < 8; ++p) {
-        const int expert = expert_at(quad, p);
+        const int expert = expert_at_position(quad, p);
         logit[p] = logit_of_expert[expert] = values[(code >> (2 * expert)) & 3];
         score[p] = 10.0f + expert;  // names the expert
       }
@@ -48,4 +41,15 @@ TEST_CASE("routing's tournament picks the spec's top two experts, ties to the lo
     }
   CHECK(checked == 4 * (1 << 16));
   CHECK(tied > checked / 2);  // the draw does exercise the tie rule
+}
+
+TEST_CASE("each lane layout holds every expert once, pairs of neighbours together", "[retrieval][scoring]") {
+  for (int quad = 0; quad < 4; ++quad) {
+    std::array<int, 8> held{};
+    for (int p = 0; p < 8; ++p) ++held[expert_at_position(quad, p)];
+    INFO("quad " << quad);
+    CHECK(held == std::array<int, 8>{1, 1, 1, 1, 1, 1, 1, 1});
+    CHECK(expert_at_position(quad, 0) == 2 * quad);  // the lane's own pair first
+    for (int p = 0; p < 8; p += 2) CHECK(expert_at_position(quad, p + 1) == expert_at_position(quad, p) + 1);
+  }
 }

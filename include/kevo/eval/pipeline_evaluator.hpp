@@ -36,9 +36,11 @@ struct PipelineWorkload {
   int k = 1000;
 };
 
+/// The problem's name in the store: a search resumes only the history of the same workload.
 inline std::string workload_name(const PipelineWorkload& w) {
-  return fmt::format("pipeline_d{}_{}_{}_{}_k{}", w.shape.dim, retrieval::to_string(w.shape.dtype), retrieval::pool_class_name(w.shape.pool_decade),
-                     w.request_kind, w.k);
+  const bool grouped = w.shape.load_order == retrieval::SlotOrder::by_targeting;  // by id: the name it always had
+  return fmt::format("pipeline_d{}_{}_{}_{}_k{}{}", w.shape.dim, retrieval::to_string(w.shape.dtype),
+                     retrieval::pool_class_name(w.shape.pool_decade), w.request_kind, w.k, grouped ? "_by_targeting" : "");
 }
 
 /// Why a policy has no time: its kind (compile_error where it does not fit the GPU, wrong_answer
@@ -57,9 +59,10 @@ using PolicyTimer = std::function<expected<double, PolicyFailure>(const retrieva
 inline Problem pipeline_problem(const PipelineWorkload& w, const retrieval::PipelinePolicy& defaults) {
   Problem p;
   p.name = workload_name(w);
-  p.description = fmt::format("The retrieval pipeline's kernel policies for d = {}, {}, {} ads, {} requests, K = {}: matching, scoring, "
-                              "top-K and batched scoring. A policy never changes the answers, only the speed.",
-                              w.shape.dim, retrieval::to_string(w.shape.dtype), w.ads, w.request_kind, w.k);
+  p.description = fmt::format("The retrieval pipeline's kernel policies for d = {}, {}, {} ads loaded by {}, {} requests, K = {}: "
+                              "matching, scoring, top-K and batched scoring. A policy never changes the answers, only the speed.",
+                              w.shape.dim, retrieval::to_string(w.shape.dtype), w.ads, retrieval::to_string(w.shape.load_order),
+                              w.request_kind, w.k);
   p.target = Target::cuda;
   auto add_stage = [&](const auto& stage) {
     using Stage = std::decay_t<decltype(stage)>;

@@ -63,6 +63,11 @@ class RetrievalBackend {
   /// Rebuilds whatever index speeds up searches after a bulk load (the GPU's matching postings);
   /// results never depend on it. Nothing to do on the CPU.
   virtual expected<void, Error> reindex() { return {}; }
+  /// Gathers the live ads back into targeting order after updates have scattered the grouping a
+  /// bulk load gave them (the GPU's DeviceAdIndex::regroup, whose scoring reads runs of eligible
+  /// slots faster); results never depend on it. The CPU reference reads every slot alike: nothing
+  /// to do there.
+  virtual expected<void, Error> regroup() { return {}; }
   /// The kernel policy each stage serves with and where it came from (a tuning file, the defaults
   /// and why); empty for a backend that runs no tuned kernels (the CPU's). `/health` shows it.
   virtual std::string kernel_policy() const { return {}; }

@@ -195,13 +195,21 @@ class ShardedBackend final : public RetrievalBackend {
   }
 
   expected<void, Error> reindex() override {
-    auto results = on_every_shard([](RetrievalBackend& s, std::size_t) { return s.reindex(); });
+    return on_each_shard_named([](RetrievalBackend& s) { return s.reindex(); });
+  }
+  expected<void, Error> regroup() override {
+    return on_each_shard_named([](RetrievalBackend& s) { return s.regroup(); });
+  }
+
+ private:
+  /// Runs `call` on every shard at once; the first failure, named by its shard.
+  template <class Call>
+  expected<void, Error> on_each_shard_named(Call call) {
+    auto results = on_every_shard([&](RetrievalBackend& s, std::size_t) { return call(s); });
     for (std::size_t i = 0; i < results.size(); ++i)
       if (!results[i]) return make_error(shard_failure(i, results[i].error()), results[i].error().kind);
     return {};
   }
-
- private:
   static expected<void, Error> check(const std::vector<std::unique_ptr<RetrievalBackend>>& shards) {
     if (shards.empty()) return make_error("a sharded pool needs at least one shard");
     for (std::size_t i = 0; i < shards.size(); ++i) {

@@ -292,3 +292,118 @@ TEST_CASE("updates during search are never torn and are seen once applied", "[cu
   CHECK(partial == 0);
   CHECK(wrongly_hidden == 0);
 }
+
+TEST_CASE("regroup puts the live ads in targeting order, drops free slots, and changes no answer", "[cuda][updates][regroup]") {
+  const EmbeddingType type = GENERATE(EmbeddingType::fp16, EmbeddingType::int8, EmbeddingType::int8_group32);
+  const Workload w(small_options(17, type));
+  HostAdPool host(w.schema());
+  auto p = FusedRetrievalPipeline::create(w.schema(), w.model(), {.capacity = 8192});
+  REQUIRE(p);
+  DeviceAdIndex& index = (*p)->index();
+  auto empty = index.regroup();  // nothing to move
+  REQUIRE(empty);
+  CHECK(empty->ads == 0);
+  CHECK(empty->dropped_slots == 0);
+
+  auto apply = [&](std::vector<AdRecord> batch) {
+    for (const AdRecord& ad : batch)
+      if (ad.live) REQUIRE(host.upsert(ad));
+      else host.expire(ad.id);
+    auto ok = index.upsert(batch);
+    INFO((ok ? "" : ok.error().message));
+    REQUIRE(ok);
+  };
+  // A load in id order, then churn: a third replaced with new targeting (in place), new ads that
+  // take the slots replacements freed (a replacement may expire) and the high-water ones, and then
+  // every 7th ad expired (its slot left free).
+  std::vector<AdRecord> load;
+  for (std::uint32_t i = 0; i < 6000; ++i) load.push_back(w.ad(i));
+  apply(load);
+  REQUIRE(index.reindex());
+  std::vector<AdRecord> replaced;
+  for (std::uint32_t i = 1; i < 6000; i += 3) {
+    AdRecord ad = w.ad(100000 + i);
+    ad.id = i;
+    replaced.push_back(ad);
+  }
+  apply(replaced);
+  std::vector<AdRecord> fresh;
+  for (std::uint32_t i = 0; i < 1200; ++i) fresh.push_back(w.ad(200000 + i));
+  apply(fresh);
+  std::vector<AdRecord> expired;
+  for (const std::vector<AdRecord>* batch : {&load, &fresh})
+    for (std::size_t i = 0; i < batch->size(); i += 7) {
+      AdRecord gone = (*batch)[i];
+      gone.live = false;
+      expired.push_back(gone);
+    }
+  apply(expired);
+  REQUIRE(index.live_count() == host.live_count());
+
+  std::vector<Request> requests;
+  for (RequestKind kind : {RequestKind::typical, RequestKind::broad, RequestKind::narrow})
+    requests.push_back(w.request(static_cast<std::uint64_t>(kind) + 60, kind, 400));
+  auto answers = [&](const char* when) {
+    std::vector<std::vector<ScoredAd>> all;
+    for (const Request& request : requests) {
+      auto top = (*p)->search(request);
+      REQUIRE(top);
+      auto ok = compare_with_reference(host, compute_request_vectors(w.model(), request.features), request, *top);
+      INFO(when << ": " << (ok ? "" : ok.error().message));
+      REQUIRE(ok);
+      all.push_back(*top);
+    }
+    return all;
+  };
+  const auto before = answers("before the regroup");
+
+  const std::size_t slots_before = index.slot_count(), live = index.live_count();
+  REQUIRE(slots_before > live);  // expired ads left slots behind
+  auto regrouped = index.regroup();
+  INFO((regrouped ? "" : regrouped.error().message));
+  REQUIRE(regrouped);
+  CHECK(regrouped->ads == live);
+  CHECK(regrouped->dropped_slots == slots_before - live);
+  CHECK(index.slot_count() == live);
+  CHECK(index.live_count() == live);
+  CHECK(index.unindexed_count() == too_long_to_index(host));  // the postings were rebuilt for the new slots
+
+  // Slot j holds a live ad, each once, in targeting order.
+  REQUIRE(index.synchronize());
+  const std::vector<std::uint32_t> ids = download<std::uint32_t>(index.slot_ids(), live);
+  auto key_of = [&](std::uint32_t id) {
+    const std::optional<std::size_t> slot = host.slot_of(id);
+    REQUIRE(slot);
+    std::vector<Clause> clauses;
+    for (std::uint32_t c : host.clauses(*slot))
+      clauses.push_back({clause_bits::category(c), clause_bits::value(c), (c & clause_bits::exclude) != 0});
+    return targeting_order_key(clauses);
+  };
+  std::vector<std::uint32_t> seen = ids;
+  std::sort(seen.begin(), seen.end());
+  CHECK(std::adjacent_find(seen.begin(), seen.end()) == seen.end());
+  std::size_t out_of_order = 0;
+  for (std::size_t j = 1; j < ids.size(); ++j) out_of_order += key_of(ids[j - 1]) > key_of(ids[j]);
+  CHECK(out_of_order == 0);
+  CHECK(key_of(ids.front()) < key_of(ids.back()));  // a real spread of keys, not one
+
+  const auto after = answers("after the regroup");
+  CHECK(after == before);  // ties go to the lower id, not the lower slot: the same answers, bit for bit
+
+  // Updates go on against the new slots: replacements find their ads, expiries free them, new ads
+  // fill the slots past the live ones, and a second regroup keeps every answer right.
+  std::vector<AdRecord> later;
+  for (std::uint32_t i = 0; i < 6000; i += 5) {
+    AdRecord ad = w.ad(300000 + i);
+    ad.id = i;
+    ad.live = ad.live && i % 2 == 0;
+    later.push_back(ad);
+  }
+  for (std::uint32_t i = 0; i < 800; ++i) later.push_back(w.ad(400000 + i));
+  apply(later);
+  REQUIRE(index.live_count() == host.live_count());
+  answers("updates after the regroup");
+  REQUIRE(index.regroup());
+  CHECK(index.slot_count() == host.live_count());
+  answers("a second regroup");
+}

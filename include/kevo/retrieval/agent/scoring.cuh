@@ -156,8 +156,14 @@ __host__ __device__ __forceinline__ TopTwoExperts merge_top_two(const TopTwoExpe
   return {a_first ? a.first : b.first, outranks(from_a.logit, from_b.logit, a_lower) ? from_a : from_b};
 }
 
-/// The top two of one row's 8 experts as a lane holds them after the exchanges: position p holds
-/// expert 2 (quad ^ (p / 2)) + p % 2. A tournament over the positions: each match's sides are
+/// The expert that position p (0 to 7) of a row holds in a lane after scoring's exchanges: the
+/// lane's quad q holds the expert pairs q, q ^ 1, q ^ 2 and q ^ 3, in that order, two experts each.
+__host__ __device__ __forceinline__ constexpr int expert_at_position(int quad, int p) {
+  return 2 * (quad ^ (p / 2)) + (p & 1);
+}
+
+/// The top two of one row's 8 experts as a lane holds them after the exchanges (position p holds
+/// expert_at_position(quad, p)). A tournament over the positions: each match's sides are
 /// whole runs of expert pairs, so which side holds the lower indices is one bit of `quad` per
 /// level, and no expert index is compared. (About half the instructions of a max, then scans for
 /// the lowest expert holding it, twice: routing was a quarter of d = 64 int8 scoring, run 138.)
@@ -378,8 +384,8 @@ struct AgentScoring {
       row.logit[p] = mine.logit[p];
       row.score[p + 4] = other.score[p] * scale;
       row.logit[p + 4] = other.logit[p];
-      row.expert[p] = 2 * (quad ^ (p / 2)) + (p & 1);
-      row.expert[p + 4] = 2 * (quad ^ (2 + p / 2)) + (p & 1);
+      row.expert[p] = expert_at_position(quad, p);
+      row.expert[p + 4] = expert_at_position(quad, p + 4);
     }
 #pragma unroll
     for (int p = 0; p < 8; ++p) row.logit[p] = row.expert[p] < experts ? row.logit[p] * scale : -INFINITY;
@@ -468,7 +474,7 @@ struct AgentScoring {
     if (experts < kMaxGpuExperts)
 #pragma unroll
       for (int p = 0; p < 8; ++p)
-        if (2 * (quad ^ (p / 2)) + (p & 1) >= experts) logit[p] = -INFINITY;
+        if (expert_at_position(quad, p) >= experts) logit[p] = -INFINITY;
     const TopTwoExperts top = top_two_experts(logit, score, quad);
     const float l1 = top.first.logit, s1 = top.first.score;
     // (Products rounded on their own, as scaling first rounds them: no contraction into the sums.)

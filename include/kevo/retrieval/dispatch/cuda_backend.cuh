@@ -56,6 +56,12 @@ class CudaRetrievalBackend final : public RetrievalBackend {
     if (auto ok = select_device(); !ok) return ok;
     return pipeline_->index().reindex();
   }
+  expected<void, Error> regroup() override {
+    if (auto ok = select_device(); !ok) return ok;
+    auto regrouped = pipeline_->index().regroup();
+    if (!regrouped) return unexpected(regrouped.error());
+    return {};
+  }
   std::string kernel_policy() const override { return pipeline_->policy_origin(); }
   FusedRetrievalPipeline& pipeline() { return *pipeline_; }
 

@@ -8,6 +8,8 @@
 //
 // Replacing or expiring an ad leaves its old clause run in the arena; when a batch does not fit, the
 // live runs are packed into a fresh arena (compact_clause_arena), as one more ordered update.
+// `regroup` moves the live ads' rows into slots in targeting order (slot_order.hpp) the same way,
+// once updates have scattered the order a bulk load gave them.
 //
 // Matching does not walk every ad's run: `reindex` builds, per segment of kSegmentSlots slots, an
 // inverted index from query bit to the segment's ads (agent/matching.cuh), and a header byte per
@@ -28,7 +30,7 @@
 //   (*index)->upsert(ads);
 //   (*index)->expire(ids);
 //
-// Why one file of about 920 lines: the device layout, the update kernels and the host-side packing
+// Why one file of about 1000 lines: the device layout, the update kernels and the host-side packing
 // must agree byte for byte.
 #pragma once
 
@@ -463,6 +465,98 @@ class DeviceAdIndex {
     return reindex_locked();
   }
 
+  /// What a regroup did: the live ads it placed, and the slots that expired ads had left free.
+  struct Regrouped {
+    std::size_t ads = 0;
+    std::size_t dropped_slots = 0;
+  };
+
+  /// Moves the live ads into slots 0 .. live_count() - 1 in targeting order (targeting_order_key,
+  /// slot_order.hpp; equal keys keep their slots' order) and rebuilds matching's postings for them.
+  /// Updates scatter a bulk load's grouping (a replacement keeps its slot whatever its new
+  /// targeting, a new ad takes whichever slot is free), and scoring reads a pool whose eligible ads
+  /// lie in runs closer to streaming speed; this gathers them again, and drops the slots expired
+  /// ads left free. Ordered like an update: searches enqueued before it read the old slots, those
+  /// after it the new, and no answer changes (ties go to the lower id, not the lower slot).
+  /// Searches go on while it works; updates wait. It needs device memory for a second copy of
+  /// the rows, ids, targeting and side records, and 24 bytes a slot while it sorts; without it,
+  /// it fails with ErrorKind::capacity and changes nothing. Rows move: a caller that keeps
+  /// embeddings() or side_values() must ask again.
+  expected<Regrouped, Error> regroup() {
+    std::lock_guard update(update_mutex_);
+    const auto n = static_cast<std::uint32_t>(slots_);
+    const auto live = static_cast<std::uint32_t>(id_to_slot_.size());
+    const std::size_t capacity = options_.capacity;
+    // Everything it needs first, so that a device without room fails with nothing changed.
+    DeviceBuffer<std::uint32_t> ids, targeting;
+    DeviceBuffer<void> rows;
+    DeviceBuffer<float> side;
+    GpuScratch scratch;
+    std::uint64_t *keys = nullptr, *sorted_keys = nullptr;
+    std::uint32_t *slot_of_key = nullptr, *from = nullptr;
+    unsigned char* sort_temp = nullptr;
+    std::size_t sort_bytes = 0;
+    KEVO_GPU_TRY(gpu_cub::DeviceRadixSort::SortPairs(nullptr, sort_bytes, keys, sorted_keys, slot_of_key, from, n));
+    const std::size_t side_bytes = capacity * 4 * static_cast<std::size_t>(side_width());
+    for (gpu_error_t e : {gpu_allocate(ids, capacity * 4), gpu_allocate(targeting, capacity * 4), gpu_allocate(rows, capacity * row_bytes()),
+                          gpu_allocate(side, side_bytes), scratch.allocate(keys, n), scratch.allocate(sorted_keys, n),
+                          scratch.allocate(slot_of_key, n), scratch.allocate(from, n), scratch.allocate(sort_temp, sort_bytes)})
+      if (e != gpu_success) {
+        (void)gpu_last_error();  // an allocation's failure is not sticky: later launches must not report it
+        return make_error("regroup needs device memory for a second copy of the pool (" +
+                              std::to_string(capacity * (8 + row_bytes()) + side_bytes + std::size_t{n} * 24 + sort_bytes) +
+                              " bytes): " + gpu_error_string(e),
+                          ErrorKind::capacity);
+      }
+    // Only reads of the index's arrays, which searches never write: no need to wait for them. The
+    // updates before it are on this stream.
+    gpu_stream_t stream = update_stream_;
+    KEVO_GPU_TRY(gpu_memset_async(targeting.get(), 0, capacity * 4, stream));  // slots past the live ads hold none
+    if (n > 0) {
+      const unsigned grid = std::max(1u, std::min(8192u, (n + 255) / 256));
+      kernels::regroup_keys<<<grid, 256, 0, stream>>>(targeting_.get(), clauses_.get(), n, keys, slot_of_key);
+      KEVO_GPU_TRY(gpu_cub::DeviceRadixSort::SortPairs(sort_temp, sort_bytes, keys, sorted_keys, slot_of_key, from, n, 0, 64, stream));
+      kernels::regroup_gather<<<std::max(1u, std::min(65536u, (live + 7) / 8)), 256, 0, stream>>>(
+          from, live, ids_.get(), targeting_.get(), side_.get(), side_width(), static_cast<const uint4*>(embeddings_.get()),
+          static_cast<int>(row_bytes() / 16), ids.get(), targeting.get(), side.get(), static_cast<uint4*>(rows.get()));
+      KEVO_GPU_TRY(gpu_last_error());
+    }
+    // The host's bookkeeping for the new slots, prepared before anything is published (the id
+    // map's values are rewritten in place after, which cannot fail).
+    std::vector<std::uint32_t> moved_from(live), new_slot_of(n, 0);
+    std::vector<std::uint32_t> run_clauses(capacity, 0);
+    if (live > 0) KEVO_GPU_TRY(gpu_copy_async(moved_from.data(), from, std::size_t{live} * 4, stream));
+    KEVO_GPU_TRY(gpu_stream_synchronize(stream));
+    for (std::uint32_t j = 0; j < live; ++j) {
+      new_slot_of[moved_from[j]] = j;
+      run_clauses[j] = run_clauses_[moved_from[j]];
+    }
+    const std::size_t old_segments = (std::size_t{n} + kSegmentSlots - 1) / kSegmentSlots;
+    const std::size_t new_segments = (std::size_t{live} + kSegmentSlots - 1) / kSegmentSlots;
+    bool swapped = false;
+    auto published = rebuild_postings(targeting.get(), live, [&]() -> expected<void, Error> {
+      // Slots past the live ads hold none, and segments past them have no postings (their tables
+      // are freed with the old ones): an upsert may fill them later, to be walked until a reindex.
+      if (n > live) KEVO_GPU_TRY(gpu_memset_async(headers_.get() + live, match_header::not_live, n - live, stream));
+      if (old_segments > new_segments)
+        KEVO_GPU_TRY(gpu_memset_async(segments_.get() + new_segments, 0, (old_segments - new_segments) * sizeof(SegmentDirectory), stream));
+      std::swap(ids_, ids);
+      std::swap(targeting_, targeting);
+      std::swap(embeddings_, rows);
+      std::swap(side_, side);
+      slots_ = live;
+      swapped = true;
+      return {};
+    });
+    if (swapped) {  // the host follows the device, even where waiting for it failed after the swap
+      for (auto& [id, slot] : id_to_slot_) slot = new_slot_of[slot];
+      run_clauses_.swap(run_clauses);
+      free_slots_.clear();
+    }
+    if (!published) return unexpected(published.error());
+    return Regrouped{live, n - live};  // the old arrays are freed here: every search that read them is done
+  }
+
   /// Packed clauses in use in the arena (live runs plus those that replaced or expired ads left
   /// behind until the next compaction), and its capacity.
   std::size_t clause_arena_used() const {
@@ -702,8 +796,14 @@ class DeviceAdIndex {
   /// distinct key into its segment's hash table, sized 2x its keys. Everything is built beside
   /// the live postings; only headers and directory are copied over, after the searches before.
   expected<void, Error> reindex_locked() {
+    return rebuild_postings(targeting_.get(), slots_, []() -> expected<void, Error> { return {}; });
+  }
+  /// The reindex over `slots` slots of `targeting` (the index's own, or regroup's new arrays), which
+  /// calls `also_publish` on update_stream_ as the new postings replace the old, between two searches.
+  template <class AlsoPublish>
+  expected<void, Error> rebuild_postings(const std::uint32_t* targeting, std::size_t slots, AlsoPublish&& also_publish) {
     const std::uint32_t slice_segments = options_.reindex_slice_segments;
-    const auto n = static_cast<std::uint32_t>(slots_);
+    const auto n = static_cast<std::uint32_t>(slots);
     const std::uint32_t segments = (n + kSegmentSlots - 1) / kSegmentSlots;
     gpu_stream_t stream = update_stream_;
     GpuScratch scratch;
@@ -717,7 +817,7 @@ class DeviceAdIndex {
     KEVO_GPU_TRY(gpu_memset_async(wide, 0, 4, stream));
     const unsigned grid = std::max(1u, std::min(8192u, (n + 255) / 256));
     KEVO_GPU_TRY(gpu_memset_async(counts + n, 0, 4, stream));
-    if (n > 0) kernels::postings_count<<<grid, 256, 0, stream>>>(targeting_.get(), clauses_.get(), n, headers, counts, wide);
+    if (n > 0) kernels::postings_count<<<grid, 256, 0, stream>>>(targeting, clauses_.get(), n, headers, counts, wide);
     std::size_t scan_bytes = 0;
     unsigned char* scan_temp = nullptr;
     KEVO_GPU_TRY(gpu_cub::DeviceScan::ExclusiveSum(nullptr, scan_bytes, counts, offsets, n + 1));
@@ -762,7 +862,7 @@ class DeviceAdIndex {
       if (entries == 0) return {};
       const std::uint32_t first = s0 * kSegmentSlots, end = std::min<std::uint64_t>(n, std::uint64_t{s1} * kSegmentSlots);
       kernels::postings_emit<<<std::max(1u, std::min(8192u, (end - first + 255) / 256)), 256, 0, stream>>>(
-          targeting_.get(), clauses_.get(), category_offsets_.get(), offsets, first, end, keys, values);
+          targeting, clauses_.get(), category_offsets_.get(), offsets, first, end, keys, values);
       const int end_bit = 22 + std::bit_width(s1 - s0 - 1);
       std::size_t bytes = slice_temp_bytes;
       KEVO_GPU_TRY(gpu_cub::DeviceRadixSort::SortPairs(slice_temp, bytes, keys, sorted_keys, values,
@@ -823,7 +923,7 @@ class DeviceAdIndex {
         KEVO_GPU_TRY(gpu_copy_async(segments_.get(), directory.data(), segments * sizeof(SegmentDirectory), stream));
       std::swap(postings_, built);
       std::swap(table_buffers_, tables);
-      return {};
+      return also_publish();
     });
     // The old postings and tables once published (every search that read them is done), else the new.
     built.reset();

@@ -10,6 +10,7 @@
 #include "kevo/retrieval/agent/matching.cuh"
 #include "kevo/retrieval/agent/views.cuh"
 #include "kevo/retrieval/portability.cuh"
+#include "kevo/retrieval/slot_order.hpp"
 
 namespace kevo::retrieval::kernels {
 
@@ -218,6 +219,50 @@ __global__ void postings_segment_starts(const std::uint32_t* offsets, std::uint3
                                         std::uint32_t* starts) {
   for (std::uint32_t s = blockIdx.x * blockDim.x + threadIdx.x; s <= segments; s += gridDim.x * blockDim.x)
     starts[s] = offsets[min(static_cast<std::uint64_t>(s) * kSegmentSlots, static_cast<std::uint64_t>(slots))];
+}
+
+// ---- slots regrouped by targeting (DeviceAdIndex::regroup) ---------------------------------------
+
+/// Regroup step 1: each slot's targeting_order_key (slot_order.hpp, read off its packed clause run),
+/// or ~0 for a slot no live ad holds (no live ad's key is ~0: the sort puts them last, and they are
+/// dropped), with the slot itself as the sort's value.
+template <class = void>
+__global__ void regroup_keys(const std::uint32_t* targeting, const std::uint32_t* clauses, std::uint32_t slots,
+                             std::uint64_t* keys, std::uint32_t* slot_of_key) {
+  for (std::uint32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < slots; i += gridDim.x * blockDim.x) {
+    const std::uint32_t word = targeting[i];
+    std::uint64_t key = ~std::uint64_t{0};
+    if (word & targeting_bits::live) {
+      TargetingOrderKey order;
+      if (word & targeting_bits::has_clauses)
+        for_each_clause(clauses, word, [&](std::uint32_t c) {
+          order.add((c >> clause_bits::category_shift) & 31u, c & clause_bits::value_mask, (c & clause_bits::exclude) != 0);
+        });
+      key = order.key();
+    }
+    keys[i] = key;
+    slot_of_key[i] = i;
+  }
+}
+
+/// Regroup step 2: new slot j takes the ad of old slot from[j], one warp a slot: its row, side
+/// record, id and targeting word (its clause run stays where it is in the arena).
+template <class = void>
+__global__ void regroup_gather(const std::uint32_t* from, std::uint32_t slots, const std::uint32_t* ids,
+                               const std::uint32_t* targeting, const float* side, int side_width, const uint4* rows,
+                               int row_vectors, std::uint32_t* new_ids, std::uint32_t* new_targeting, float* new_side,
+                               uint4* new_rows) {
+  const int lane = static_cast<int>(threadIdx.x % 32);
+  const std::uint64_t warps = static_cast<std::uint64_t>(gridDim.x) * blockDim.x / 32;
+  for (std::uint64_t j = (static_cast<std::uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32; j < slots; j += warps) {
+    const std::uint64_t i = from[j];
+    for (int v = lane; v < row_vectors; v += 32) new_rows[j * row_vectors + v] = rows[i * row_vectors + v];
+    for (int w = lane; w < side_width; w += 32) new_side[j * side_width + w] = side[i * side_width + w];
+    if (lane == 0) {
+      new_ids[j] = ids[i];
+      new_targeting[j] = targeting[i];
+    }
+  }
 }
 
 }  // namespace kevo::retrieval::kernels

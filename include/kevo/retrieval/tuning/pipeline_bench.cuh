@@ -87,10 +87,6 @@ __global__ inline void fill_embeddings(void* rows, float* side_values, const std
 
 }  // namespace bench_detail
 
-/// The order in which a batch's ads take their slots: by id, or grouped by targeting
-/// (slot_order.hpp), so that the ads one request finds eligible lie in runs of neighbouring slots.
-enum class SlotOrder { by_id, by_targeting };
-
 /// Targeting, bias and liveness of ads [begin, end) of the workload, drawn on all cores, in `order`.
 inline PackedAds generate_targeting(const Workload& w, std::uint64_t begin, std::uint64_t end, SlotOrder order = SlotOrder::by_id) {
   const unsigned threads = std::max(1u, std::thread::hardware_concurrency());

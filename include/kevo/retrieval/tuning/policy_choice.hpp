@@ -4,6 +4,7 @@
 // tuning file); this header stays free of fmt and JSON so that nvcc can compile the pipeline.
 #pragma once
 
+#include <kevo/retrieval/slot_order.hpp>
 #include <kevo/retrieval/tuning/policies.hpp>
 #include <kevo/retrieval/types.hpp>
 
@@ -26,15 +27,19 @@ inline std::string pool_class_name(int decade) {
                        : std::to_string(static_cast<long long>(std::pow(10, decade)));
 }
 
-/// What a policy is tuned for, beside the device: the pool's d, its dtype and its size class.
+/// What a policy is tuned for, beside the device: the pool's d, its dtype, its size class, and the
+/// order its ads were loaded in (which sets how long the runs of eligible slots are that scoring
+/// gathers: its best policy differs between the orders).
 struct ShapeClass {
   int dim = 128;
   EmbeddingType dtype = EmbeddingType::fp16;
   int pool_decade = 8;  // pool_class(N)
+  SlotOrder load_order = SlotOrder::by_id;
   friend bool operator==(const ShapeClass&, const ShapeClass&) = default;
 };
 inline std::string to_string(const ShapeClass& s) {
-  return "d = " + std::to_string(s.dim) + ", " + to_string(s.dtype) + ", ~" + pool_class_name(s.pool_decade) + " ads";
+  return "d = " + std::to_string(s.dim) + ", " + to_string(s.dtype) + ", ~" + pool_class_name(s.pool_decade) + " ads, loaded by " +
+         std::string(to_string(s.load_order));
 }
 
 /// The device a choice is made for.

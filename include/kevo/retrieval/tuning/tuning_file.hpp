@@ -29,6 +29,7 @@
 #include <optional>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace kevo::retrieval {
@@ -52,10 +53,11 @@ inline std::string tuning_file_json(const TuningFile& file) {
                                 kevo::detail::json_quote(file.gpu), kevo::detail::json_quote(file.cuda));
   for (std::size_t i = 0; i < file.entries.size(); ++i) {
     const TuningEntry& e = file.entries[i];
-    out += fmt::format("{}\n    {{\"dim\": {}, \"dtype\": \"{}\", \"pool\": \"{}\", \"default_seconds\": {:.9g}, \"tuned_seconds\": {:.9g}, "
-                       "\"evaluations\": {},\n     \"policy\": {}}}",
-                       i ? "," : "", e.shape.dim, to_string(e.shape.dtype), pool_class_name(e.shape.pool_decade), e.default_seconds,
-                       e.tuned_seconds, e.evaluations, kevo::detail::knobs_to_json(to_knobs(e.policy)));
+    out += fmt::format("{}\n    {{\"dim\": {}, \"dtype\": \"{}\", \"pool\": \"{}\", \"load_order\": \"{}\", \"default_seconds\": {:.9g}, "
+                       "\"tuned_seconds\": {:.9g}, \"evaluations\": {},\n     \"policy\": {}}}",
+                       i ? "," : "", e.shape.dim, to_string(e.shape.dtype), pool_class_name(e.shape.pool_decade),
+                       to_string(e.shape.load_order), e.default_seconds, e.tuned_seconds, e.evaluations,
+                       kevo::detail::knobs_to_json(to_knobs(e.policy)));
   }
   return out + "\n  ]\n}\n";
 }
@@ -112,6 +114,12 @@ inline expected<TuningFile, Error> read_tuning_file(const std::filesystem::path&
       auto decade = tuning_detail::pool_decade_from(std::string_view(entry["pool"]));
       if (!decade) return make_error(fmt::format("{}: entry {}: {}", where, index, decade.error().message));
       e.shape.pool_decade = *decade;
+      // Files written before the load order was recorded were all tuned on pools loaded by id.
+      std::string_view order = "id";
+      if (auto field = entry["load_order"]; field.error() != simdjson::NO_SUCH_FIELD) order = std::string_view(field);
+      const std::optional<SlotOrder> load_order = slot_order_named(order);
+      if (!load_order) return make_error(fmt::format("{}: entry {}: load_order '{}' is not id or targeting", where, index, order));
+      e.shape.load_order = *load_order;
       e.default_seconds = double(entry["default_seconds"]);
       e.tuned_seconds = double(entry["tuned_seconds"]);
       e.evaluations = static_cast<int>(std::int64_t(entry["evaluations"]));
@@ -131,7 +139,9 @@ inline expected<TuningFile, Error> read_tuning_file(const std::filesystem::path&
 
 /// The tuned policy for `shape` on `device` from `file`, or `defaults` with the reason: no file,
 /// a file that cannot be read, one made on another GPU or CUDA version, or no entry for the shape.
-/// The size class falls back to the nearest tuned decade of the same d and dtype.
+/// Of the entries for the same d and dtype, one tuned in the same load order wins over one tuned in
+/// the other (still a legal policy for the pool, and said so in the origin line), then the nearest
+/// size class.
 inline PolicyChoice choose_policy(const std::filesystem::path& path, const DeviceIdentity& device, const ShapeClass& shape,
                                   const PipelinePolicy& defaults) {
   auto fallback = [&](std::string why) {
@@ -143,21 +153,27 @@ inline PolicyChoice choose_policy(const std::filesystem::path& path, const Devic
   if (file->gpu != device.gpu || file->cuda != device.cuda)
     return fallback(fmt::format("{} was tuned on {} with CUDA {}, and this is {} with CUDA {}", path.string(), file->gpu, file->cuda,
                                 device.gpu, device.cuda));
+  auto distance = [&](const TuningEntry& e) {  // (another order, decades apart): smaller is nearer
+    return std::pair{e.shape.load_order != shape.load_order, std::abs(e.shape.pool_decade - shape.pool_decade)};
+  };
   const TuningEntry* best = nullptr;
   for (const TuningEntry& e : file->entries)
-    if (e.shape.dim == shape.dim && e.shape.dtype == shape.dtype &&
-        (!best || std::abs(e.shape.pool_decade - shape.pool_decade) < std::abs(best->shape.pool_decade - shape.pool_decade)))
-      best = &e;
-  if (!best) return fallback(fmt::format("{} has no entry for {}", path.string(), to_string(shape)));
+    if (e.shape.dim == shape.dim && e.shape.dtype == shape.dtype && (!best || distance(e) < distance(*best))) best = &e;
+  if (!best) return fallback(fmt::format("{} has no entry for d = {}, {}", path.string(), shape.dim, to_string(shape.dtype)));
+  const std::string other_order =
+      best->shape.load_order == shape.load_order ? std::string()
+                                                 : fmt::format(" (this pool is loaded by {}; the file has no entry tuned so)", to_string(shape.load_order));
   return PolicyChoice{best->policy, true, {},
-                      fmt::format("tuned for {} on {} (CUDA {}, {}): {}", to_string(best->shape), file->gpu, file->cuda, path.string(),
-                                  to_string(best->policy))};
+                      fmt::format("tuned for {}{} on {} (CUDA {}, {}): {}", to_string(best->shape), other_order, file->gpu, file->cuda,
+                                  path.string(), to_string(best->policy))};
 }
 
 /// The pipeline's chooser (FusedRetrievalPipeline::Options::choose_policy) over a tuning file, read
-/// when the pipeline is created.
-inline PolicyChooser tuned_policies(std::filesystem::path path) {
-  return [path = std::move(path)](const DeviceIdentity& device, const ShapeClass& shape) {
+/// when the pipeline is created. The pipeline cannot see the order its caller loads ads in, so the
+/// caller says it here (retrieval_server passes its --load-order).
+inline PolicyChooser tuned_policies(std::filesystem::path path, SlotOrder load_order = SlotOrder::by_id) {
+  return [path = std::move(path), load_order](const DeviceIdentity& device, ShapeClass shape) {
+    shape.load_order = load_order;
     return choose_policy(path, device, shape, PipelinePolicy{});
   };
 }
