@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 #include <simdjson.h>
 
+#include <atomic>
 #include <chrono>
 #include <optional>
 #include <thread>
@@ -294,7 +295,13 @@ class FailingEngine final : public RetrievalBackend {
     return engine_.upsert(ads);
   }
   expected<std::size_t, Error> expire(std::span<const std::uint32_t> ids) override { return engine_.expire(ids); }
+  expected<void, Error> regroup() override {
+    ++regroups;
+    if (failure) return make_error("regroup refused", *failure);
+    return {};
+  }
   std::optional<ErrorKind> failure;
+  std::atomic<int> regroups{0};
 
  private:
   CpuRetrievalBackend engine_;
@@ -352,10 +359,19 @@ TEST_CASE("a backend's error is answered by its kind: the caller's 400, capacity
     Reply upserted = call(port, http::verb::post, "/ads", upsert);
     CHECK(upserted.status == status);
     CHECK_THAT(upserted.body, Catch::Contains("upsert refused"));
+    Reply regrouped = call(port, http::verb::post, "/regroup", "");
+    CHECK(regrouped.status == status);
+    CHECK_THAT(regrouped.body, Catch::Contains("regroup refused"));
   }
   backend.failure.reset();
   CHECK(call(port, http::verb::post, "/search", search_body(request)).status == 200);
   CHECK(call(port, http::verb::post, "/ads", upsert).status == 200);
+  const Reply regrouped = call(port, http::verb::post, "/regroup", "");
+  CHECK(regrouped.status == 200);
+  CHECK(regrouped.body == "{\"regrouped\":true}");
+  CHECK(backend.regroups == 5);  // each POST reached the backend once
+  CHECK(call(port, http::verb::get, "/regroup", "").status == 405);
+  CHECK_THAT(call(port, http::verb::get, "/metrics", "").body, Catch::Contains("endpoint=\"/regroup\",status=\"200\""));
 }
 
 TEST_CASE("an int8 pool's server takes ads already quantized, and refuses a form that does not fit", "[retrieval][server][int8]") {

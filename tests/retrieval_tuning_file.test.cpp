@@ -202,3 +202,20 @@ TEST_CASE("a tuned policy records the load order it was measured in, and the poo
     CHECK_THAT(refused.error().message, Catch::Contains("entry 0: load_order 'random' is not id or targeting"));
   }
 }
+
+TEST_CASE("the tuning files this repository ships read back, each entry legal, with the load order it was tuned in", "[retrieval][tuning]") {
+  const fs::path shipped = fs::path(KEVO_SOURCE_DIR) / "benchmarks" / "tuning";
+  int files = 0, grouped = 0;
+  for (const fs::directory_entry& entry : fs::directory_iterator(shipped)) {
+    if (entry.path().extension() != ".json") continue;
+    INFO(entry.path().string());
+    auto file = read_tuning_file(entry.path());
+    REQUIRE(file);
+    CHECK(file->gpu == "NVIDIA H200");
+    CHECK_FALSE(file->entries.empty());
+    for (const TuningEntry& e : file->entries) grouped += e.shape.load_order == SlotOrder::by_targeting;
+    ++files;
+  }
+  CHECK(files >= 3);
+  CHECK(grouped >= 2);  // h200-100m-by-targeting.json: run 142's pools loaded by targeting
+}

@@ -232,6 +232,7 @@ class NamedPool final : public RetrievalBackend {
   kevo::expected<void, kevo::Error> upsert(std::span<const AdRecord> ads) override { return pool_->upsert(ads); }
   kevo::expected<std::size_t, kevo::Error> expire(std::span<const std::uint32_t> ids) override { return pool_->expire(ids); }
   kevo::expected<void, kevo::Error> reindex() override { return pool_->reindex(); }
+  kevo::expected<void, kevo::Error> regroup() override { return pool_->regroup(); }
 
  private:
   std::unique_ptr<ShardedBackend> pool_;

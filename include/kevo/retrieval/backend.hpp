@@ -190,6 +190,7 @@ class BatchingBackend final : public RetrievalBackend {
   expected<void, Error> upsert_checked(const CheckedAds& ads) override { return engine_.upsert_checked(ads); }
   expected<std::size_t, Error> expire(std::span<const std::uint32_t> ids) override { return engine_.expire(ids); }
   expected<void, Error> reindex() override { return engine_.reindex(); }
+  expected<void, Error> regroup() override { return engine_.regroup(); }
 
   /// Searches waiting to be taken into a batch now.
   std::size_t waiting() const {

@@ -10,6 +10,7 @@
 //   POST /ads     {"ads":[{"id":7,"embedding":[...],"bias":0.1,"clauses":[{"category":3,"value":5,"exclude":false}],"live":true}]}
 //              -> {"upserted":1}
 //   POST /expire  {"ids":[7]} -> {"expired":1}
+//   POST /regroup (no body) -> {"regrouped":true}   (the live ads back into targeting order, RetrievalBackend::regroup)
 //   GET  /health  -> {"backend":"cpu"}   (a GPU backend adds "kernel_policy": the policy it serves with, and where from)
 //   GET  /metrics -> the Prometheus text format: answers and latency histograms per endpoint, shed
 //                    requests by reason, queue depth, connections, /search_batch sizes, BatchingBackend's batches
@@ -274,7 +275,7 @@ inline std::string results_json(const std::vector<ScoredAd>& top) {
 /// /search_batch requests. Thread-safe; one lock, held for a few additions.
 class ServingMetrics {
  public:
-  static constexpr const char* kEndpoints[] = {"/search", "/search_batch", "/ads", "/expire", "/health", "/metrics", "other"};
+  static constexpr const char* kEndpoints[] = {"/search", "/search_batch", "/ads", "/expire", "/regroup", "/health", "/metrics", "other"};
   static constexpr double kSeconds[] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10};
   static constexpr double kBatch[] = {1, 2, 4, 8, 16, 32, 64};
   static constexpr const char* kReasons[] = {"queue_full", "deadline", "draining", "connections", "body_bytes"};
@@ -501,9 +502,14 @@ class RetrievalHttpServer {
       return answer(method == verb::get ? HttpAnswer{status::ok, health_json()} : error(status::method_not_allowed, "use GET"));
     if (target == "/metrics")
       return answer(method == verb::get ? HttpAnswer{status::ok, metrics_text()} : error(status::method_not_allowed, "use GET"));
-    if (target != "/search" && target != "/search_batch" && target != "/ads" && target != "/expire")
+    if (target != "/search" && target != "/search_batch" && target != "/ads" && target != "/expire" && target != "/regroup")
       return answer(error(status::not_found, "no such path"));
     if (method != verb::post) return answer(error(status::method_not_allowed, "use POST"));
+    if (target == "/regroup")  // an update like the others: on the update thread, in arrival order; no body to read
+      return {std::nullopt, [this] {
+                if (auto ok = backend_.regroup(); !ok) return error(status_for(ok.error().kind), ok.error().message);
+                return HttpAnswer{status::ok, "{\"regrouped\":true}"};
+              }, true};
     try {
       // The padded copy and the document live together in this scope; no view outlives them.
       const simdjson::padded_string input(body);

@@ -527,10 +527,12 @@ class DeviceAdIndex {
     std::vector<std::uint32_t> run_clauses(capacity, 0);
     if (live > 0) KEVO_GPU_TRY(gpu_copy_async(moved_from.data(), from, std::size_t{live} * 4, stream));
     KEVO_GPU_TRY(gpu_stream_synchronize(stream));
-    for (std::uint32_t j = 0; j < live; ++j) {
-      new_slot_of[moved_from[j]] = j;
-      run_clauses[j] = run_clauses_[moved_from[j]];
-    }
+    parallel_for_ranges(live, batch_threads(live), [&](unsigned, std::size_t begin, std::size_t end) {
+      for (std::size_t j = begin; j < end; ++j) {  // distinct old slots: no two threads write one
+        new_slot_of[moved_from[j]] = static_cast<std::uint32_t>(j);
+        run_clauses[j] = run_clauses_[moved_from[j]];
+      }
+    });
     const std::size_t old_segments = (std::size_t{n} + kSegmentSlots - 1) / kSegmentSlots;
     const std::size_t new_segments = (std::size_t{live} + kSegmentSlots - 1) / kSegmentSlots;
     bool swapped = false;
