@@ -94,22 +94,29 @@ class RecordingShard final : public CpuShard {
   std::vector<std::uint32_t> checked_ids;
 };
 
-}  // namespace
-
-TEST_CASE("each shard is handed its part checked once, and a bad ad anywhere changes no shard", "[retrieval][sharded]") {
-  const Workload w = small_workload();
+/// A ShardedBackend over `count` test doubles of type Shard, which `shards` points at.
+template <class Shard>
+std::unique_ptr<ShardedBackend> pool_of_doubles(const Workload& w, int count, std::vector<Shard*>& shards) {
   std::vector<std::unique_ptr<RetrievalBackend>> engines;
-  std::vector<RecordingShard*> shards;
-  for (int i = 0; i < 3; ++i) {
-    auto shard = std::make_unique<RecordingShard>(w);
+  for (int i = 0; i < count; ++i) {
+    auto shard = std::make_unique<Shard>(w);
     shards.push_back(shard.get());
     engines.push_back(std::move(shard));
   }
   auto pool = ShardedBackend::create(std::move(engines));
   REQUIRE(pool);
+  return std::move(*pool);
+}
+
+}  // namespace
+
+TEST_CASE("each shard is handed its part checked once, and a bad ad anywhere changes no shard", "[retrieval][sharded]") {
+  const Workload w = small_workload();
+  std::vector<RecordingShard*> shards;
+  auto pool = pool_of_doubles(w, 3, shards);
   std::vector<AdRecord> ads;
   for (std::uint64_t i = 0; i < 1000; ++i) ads.push_back(w.ad(i));
-  REQUIRE((*pool)->upsert(ads));
+  REQUIRE(pool->upsert(ads));
   std::size_t handed = 0;
   for (std::size_t i = 0; i < shards.size(); ++i) {
     CHECK(shards[i]->unchecked_batches == 0);
@@ -119,7 +126,7 @@ TEST_CASE("each shard is handed its part checked once, and a bad ad anywhere cha
   }
   CHECK(handed == ads.size());
   const Request request = w.request(3, RequestKind::broad, 100);
-  const auto before = (*pool)->search(request);
+  const auto before = pool->search(request);
   REQUIRE(before);
 
   // Every ad replaced, one of them (on the last shard) with an embedding that is not finite.
@@ -129,11 +136,11 @@ TEST_CASE("each shard is handed its part checked once, and a bad ad anywhere cha
   auto bad = std::find_if(replaced.begin(), replaced.end(), [&](const AdRecord& ad) { return ShardedBackend::shard_of(ad.id, 3) == 2; });
   REQUIRE(bad != replaced.end());
   bad->embedding[7] = std::numeric_limits<float>::quiet_NaN();
-  auto refused = (*pool)->upsert(replaced);
+  auto refused = pool->upsert(replaced);
   REQUIRE_FALSE(refused);
   CHECK_THAT(refused.error().message, Catch::Contains("finite"));
   for (RecordingShard* shard : shards) CHECK(shard->checked_batches + shard->unchecked_batches == 1);  // no shard touched
-  const auto after = (*pool)->search(request);
+  const auto after = pool->search(request);
   REQUIRE(after);
   CHECK(*after == *before);
 }
@@ -372,28 +379,21 @@ TEST_CASE("a bad request is the caller's error, and shards of another model are 
 
 TEST_CASE("index upkeep (reindex, regroup) reaches every shard, and a shard's failure is named", "[retrieval][sharded]") {
   const Workload w = small_workload();
-  std::vector<std::unique_ptr<RetrievalBackend>> engines;
   std::vector<UpkeepShard*> shards;
-  for (int i = 0; i < 3; ++i) {
-    auto shard = std::make_unique<UpkeepShard>(w);
-    shards.push_back(shard.get());
-    engines.push_back(std::move(shard));
-  }
-  auto pool = ShardedBackend::create(std::move(engines));
-  REQUIRE(pool);
-  REQUIRE((*pool)->reindex());
-  REQUIRE((*pool)->regroup());
+  auto pool = pool_of_doubles(w, 3, shards);
+  REQUIRE(pool->reindex());
+  REQUIRE(pool->regroup());
   for (const UpkeepShard* s : shards) {
     CHECK(s->reindexed == 1);
     CHECK(s->regrouped == 1);
   }
   shards[2]->failing = true;
-  auto failed = (*pool)->regroup();
+  auto failed = pool->regroup();
   REQUIRE_FALSE(failed);
   CHECK(failed.error().message == "shard 2 of 3 failed: regroup needs device memory");
   CHECK(failed.error().kind == ErrorKind::capacity);
   for (const UpkeepShard* s : shards) CHECK(s->regrouped == 2);  // every shard was asked
-  auto reindex_failed = (*pool)->reindex();
+  auto reindex_failed = pool->reindex();
   REQUIRE_FALSE(reindex_failed);
   CHECK(reindex_failed.error().message == "shard 2 of 3 failed: regroup needs device memory");
 }
