@@ -909,8 +909,9 @@ PackedAds retargeted(const Workload& w, std::uint64_t begin, std::uint64_t end, 
 /// What updates cost a pool loaded in targeting order, and what DeviceAdIndex::regroup() gives
 /// back: scoring (the pool's own policy) and the gather probe over every slot, and the whole
 /// search, when loaded; after a regroup of the pool as loaded (the same order, every row moved to
-/// a new buffer); after `fraction` of the ads took new targeting in place; after a regroup; and
-/// once more, to show drift. The answers of 5 requests must not change across a regroup.
+/// a new buffer); after `fraction` of the ads took new targeting in place; and after a regroup.
+/// Each state is measured after a round of warm-up searches. The answers of 5 requests must not
+/// change across a regroup.
 void run_regroup(std::uint64_t n, int dim, EmbeddingType type, double fraction, int repeats, double roofline, SearchOutput out,
                  cudaStream_t stream) {
   const Workload w({.seed = 2026, .dim = dim, .embedding_type = type});
