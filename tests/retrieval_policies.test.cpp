@@ -38,7 +38,9 @@ TEST_CASE("every scoring policy in the declared domains is legal and has its own
   CHECK(enumerated == keys);
   CHECK(enumerated.count(to_string(ScoringPolicy{})) == 1);
   CHECK(every_policy<TopKPolicy>().size() == TopKPolicy::boundary_cap_domain.size());
-  CHECK(every_policy<MatchingPolicy>().size() == MatchingPolicy::block_threads_domain.size() * MatchingPolicy::blocks_per_sm_domain.size());
+  CHECK(every_policy<MatchingPolicy>().size() == MatchingPolicy::block_threads_domain.size() *
+                                                     MatchingPolicy::blocks_per_sm_domain.size() *
+                                                     MatchingPolicy::segment_queue_domain.size());
 }
 
 TEST_CASE("a value outside any knob's domain makes the policy illegal", "[retrieval][policy]") {
@@ -55,6 +57,7 @@ TEST_CASE("a value outside any knob's domain makes the policy illegal", "[retrie
   CHECK(illegal([](PipelinePolicy& p) { p.scoring.stages = 1; }));  // a ring needs a stage in flight
   CHECK(illegal([](PipelinePolicy& p) { p.matching.block_threads = 1024; }));
   CHECK(illegal([](PipelinePolicy& p) { p.matching.blocks_per_sm = 3; }));
+  CHECK(illegal([](PipelinePolicy& p) { p.matching.segment_queue = 3; }));
   CHECK(illegal([](PipelinePolicy& p) { p.topk.boundary_cap = 1000; }));
   CHECK(illegal([](PipelinePolicy& p) { p.topk.boundary_cap = 16384; }));  // K + cap keys outgrow one block's sort
   CHECK(illegal([](PipelinePolicy& p) { p.batch_scoring.one_pass_from = 1; }));
@@ -66,8 +69,10 @@ TEST_CASE("a value outside any knob's domain makes the policy illegal", "[retrie
 TEST_CASE("matching, top-K and batch policies print every knob", "[retrieval][policy]") {
   std::set<std::string> keys;
   for (int threads : MatchingPolicy::block_threads_domain)
-    for (int blocks : MatchingPolicy::blocks_per_sm_domain) keys.insert(to_string(MatchingPolicy{threads, blocks}));
-  REQUIRE(keys.size() == MatchingPolicy::block_threads_domain.size() * MatchingPolicy::blocks_per_sm_domain.size());
+    for (int blocks : MatchingPolicy::blocks_per_sm_domain)
+      for (int queue : MatchingPolicy::segment_queue_domain) keys.insert(to_string(MatchingPolicy{threads, blocks, queue}));
+  REQUIRE(keys.size() == MatchingPolicy::block_threads_domain.size() * MatchingPolicy::blocks_per_sm_domain.size() *
+                             MatchingPolicy::segment_queue_domain.size());
   for (int cap : TopKPolicy::boundary_cap_domain) REQUIRE(to_string(TopKPolicy{cap}).find(std::to_string(cap)) != std::string::npos);
   std::set<std::string> batch_keys;
   for (int from : BatchScoringPolicy::one_pass_from_domain)
@@ -88,13 +93,14 @@ TEST_CASE("each policy's description drives its knobs, both ways, and names a ba
   // Every field of every stage is a knob, and a legal policy comes back from its knobs unchanged.
   const PipelinePolicy d{};
   const kevo::Knobs knobs = to_knobs(d);
-  CHECK(knobs.size() == 2 + 5 + 1 + 4);
+  CHECK(knobs.size() == 3 + 5 + 1 + 4);
   CHECK(knobs.at("scoring.stages") == "2");
   CHECK(knobs.at("batch_scoring.group") == "1");
   PipelinePolicy tuned = d;
   tuned.scoring.stages = 0;
   tuned.scoring.tiles_in_flight = 1;
   tuned.matching.blocks_per_sm = 16;
+  tuned.matching.segment_queue = 0;
   tuned.topk.boundary_cap = 8192;
   auto back = policy_from_knobs(to_knobs(tuned));
   REQUIRE(back);

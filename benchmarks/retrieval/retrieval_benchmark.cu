@@ -906,6 +906,33 @@ PackedAds retargeted(const Workload& w, std::uint64_t begin, std::uint64_t end, 
   return picked;
 }
 
+/// Matching's time under each segment schedule (MatchingPolicy::segment_queue): at the pool's own
+/// other knobs, and the best over every other knob, with the policy that gave it.
+struct MatchingBySchedule {
+  static constexpr std::size_t kSchedules = MatchingPolicy::segment_queue_domain.size();
+  double own[kSchedules] = {};
+  double best[kSchedules] = {};
+  std::string best_policy[kSchedules];
+};
+MatchingBySchedule time_matching_by_schedule(Pool& pool, const Request& request, std::uint64_t slots, int repeats,
+                                             SearchOutput out, cudaStream_t stream) {
+  const PipelinePolicy original = pool.pipeline->policy();
+  MatchingBySchedule t;
+  for (double& b : t.best) b = 1e9;
+  for (const MatchingPolicy& m : every_policy<MatchingPolicy>()) {
+    PipelinePolicy policy = original;
+    policy.matching = m;
+    CHECK_OK(pool.pipeline->set_policy(policy));
+    const double seconds = time_stages(pool, request, slots, repeats, out, stream).matching;
+    const auto q = static_cast<std::size_t>(m.segment_queue);
+    if (seconds < t.best[q]) t.best[q] = seconds, t.best_policy[q] = to_string(m);
+    if (m.block_threads == original.matching.block_threads && m.blocks_per_sm == original.matching.blocks_per_sm)
+      t.own[q] = seconds;
+  }
+  CHECK_OK(pool.pipeline->set_policy(original));
+  return t;
+}
+
 /// What updates cost a pool loaded in targeting order, and what DeviceAdIndex::regroup() gives
 /// back: scoring (the pool's own policy) and the gather probe over every slot, and the whole
 /// search, when loaded; after a regroup of the pool as loaded (the same order, every row moved to
@@ -935,6 +962,10 @@ void run_regroup(std::uint64_t n, int dim, EmbeddingType type, double fraction, 
     std::printf("| %s | %.2fM | %.1f%% | %.2f G ads/s | %.0f%% | %.2f G ads/s | %.0f%% | %.3f ms | %.3f ms | %.3f ms | %.3f ms |\n", label,
                 slots * 1e-6, 100.0 * st.eligible / slots, st.eligible / st.scoring * 1e-9, percent(st.scoring),
                 st.eligible / probe * 1e-9, percent(probe), st.matching * 1e3, st.scoring * 1e3, st.topk * 1e3, st.total * 1e3);
+    const MatchingBySchedule m = time_matching_by_schedule(pool, typical, slots, repeats, out, stream);
+    for (std::size_t q = 0; q < MatchingBySchedule::kSchedules; ++q)
+      std::printf("(matching, segment_queue=%zu: %.3f ms at %s's other knobs; best %.3f ms, %s)\n", q, m.own[q] * 1e3,
+                  to_string(pool.pipeline->policy().matching).c_str(), m.best[q] * 1e3, m.best_policy[q].c_str());
     std::fflush(stdout);
   };
   std::vector<std::vector<ScoredAd>> before;
@@ -1307,14 +1338,13 @@ int main(int argc, char** argv) {
   std::puts("\n## Matching policy sweep (typical, fp16)\n");
   {
     const PipelinePolicy original = fp16.pipeline->policy();
-    for (int threads : MatchingPolicy::block_threads_domain)
-      for (int blocks : MatchingPolicy::blocks_per_sm_domain) {
-        PipelinePolicy policy = original;
-        policy.matching = {threads, blocks};
-        CHECK_OK(fp16.pipeline->set_policy(policy));
-        const StageTimes st = time_stages(fp16, typical, n, repeats, out, stream);
-        std::printf("%s: matching %.1f G ads/s\n", to_string(policy.matching).c_str(), n / st.matching * 1e-9);
-      }
+    for (const MatchingPolicy& matching : every_policy<MatchingPolicy>()) {
+      PipelinePolicy policy = original;
+      policy.matching = matching;
+      CHECK_OK(fp16.pipeline->set_policy(policy));
+      const StageTimes st = time_stages(fp16, typical, n, repeats, out, stream);
+      std::printf("%s: matching %.1f G ads/s\n", to_string(policy.matching).c_str(), n / st.matching * 1e-9);
+    }
     CHECK_OK(fp16.pipeline->set_policy(original));
   }
   if (matching_only || !stages_only) {

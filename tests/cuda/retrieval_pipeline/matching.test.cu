@@ -224,3 +224,36 @@ TEST_CASE("a value listed twice in a query is one value, however often it repeat
   REQUIRE(ok);
   CHECK(top->size() == 20);  // category 0 value 0, category 1 value 1, category 3 both values: 5 + 5 + 10 ads
 }
+
+TEST_CASE("matching takes every segment once when segments outnumber blocks, by queue and by fixed shares", "[cuda][matching]") {
+  // More segments than a grid of 2 blocks an SM holds, so that blocks go on to further segments,
+  // which smaller pools never reach. In slot order as loaded, and after regroup() grouped the pool
+  // by targeting, where a request's work sits in few segments.
+  int multiprocessors = 0;
+  KEVO_GPU_ASSERT(cudaDeviceGetAttribute(&multiprocessors, cudaDevAttrMultiProcessorCount, 0));
+  const int blocks_per_sm = 2, segments = blocks_per_sm * multiprocessors + 20;
+  Loaded pool(small_options(3, EmbeddingType::fp16, 64), segments * static_cast<int>(kSegmentSlots), std::nullopt,
+              Indexing::after_load);
+  const std::vector<Request> requests{pool.workload.request(3, RequestKind::typical), pool.workload.request(4, RequestKind::broad)};
+  std::vector<std::vector<std::uint32_t>> expected;
+  for (const Request& r : requests) expected.push_back(reference_eligible_ids(pool.host, r));
+  for (const bool regrouped : {false, true}) {
+    if (regrouped) REQUIRE(pool.pipeline->index().regroup());
+    for (int queue : MatchingPolicy::segment_queue_domain) {
+      PipelinePolicy policy = pool.pipeline->policy();
+      policy.matching = {.block_threads = 128, .blocks_per_sm = blocks_per_sm, .segment_queue = queue};
+      REQUIRE(pool.pipeline->set_policy(policy));
+      INFO((regrouped ? "regrouped, " : "as loaded, ") << to_string(policy.matching) << ", " << segments << " segments");
+      for (std::size_t r = 0; r < requests.size(); ++r) REQUIRE(device_eligible_ids(*pool.pipeline, requests[r]) == expected[r]);
+      // A batch matches through request 0's queue.
+      auto answers = pool.pipeline->search_batch(requests);
+      REQUIRE(answers);
+      for (std::size_t r = 0; r < requests.size(); ++r) {
+        auto ok = compare_with_reference(pool.host, compute_request_vectors(pool.workload.model(), requests[r].features),
+                                         requests[r], (*answers)[r]);
+        INFO("request " << r << " of the batch: " << (ok ? "ok" : ok.error().message));
+        REQUIRE(ok);
+      }
+    }
+  }
+}

@@ -86,7 +86,7 @@ struct TopKState {
   std::uint32_t k_remaining;        // how many of the K lie at or below the resolved prefix
   std::uint32_t candidate_count;
   std::uint32_t overflow;           // kOverflowCandidates | kOverflowVectors, as they happened
-  std::uint32_t pad;                // keeps the 64-bit fields 8-byte aligned
+  std::uint32_t segments_taken;     // matching's queue of segments, past the grid's first (request 0's, in a batch)
   unsigned long long prefix;        // resolved high bits of the K-th ranking key
   unsigned long long threshold;     // candidates are the keys >= threshold
   std::uint32_t blocks_done[kTopKLevels];  // refine blocks finished per level: the last one selects

@@ -42,10 +42,16 @@ struct MatchingRequests {
 /// evenly over the block (one bit's list may be long, the next empty), each thread holding
 /// kChunksInFlight loads at once. The eligible slots of a segment are gathered in shared memory
 /// first, so that the list is written in whole lines (scattered 4-byte stores cost more, run 17).
+///
+/// Block b first takes the b-th segment. With `segment_queue` 0 it then takes the (b + grid)-th,
+/// (b + 2 grid)-th, ...; otherwise the next one nobody has taken, from request 0's `segments_taken`
+/// (zeroed with its state), asking while it works on the current one. Queue 2 counts from the last:
+/// targeting order puts the ads with the most clauses, which carry the most postings, last, and
+/// the heaviest segments should not be the ones left for the end.
 template <int BlockThreads, int MaxRequests = 1>
 __global__ void __launch_bounds__(BlockThreads, 1536 / BlockThreads)  // 48 warps resident: it is latency-bound
     matching(IndexView index, MatchingRequests requests, std::uint32_t* eligible_list, std::uint8_t* request_masks,
-             std::uint32_t* listed) {
+             std::uint32_t* listed, int segment_queue) {
   static_assert(MaxRequests >= 1 && MaxRequests <= kMaxBatchRequests);
   constexpr bool kBatch = MaxRequests > 1;
   constexpr int kAdsPerLoad = 16;  // one uint4 of header bytes
@@ -66,6 +72,7 @@ __global__ void __launch_bounds__(BlockThreads, 1536 / BlockThreads)  // 48 warp
   __shared__ typename Scan::TempStorage scan_storage;
   __shared__ std::uint32_t offsets[kMaxCategories];
   __shared__ std::uint32_t block_base;
+  __shared__ std::uint32_t next_taken;
   const int rank = static_cast<int>(threadIdx.x);
   if (rank < kMaxCategories) offsets[rank] = requests.category_offsets[rank];
   if (rank < MaxRequests) request_totals[rank] = 0;
@@ -146,7 +153,14 @@ __global__ void __launch_bounds__(BlockThreads, 1536 / BlockThreads)  // 48 warp
     return f;
   };
 
-  for (std::uint32_t segment = blockIdx.x; segment < segments; segment += gridDim.x) {
+  // The n-th segment taken, counting from the last one under queue 2 (n >= segments: none left).
+  auto nth_segment = [&](std::uint32_t n) { return segment_queue == 2 && n < segments ? segments - 1 - n : n; };
+  for (std::uint32_t taken = blockIdx.x; taken < segments;) {
+    const std::uint32_t segment = nth_segment(taken);
+    // The next segment's claim is in flight while this one is matched; it is published to the
+    // block just before a barrier that every thread passes after its last read of the previous one.
+    std::uint32_t claimed = taken + gridDim.x;
+    if (segment_queue != 0 && rank == 0) claimed = gridDim.x + atomicAdd(&requests.state[0]->segments_taken, 1u);
     const std::uint64_t base = static_cast<std::uint64_t>(segment) * kSegmentSlots;
     const std::uint64_t limit = min(static_cast<std::uint64_t>(kSegmentSlots), index.slots - base);
 #pragma unroll
@@ -205,7 +219,10 @@ __global__ void __launch_bounds__(BlockThreads, 1536 / BlockThreads)  // 48 warp
     }
     std::uint32_t offset = 0, block_total = 0;
     Scan(scan_storage).ExclusiveSum(total, offset, block_total);
-    if (rank == 0) block_base = atomicAdd(listed, block_total);
+    if (rank == 0) {
+      block_base = atomicAdd(listed, block_total);
+      next_taken = claimed;
+    }
     __syncthreads();  // every mask read: `found` overwrites them
 #pragma unroll
     for (int l = 0; l < kLoads; ++l) {
@@ -218,6 +235,7 @@ __global__ void __launch_bounds__(BlockThreads, 1536 / BlockThreads)  // 48 warp
       if constexpr (kBatch) request_masks[block_base + i] = request_bytes[found[i]];
     }
     __syncthreads();  // `found` read before the next segment clears its masks
+    taken = next_taken;
   }
 }
 

@@ -476,7 +476,7 @@ class RetrievalDispatch {
       if (resident == 0) return;
       const auto grid = static_cast<unsigned>(std::max<std::uint64_t>(
           1, std::min<std::uint64_t>(segments, static_cast<std::uint64_t>(std::min(resident, p.blocks_per_sm)) * multiprocessors_)));
-      kernel<<<grid, p.block_threads, 0, stream>>>(view, requests, list, request_masks, listed);
+      kernel<<<grid, p.block_threads, 0, stream>>>(view, requests, list, request_masks, listed, p.segment_queue);
       launched = true;
     });
     if (!launched) return make_error("no prebuilt matching variant for " + to_string(p), ErrorKind::bug);

@@ -33,6 +33,12 @@ struct MatchingPolicy {
   static constexpr std::array<int, 3> block_threads_domain{128, 256, 512};  // compile-time variants
   int blocks_per_sm = 8;  // capped by what is resident at once
   static constexpr std::array<int, 4> blocks_per_sm_domain{2, 4, 8, 16};  // run time (grid size)
+  // 0: block b takes segments b, b + grid, ... 1: a block that finishes a segment takes the next
+  // one nobody has taken (a counter), from the first; 2: the same from the last. A pool grouped by
+  // targeting holds a request's work in few segments, so fixed shares leave blocks idle while
+  // others finish; and its last segments, whose ads have the most clauses, are the heaviest.
+  int segment_queue = 2;
+  static constexpr std::array<int, 3> segment_queue_domain{0, 1, 2};  // run time
   friend bool operator==(const MatchingPolicy&, const MatchingPolicy&) = default;
 };
 
@@ -105,9 +111,10 @@ struct PolicyDescription;
 template <>
 struct PolicyDescription<MatchingPolicy> {
   static constexpr std::string_view name = "matching";
-  static constexpr std::array<PolicyField<MatchingPolicy>, 2> fields{{
+  static constexpr std::array<PolicyField<MatchingPolicy>, 3> fields{{
       {"block_threads", &MatchingPolicy::block_threads, MatchingPolicy::block_threads_domain, Binding::compile_time},
       {"blocks_per_sm", &MatchingPolicy::blocks_per_sm, MatchingPolicy::blocks_per_sm_domain, Binding::run_time},
+      {"segment_queue", &MatchingPolicy::segment_queue, MatchingPolicy::segment_queue_domain, Binding::run_time},
   }};
 };
 
