@@ -72,7 +72,7 @@ inline Problem pipeline_problem(const PipelineWorkload& w, const retrieval::Pipe
       knob.name = prefix + std::string(field.name);
       for (int v : field.domain) knob.domain.push_back(std::to_string(v));
       knob.default_value = std::to_string(stage.*field.member);
-      knob.side = field.name == "block_threads" || field.name == "blocks_per_sm" ? KnobSide::parallel
+      knob.side = field.name == "block_threads" || field.name == "blocks_per_sm" || field.name == "segment_queue" ? KnobSide::parallel
                   : field.name == "boundary_cap" || field.name == "one_pass_from" ? KnobSide::any
                                                                                   : KnobSide::memory;
       p.template_source += (p.template_source.empty() ? "" : " ") + knob.name + "=${" + knob.name + "}";
