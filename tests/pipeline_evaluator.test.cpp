@@ -53,6 +53,10 @@ TEST_CASE("every field of every stage is a knob of the pipeline problem, the def
   const KnobSpec* stages = p.knob("scoring.stages");
   REQUIRE(stages);
   CHECK(stages->domain == std::vector<std::string>{"0", "2", "3", "4"});
+  CHECK(stages->side == KnobSide::memory);  // each knob's side is its field's lever in the description
+  const KnobSpec* cap = p.knob("topk.boundary_cap");
+  REQUIRE(cap);
+  CHECK(cap->side == KnobSide::any);
   Knobs other = p.default_knobs();
   other["scoring.stages"] = "3";
   CHECK(p.render(other) != p.render(p.default_knobs()));  // candidates differ as their policies do

@@ -54,6 +54,16 @@ struct PolicyFailure {
 /// the median seconds a search.
 using PolicyTimer = std::function<expected<double, PolicyFailure>(const retrieval::PipelinePolicy& policy, std::uint64_t seed)>;
 
+/// The side of the machine a policy field's lever works on, in the search's terms.
+constexpr KnobSide knob_side(retrieval::Lever lever) {
+  switch (lever) {
+    case retrieval::Lever::parallelism: return KnobSide::parallel;
+    case retrieval::Lever::memory: return KnobSide::memory;
+    case retrieval::Lever::either: return KnobSide::any;
+  }
+  return KnobSide::any;
+}
+
 /// The search problem: every field of every stage a knob, its domain from the policy's description
 /// and its default from `defaults`; the "source" of a candidate is its printed policy.
 inline Problem pipeline_problem(const PipelineWorkload& w, const retrieval::PipelinePolicy& defaults) {
@@ -72,9 +82,7 @@ inline Problem pipeline_problem(const PipelineWorkload& w, const retrieval::Pipe
       knob.name = prefix + std::string(field.name);
       for (int v : field.domain) knob.domain.push_back(std::to_string(v));
       knob.default_value = std::to_string(stage.*field.member);
-      knob.side = field.name == "block_threads" || field.name == "blocks_per_sm" || field.name == "segment_queue" ? KnobSide::parallel
-                  : field.name == "boundary_cap" || field.name == "one_pass_from" ? KnobSide::any
-                                                                                  : KnobSide::memory;
+      knob.side = knob_side(field.lever);
       p.template_source += (p.template_source.empty() ? "" : " ") + knob.name + "=${" + knob.name + "}";
       p.knobs.push_back(std::move(knob));
     }

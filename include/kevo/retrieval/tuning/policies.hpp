@@ -96,12 +96,17 @@ struct PipelinePolicy {
 /// A compile-time field has one kernel variant per value of its domain; a run-time one is an argument.
 enum class Binding { compile_time, run_time };
 
+/// What a field trades on, so that a search answers a diagnosis with the fields that address it:
+/// how the work spreads over the GPU (parallelism), how the data moves (memory), or either.
+enum class Lever { parallelism, memory, either };
+
 template <class Policy>
 struct PolicyField {
   std::string_view name;
   int Policy::*member;
   std::span<const int> domain;
   Binding binding;
+  Lever lever;
 };
 
 /// Specialized for each policy: its `name` and its `fields`, in declaration order.
@@ -112,9 +117,9 @@ template <>
 struct PolicyDescription<MatchingPolicy> {
   static constexpr std::string_view name = "matching";
   static constexpr std::array<PolicyField<MatchingPolicy>, 3> fields{{
-      {"block_threads", &MatchingPolicy::block_threads, MatchingPolicy::block_threads_domain, Binding::compile_time},
-      {"blocks_per_sm", &MatchingPolicy::blocks_per_sm, MatchingPolicy::blocks_per_sm_domain, Binding::run_time},
-      {"segment_queue", &MatchingPolicy::segment_queue, MatchingPolicy::segment_queue_domain, Binding::run_time},
+      {"block_threads", &MatchingPolicy::block_threads, MatchingPolicy::block_threads_domain, Binding::compile_time, Lever::parallelism},
+      {"blocks_per_sm", &MatchingPolicy::blocks_per_sm, MatchingPolicy::blocks_per_sm_domain, Binding::run_time, Lever::parallelism},
+      {"segment_queue", &MatchingPolicy::segment_queue, MatchingPolicy::segment_queue_domain, Binding::run_time, Lever::parallelism},
   }};
 };
 
@@ -122,11 +127,11 @@ template <>
 struct PolicyDescription<ScoringPolicy> {
   static constexpr std::string_view name = "scoring";
   static constexpr std::array<PolicyField<ScoringPolicy>, 5> fields{{
-      {"block_threads", &ScoringPolicy::block_threads, ScoringPolicy::block_threads_domain, Binding::compile_time},
-      {"tiles_per_chunk", &ScoringPolicy::tiles_per_chunk, ScoringPolicy::tiles_per_chunk_domain, Binding::run_time},
-      {"blocks_per_sm", &ScoringPolicy::blocks_per_sm, ScoringPolicy::blocks_per_sm_domain, Binding::run_time},
-      {"tiles_in_flight", &ScoringPolicy::tiles_in_flight, ScoringPolicy::tiles_in_flight_domain, Binding::compile_time},
-      {"stages", &ScoringPolicy::stages, ScoringPolicy::stages_domain, Binding::compile_time},
+      {"block_threads", &ScoringPolicy::block_threads, ScoringPolicy::block_threads_domain, Binding::compile_time, Lever::parallelism},
+      {"tiles_per_chunk", &ScoringPolicy::tiles_per_chunk, ScoringPolicy::tiles_per_chunk_domain, Binding::run_time, Lever::memory},
+      {"blocks_per_sm", &ScoringPolicy::blocks_per_sm, ScoringPolicy::blocks_per_sm_domain, Binding::run_time, Lever::parallelism},
+      {"tiles_in_flight", &ScoringPolicy::tiles_in_flight, ScoringPolicy::tiles_in_flight_domain, Binding::compile_time, Lever::memory},
+      {"stages", &ScoringPolicy::stages, ScoringPolicy::stages_domain, Binding::compile_time, Lever::memory},
   }};
 };
 
@@ -134,7 +139,7 @@ template <>
 struct PolicyDescription<TopKPolicy> {
   static constexpr std::string_view name = "topk";
   static constexpr std::array<PolicyField<TopKPolicy>, 1> fields{{
-      {"boundary_cap", &TopKPolicy::boundary_cap, TopKPolicy::boundary_cap_domain, Binding::run_time},
+      {"boundary_cap", &TopKPolicy::boundary_cap, TopKPolicy::boundary_cap_domain, Binding::run_time, Lever::either},
   }};
 };
 
@@ -142,10 +147,10 @@ template <>
 struct PolicyDescription<BatchScoringPolicy> {
   static constexpr std::string_view name = "batch_scoring";
   static constexpr std::array<PolicyField<BatchScoringPolicy>, 4> fields{{
-      {"one_pass_from", &BatchScoringPolicy::one_pass_from, BatchScoringPolicy::one_pass_from_domain, Binding::run_time},
-      {"stages", &BatchScoringPolicy::stages, BatchScoringPolicy::stages_domain, Binding::compile_time},
-      {"group", &BatchScoringPolicy::group, BatchScoringPolicy::group_domain, Binding::compile_time},
-      {"blocks_per_sm", &BatchScoringPolicy::blocks_per_sm, BatchScoringPolicy::blocks_per_sm_domain, Binding::run_time},
+      {"one_pass_from", &BatchScoringPolicy::one_pass_from, BatchScoringPolicy::one_pass_from_domain, Binding::run_time, Lever::either},
+      {"stages", &BatchScoringPolicy::stages, BatchScoringPolicy::stages_domain, Binding::compile_time, Lever::memory},
+      {"group", &BatchScoringPolicy::group, BatchScoringPolicy::group_domain, Binding::compile_time, Lever::memory},
+      {"blocks_per_sm", &BatchScoringPolicy::blocks_per_sm, BatchScoringPolicy::blocks_per_sm_domain, Binding::run_time, Lever::parallelism},
   }};
 };
 
