@@ -1,24 +1,21 @@
 // int8_recall_study: where int8's recall@K against fp16 is lost, on the CPU (no GPU needed).
 //
-//   int8_recall_study [--n 1000000] [--requests 8] [--k 1000]
+//   int8_recall_study [--n 1000000] [--requests 8] [--k 1000] [--first-request 100]
 //
 // The spec stores int8 embeddings with one symmetric fp32 scale per ad (a = scale * q, q in
 // [-127, 127]), or with one fp16 scale per group of 32 values (int8_group32), and the goal asks
 // recall@1000 >= 0.99 against fp16. This scores the workload's ads (all eligible, so that N ads
-// stand for N eligible ones) in double precision from five storages of the same embeddings and
-// reports each one's recall against fp16's top-K:
-//   - the library's quantiser (quantize_int8: max-abs scale, round to nearest);
-//   - the library's group quantiser (quantize_int8_group32: the same per group of 32 values, each
-//     group's scale rounded to fp16), the int8_group32 pool's storage;
-//   - the same int8 values scored with fp16's routing, which leaves only the rounding's own noise
-//     (top-2 routing is discontinuous: a flip between the 2nd and 3rd expert moves a score a lot);
-//   - the same with dense softmax gating (k_e = E), which has no routing to flip;
-//   - an error-weighted rounding within the same storage rule: coordinates rounded one at a time,
-//     each rounding error pushed onto the coordinates not yet rounded so that the total error
-//     stays small in the directions the request vectors take (the sequential rounding of the
-//     GPTQ paper, weighted by H = E[u u^T] + 8 E[g g^T] over sample requests and experts).
+// stand for N eligible ones) in double precision from fp16 and from int8 storages of the same
+// embeddings, and reports each one's recall against fp16's top-K, the RMS of its score error and
+// the share of its routings that differ from fp16's, both over fp16's top 5K:
+//   - each storage rounded to nearest (the pools' own quantize()), and rounded by WeightedRounding
+//     (calibrated on 256 users that the measured requests do not include);
+//   - the nearest-rounded values scored with fp16's routing, which leaves only the rounding's own
+//     noise (top-2 routing is discontinuous: a flip between the 2nd and 3rd expert moves a score a lot);
+//   - per-ad int8 with dense softmax gating (k_e = E), which has no routing to flip.
 // Recall is counted over fp16's top-K ids, as retrieval_benchmark counts it on the device.
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -30,73 +27,12 @@
 #include "kevo/retrieval/ad_pool.hpp"
 #include "kevo/retrieval/half.hpp"
 #include "kevo/retrieval/reference.hpp"
+#include "kevo/retrieval/weighted_rounding.hpp"
 #include "kevo/retrieval/workload.hpp"
 
 using namespace kevo::retrieval;
 
 namespace {
-
-using Matrix = std::vector<double>;  // d x d, row-major
-
-/// Lower Cholesky factor of a symmetric positive-definite matrix.
-Matrix cholesky_lower(const Matrix& a, int n) {
-  Matrix l(a.size(), 0.0);
-  for (int j = 0; j < n; ++j) {
-    double diagonal = a[j * n + j];
-    for (int k = 0; k < j; ++k) diagonal -= l[j * n + k] * l[j * n + k];
-    l[j * n + j] = std::sqrt(diagonal);
-    for (int i = j + 1; i < n; ++i) {
-      double t = a[i * n + j];
-      for (int k = 0; k < j; ++k) t -= l[i * n + k] * l[j * n + k];
-      l[i * n + j] = t / l[j * n + j];
-    }
-  }
-  return l;
-}
-
-Matrix inverse_spd(const Matrix& a, int n) {
-  const Matrix l = cholesky_lower(a, n);
-  Matrix inverse(a.size(), 0.0);
-  std::vector<double> y(n);
-  for (int column = 0; column < n; ++column) {  // L L^T x = e_column
-    for (int i = 0; i < n; ++i) {
-      double s = i == column ? 1.0 : 0.0;
-      for (int k = 0; k < i; ++k) s -= l[i * n + k] * y[k];
-      y[i] = s / l[i * n + i];
-    }
-    for (int i = n - 1; i >= 0; --i) {
-      double s = y[i];
-      for (int k = i + 1; k < n; ++k) s -= l[k * n + i] * inverse[k * n + column];
-      inverse[i * n + column] = s / l[i * n + i];
-    }
-  }
-  return inverse;
-}
-
-/// The upper Cholesky factor U of H^-1 (H^-1 = U^T U) that sequential rounding propagates with.
-Matrix rounding_factor(Matrix h, int d) {
-  double trace = 0.0;
-  for (int i = 0; i < d; ++i) trace += h[i * d + i];
-  for (int i = 0; i < d; ++i) h[i * d + i] += 0.01 * trace / d;  // damping, as GPTQ does
-  const Matrix l = cholesky_lower(inverse_spd(h, d), d);
-  Matrix u(h.size());
-  for (int i = 0; i < d; ++i)
-    for (int j = 0; j < d; ++j) u[i * d + j] = l[j * d + i];
-  return u;
-}
-
-/// int8 within the spec's rule (q in [-127, 127] at `scale`, quantize_int8's max-abs scale),
-/// rounded coordinate by coordinate with each error spread over the coordinates still to come.
-void quantize_error_weighted(const std::vector<float>& a, float scale, const Matrix& u, float* dequantized) {
-  const int d = static_cast<int>(a.size());
-  std::vector<double> rest(a.begin(), a.end());
-  for (int j = 0; j < d; ++j) {
-    const double q = scale > 0 ? std::clamp(std::round(rest[j] / scale), -127.0, 127.0) : 0.0;
-    const double error = (rest[j] - scale * q) / u[j * d + j];
-    for (int k = j + 1; k < d; ++k) rest[k] -= error * u[j * d + k];
-    dequantized[j] = scale * static_cast<float>(q);
-  }
-}
 
 enum class Routing { own, forced, dense };
 constexpr int kMaxExperts = 16;
@@ -159,18 +95,20 @@ double overlap(const std::vector<std::uint32_t>& a, const std::vector<std::uint3
 
 int main(int argc, char** argv) {
   std::size_t n = 1'000'000;
-  int requests = 8, k = 1000;
+  int requests = 8, k = 1000, first_request = 100;
   for (int i = 1; i + 1 < argc; i += 2) {
     if (!std::strcmp(argv[i], "--n")) n = std::strtoull(argv[i + 1], nullptr, 10);
     else if (!std::strcmp(argv[i], "--requests")) requests = std::atoi(argv[i + 1]);
     else if (!std::strcmp(argv[i], "--k")) k = std::atoi(argv[i + 1]);
+    else if (!std::strcmp(argv[i], "--first-request")) first_request = std::atoi(argv[i + 1]);
     else {
-      std::fprintf(stderr, "usage: %s [--n ADS] [--requests R] [--k K]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--n ADS] [--requests R] [--k K] [--first-request I]\n", argv[0]);
       return 2;
     }
   }
-  if (n <= static_cast<std::size_t>(k) || k < 1) {
-    std::fprintf(stderr, "int8_recall_study: need 1 <= K < N\n");
+  const std::size_t wide = 5 * static_cast<std::size_t>(k);  // where score errors and flips are counted
+  if (n <= wide || k < 1 || requests < 1 || first_request < 0) {
+    std::fprintf(stderr, "int8_recall_study: need 1 <= K, 5 K < N, R >= 1 and I >= 0\n");
     return 2;
   }
   const Workload workload({.seed = 2026});
@@ -180,75 +118,97 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "int8_recall_study: the workload's model has %d experts; 2 to %d are studied\n", experts, kMaxExperts);
     return 2;
   }
-
-  // The weighting of the error-weighted rounding, from requests the measured ones do not include.
-  Matrix expert_moment(d * d, 0.0), gate_moment(d * d, 0.0);
-  const int samples = 256;
-  for (int r = 0; r < samples; ++r) {
-    const RequestVectors v = compute_request_vectors(model, workload.request(100'000 + r).features);
-    for (int e = 0; e < experts; ++e)
-      for (int i = 0; i < d; ++i)
-        for (int j = 0; j < d; ++j) {
-          expert_moment[i * d + j] += double{v.expert[e * d + i]} * v.expert[e * d + j] / (samples * experts);
-          gate_moment[i * d + j] += double{v.gate[e * d + i]} * v.gate[e * d + j] / (samples * experts);
-        }
-  }
-  Matrix weighting(d * d);
-  for (int i = 0; i < d * d; ++i) weighting[i] = expert_moment[i] + 8.0 * gate_moment[i];
-  const Matrix factor = rounding_factor(weighting, d);
-
   if (d % kScaleGroup != 0) {
     std::fprintf(stderr, "int8_recall_study: d = %d is not a multiple of %d (int8_group32)\n", d, kScaleGroup);
     return 2;
   }
-  // The same embeddings (the workload's ads) in four storages, dequantised.
-  std::vector<float> fp16(n * d), int8(n * d), group32(n * d), weighted(n * d), bias(n);
+  std::vector<std::vector<float>> calibration_users;  // far from the measured requests' indices
+  for (int r = 0; r < 256; ++r) calibration_users.push_back(workload.request(100'000'000 + r).features);
+  const auto rounding = WeightedRounding::calibrate(model, calibration_users);
+  if (!rounding) {
+    std::fprintf(stderr, "int8_recall_study: %s\n", rounding.error().message.c_str());
+    return 1;
+  }
+
+  // The same embeddings in five storages, dequantised (int8_group32 in fp16, as the pool does).
+  enum Store { fp16, int8, int8_weighted, group32, group32_weighted, kStores };
+  std::vector<std::vector<float>> stored(kStores, std::vector<float>(n * d));
+  std::vector<float> bias(n);
   const unsigned threads = default_thread_count();
+  std::fprintf(stderr, "int8_recall_study: quantising %zu ads on %u threads\n", n, threads);
   parallel_for_ranges(n, threads, [&](unsigned, std::size_t begin, std::size_t end) {
+    auto write = [&](Store store, std::size_t i, const QuantizedEmbedding& q) {
+      const int group = d / static_cast<int>(q.scales.size());
+      for (int j = 0; j < d; ++j) {
+        const float value = q.scales[j / group] * q.values[j];
+        stored[store][i * d + j] = store == group32 || store == group32_weighted ? round_to_half(value) : value;
+      }
+    };
     for (std::size_t i = begin; i < end; ++i) {
       const AdRecord ad = workload.ad(i);
       bias[i] = ad.bias;
-      const QuantizedEmbedding q = quantize_int8(ad.embedding);
-      const QuantizedEmbedding g = quantize_int8_group32(ad.embedding);
-      for (int j = 0; j < d; ++j) {
-        fp16[i * d + j] = round_to_half(ad.embedding[j]);
-        int8[i * d + j] = q.scales[0] * q.values[j];
-        group32[i * d + j] = round_to_half(g.scales[j / kScaleGroup] * g.values[j]);  // dequantised in fp16, as the pool does
-      }
-      quantize_error_weighted(ad.embedding, q.scales[0], factor, &weighted[i * d]);
+      for (int j = 0; j < d; ++j) stored[fp16][i * d + j] = round_to_half(ad.embedding[j]);
+      write(int8, i, quantize_int8(ad.embedding));
+      write(int8_weighted, i, rounding->quantize(EmbeddingType::int8, ad.embedding).value());
+      write(group32, i, quantize_int8_group32(ad.embedding));
+      write(group32_weighted, i, rounding->quantize(EmbeddingType::int8_group32, ad.embedding).value());
     }
   });
 
-  const char* names[] = {"int8, max-abs (quantize_int8)", "int8, scored with fp16's routing",
-                         "int8, error-weighted rounding", "int8, dense gating (k_e = E; against fp16 dense)",
-                         "int8_group32, max-abs per 32 values, fp16 scales (quantize_int8_group32)"};
-  constexpr int kRows = 5;
-  double recall[kRows] = {};
+  struct Row {
+    const char* name;
+    Store store;
+    Routing routing;
+  };
+  const std::array<Row, 7> rows{{
+      {"int8, rounded to nearest (quantize_int8)", int8, Routing::own},
+      {"int8, WeightedRounding", int8_weighted, Routing::own},
+      {"int8_group32, rounded to nearest (quantize_int8_group32)", group32, Routing::own},
+      {"int8_group32, WeightedRounding", group32_weighted, Routing::own},
+      {"int8, rounded to nearest, scored with fp16's routing", int8, Routing::forced},
+      {"int8_group32, rounded to nearest, scored with fp16's routing", group32, Routing::forced},
+      {"int8, rounded to nearest, dense gating (k_e = E; against fp16 dense)", int8, Routing::dense},
+  }};
+  std::array<double, rows.size()> recall{}, square_error{}, flips{};
   for (int r = 0; r < requests; ++r) {
-    const RequestVectors v = compute_request_vectors(model, workload.request(100 + r).features);
-    std::vector<double> reference(n), reference_dense(n), own(n), forced(n), error_weighted(n), dense(n), grouped(n);
+    const RequestVectors v = compute_request_vectors(model, workload.request(static_cast<std::uint64_t>(first_request + r)).features);
+    std::vector<double> reference(n), reference_dense(n);
+    std::vector<std::array<double, rows.size()>> score(n);
+    std::vector<std::array<char, rows.size()>> flipped(n);
     parallel_for_ranges(n, threads, [&](unsigned, std::size_t begin, std::size_t end) {
       for (std::size_t i = begin; i < end; ++i) {
         int fp16_experts[2], chosen[2];
-        reference[i] = score_ad(&fp16[i * d], v, bias[i], Routing::own, fp16_experts);
-        reference_dense[i] = score_ad(&fp16[i * d], v, bias[i], Routing::dense, chosen);
-        own[i] = score_ad(&int8[i * d], v, bias[i], Routing::own, chosen);
-        forced[i] = score_ad(&int8[i * d], v, bias[i], Routing::forced, fp16_experts);
-        error_weighted[i] = score_ad(&weighted[i * d], v, bias[i], Routing::own, chosen);
-        dense[i] = score_ad(&int8[i * d], v, bias[i], Routing::dense, chosen);
-        grouped[i] = score_ad(&group32[i * d], v, bias[i], Routing::own, chosen);
+        reference[i] = score_ad(&stored[fp16][i * d], v, bias[i], Routing::own, fp16_experts);
+        reference_dense[i] = score_ad(&stored[fp16][i * d], v, bias[i], Routing::dense, chosen);
+        for (std::size_t row = 0; row < rows.size(); ++row) {
+          std::copy(fp16_experts, fp16_experts + 2, chosen);
+          score[i][row] = score_ad(&stored[rows[row].store][i * d], v, bias[i], rows[row].routing, chosen);
+          flipped[i][row] = rows[row].routing == Routing::own &&
+                            std::min(chosen[0], chosen[1]) * kMaxExperts + std::max(chosen[0], chosen[1]) !=
+                                std::min(fp16_experts[0], fp16_experts[1]) * kMaxExperts + std::max(fp16_experts[0], fp16_experts[1]);
+        }
       }
     });
     const auto expected = top_ids(reference, k), expected_dense = top_ids(reference_dense, k);
-    recall[0] += overlap(expected, top_ids(own, k)) / requests;
-    recall[1] += overlap(expected, top_ids(forced, k)) / requests;
-    recall[2] += overlap(expected, top_ids(error_weighted, k)) / requests;
-    recall[3] += overlap(expected_dense, top_ids(dense, k)) / requests;
-    recall[4] += overlap(expected, top_ids(grouped, k)) / requests;
+    const auto watched = top_ids(reference, static_cast<int>(wide));
+    for (std::size_t row = 0; row < rows.size(); ++row) {
+      const bool dense = rows[row].routing == Routing::dense;
+      std::vector<double> scores(n);
+      for (std::size_t i = 0; i < n; ++i) scores[i] = score[i][row];
+      recall[row] += overlap(dense ? expected_dense : expected, top_ids(scores, k)) / requests;
+      const std::vector<std::uint32_t> dense_watched = dense ? top_ids(reference_dense, static_cast<int>(wide)) : std::vector<std::uint32_t>{};
+      for (std::uint32_t id : dense ? dense_watched : watched) {
+        const double error = scores[id] - (dense ? reference_dense[id] : reference[id]);
+        square_error[row] += error * error / static_cast<double>(wide) / requests;
+        flips[row] += static_cast<double>(flipped[id][row]) / static_cast<double>(wide) / requests;
+      }
+    }
+    std::fprintf(stderr, "int8_recall_study: request %d of %d\n", r + 1, requests);
   }
-  std::printf("# int8 recall@%d against fp16: %zu ads (all eligible), %d requests, d = %d, E = %d\n\n", k, n, requests,
-              d, experts);
-  std::puts("| storage | recall |\n| --- | --- |");
-  for (int i = 0; i < kRows; ++i) std::printf("| %s | %.4f |\n", names[i], recall[i]);
+  std::printf("# int8 recall@%d against fp16: %zu ads (all eligible), %d requests from %d, d = %d, E = %d\n\n", k, n, requests,
+              first_request, d, experts);
+  std::printf("| storage | recall@%d | RMS score error, fp16's top %zu | routings not fp16's, there |\n| --- | --- | --- | --- |\n", k, wide);
+  for (std::size_t row = 0; row < rows.size(); ++row)
+    std::printf("| %s | %.4f | %.4f | %.2f%% |\n", rows[row].name, recall[row], std::sqrt(square_error[row]), 100.0 * flips[row]);
   return 0;
 }

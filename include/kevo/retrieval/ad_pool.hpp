@@ -62,6 +62,13 @@ inline float max_abs(std::span<const float> values, std::size_t begin, std::size
   for (std::size_t k = begin; k < end; ++k) m = std::max(m, std::fabs(values[k]));
   return m;
 }
+/// int8_group32's scale for a group whose largest |value| is `group_max`: group_max / 127 rounded
+/// to fp16, one fp16 step lower where 127 times it would pass fp16's range.
+inline float group_scale(float group_max) {
+  std::uint16_t scale = float_to_half(group_max / 127.0f);
+  if (127.0f * half_to_float(scale) > kMaxHalf) --scale;  // positive fp16 bits step down by one ulp
+  return half_to_float(scale);
+}
 }  // namespace detail
 
 /// Quantises one embedding (d values) into an int8 pool's stored form, written in place: q (d) and
@@ -78,9 +85,7 @@ inline void quantize_into(EmbeddingType type, std::span<const float> embedding, 
   }
   for (std::size_t g = 0; g < embedding.size() / kScaleGroup; ++g) {
     const std::size_t begin = g * kScaleGroup, end = begin + kScaleGroup;
-    std::uint16_t scale = float_to_half(detail::max_abs(embedding, begin, end) / 127.0f);
-    if (127.0f * half_to_float(scale) > kMaxHalf) --scale;  // positive fp16 bits step down by one ulp
-    scales[g] = half_to_float(scale);
+    scales[g] = detail::group_scale(detail::max_abs(embedding, begin, end));
     detail::round_to_int8(embedding, begin, end, scales[g], values);
   }
 }

@@ -16,4 +16,5 @@
 #include "kevo/retrieval/slot_order.hpp"
 #include "kevo/retrieval/tuning/policies.hpp"
 #include "kevo/retrieval/types.hpp"
+#include "kevo/retrieval/weighted_rounding.hpp"
 #include "kevo/retrieval/workload.hpp"
