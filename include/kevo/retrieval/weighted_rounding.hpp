@@ -116,7 +116,8 @@ class WeightedRounding {
 
   /// The stored form of `embedding` for an int8 pool of `type`, with quantize()'s kinds of scales
   /// (int8: max |a| / 127; int8_group32: each group's max / 127 in fp16, taken as the rounding
-  /// reaches the group) and q chosen to leave the least error in H.
+  /// reaches the group) and q chosen to leave the least error in H. It changes nothing in `this`:
+  /// threads may share one WeightedRounding.
   expected<QuantizedEmbedding, Error> quantize(EmbeddingType type, std::span<const float> embedding) const {
     if (type == EmbeddingType::fp16) return make_error("weighted rounding makes int8 storage; an fp16 pool takes the embedding itself");
     if (embedding.size() != static_cast<std::size_t>(dim_))
