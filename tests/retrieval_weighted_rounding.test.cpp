@@ -149,6 +149,8 @@ TEST_CASE("weighted rounding refuses what it cannot round, naming it", "[retriev
   std::vector<float> short_embedding(embedding.begin(), embedding.begin() + 64);
   CHECK(rounding->quantize(EmbeddingType::int8, short_embedding).error().message ==
         "weighted rounding: the embedding has 64 values, calibrated for d = 128");
+  embedding[7] = 70000.0f;  // beyond fp16, which int8_group32's scales and dequantised values are in
+  CHECK(rounding->quantize(EmbeddingType::int8_group32, embedding).error().message.find("beyond fp16's range") != std::string::npos);
   embedding[7] = std::nanf("");
   CHECK(rounding->quantize(EmbeddingType::int8, embedding).error().message == "embedding must be finite");
 

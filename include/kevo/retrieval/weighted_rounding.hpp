@@ -125,8 +125,9 @@ class WeightedRounding {
                         std::to_string(dim_));
     if (type == EmbeddingType::int8_group32 && dim_ % kScaleGroup != 0)
       return make_error("int8_group32 needs d to be a multiple of 32, not " + std::to_string(dim_));
+    const Schema storage{.dim = dim_, .embedding_type = type};  // what check_embedding_value reads
     for (float a : embedding)
-      if (!std::isfinite(a)) return make_error("embedding must be finite");
+      if (auto ok = check_embedding_value(storage, a); !ok) return unexpected(ok.error());  // as the pools check it
     const int group = type == EmbeddingType::int8 ? dim_ : kScaleGroup;
     QuantizedEmbedding q{std::vector<std::int8_t>(embedding.size()), std::vector<float>(static_cast<std::size_t>(dim_ / group))};
     round_sequentially(embedding, group, q);
