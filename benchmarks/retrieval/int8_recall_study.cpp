@@ -184,8 +184,7 @@ int main(int argc, char** argv) {
           std::copy(fp16_experts, fp16_experts + 2, chosen);
           score[i][row] = score_ad(&stored[rows[row].store][i * d], v, bias[i], rows[row].routing, chosen);
           flipped[i][row] = rows[row].routing == Routing::own &&
-                            std::min(chosen[0], chosen[1]) * kMaxExperts + std::max(chosen[0], chosen[1]) !=
-                                std::min(fp16_experts[0], fp16_experts[1]) * kMaxExperts + std::max(fp16_experts[0], fp16_experts[1]);
+                            std::minmax(chosen[0], chosen[1]) != std::minmax(fp16_experts[0], fp16_experts[1]);
         }
       }
     });
