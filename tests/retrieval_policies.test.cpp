@@ -37,7 +37,8 @@ TEST_CASE("every scoring policy in the declared domains is legal and has its own
   }
   CHECK(enumerated == keys);
   CHECK(enumerated.count(to_string(ScoringPolicy{})) == 1);
-  CHECK(every_policy<TopKPolicy>().size() == TopKPolicy::boundary_cap_domain.size());
+  CHECK(every_policy<TopKPolicy>().size() ==
+        TopKPolicy::boundary_cap_domain.size() * TopKPolicy::sort_domain.size() * TopKPolicy::one_launch_domain.size());
   CHECK(every_policy<MatchingPolicy>().size() == MatchingPolicy::block_threads_domain.size() *
                                                      MatchingPolicy::blocks_per_sm_domain.size() *
                                                      MatchingPolicy::segment_queue_domain.size());
@@ -60,6 +61,8 @@ TEST_CASE("a value outside any knob's domain makes the policy illegal", "[retrie
   CHECK(illegal([](PipelinePolicy& p) { p.matching.segment_queue = 3; }));
   CHECK(illegal([](PipelinePolicy& p) { p.topk.boundary_cap = 1000; }));
   CHECK(illegal([](PipelinePolicy& p) { p.topk.boundary_cap = 16384; }));  // K + cap keys outgrow one block's sort
+  CHECK(illegal([](PipelinePolicy& p) { p.topk.sort = 2; }));
+  CHECK(illegal([](PipelinePolicy& p) { p.topk.one_launch = -1; }));
   CHECK(illegal([](PipelinePolicy& p) { p.batch_scoring.one_pass_from = 1; }));
   CHECK(illegal([](PipelinePolicy& p) { p.batch_scoring.stages = 3; }));
   CHECK(illegal([](PipelinePolicy& p) { p.batch_scoring.group = 4; }));  // spills registers (run 31)
@@ -73,7 +76,13 @@ TEST_CASE("matching, top-K and batch policies print every knob", "[retrieval][po
       for (int queue : MatchingPolicy::segment_queue_domain) keys.insert(to_string(MatchingPolicy{threads, blocks, queue}));
   REQUIRE(keys.size() == MatchingPolicy::block_threads_domain.size() * MatchingPolicy::blocks_per_sm_domain.size() *
                              MatchingPolicy::segment_queue_domain.size());
-  for (int cap : TopKPolicy::boundary_cap_domain) REQUIRE(to_string(TopKPolicy{cap}).find(std::to_string(cap)) != std::string::npos);
+  std::set<std::string> topk_keys;
+  for (int cap : TopKPolicy::boundary_cap_domain)
+    for (int sort : TopKPolicy::sort_domain)
+      for (int one_launch : TopKPolicy::one_launch_domain) topk_keys.insert(to_string(TopKPolicy{cap, sort, one_launch}));
+  REQUIRE(topk_keys.size() ==
+          TopKPolicy::boundary_cap_domain.size() * TopKPolicy::sort_domain.size() * TopKPolicy::one_launch_domain.size());
+  REQUIRE(topk_keys.count("topk{boundary_cap=4096,sort=1,one_launch=0}") == 1);
   std::set<std::string> batch_keys;
   for (int from : BatchScoringPolicy::one_pass_from_domain)
     for (int stages : BatchScoringPolicy::stages_domain)
@@ -93,7 +102,7 @@ TEST_CASE("each policy's description drives its knobs, both ways, and names a ba
   // Every field of every stage is a knob, and a legal policy comes back from its knobs unchanged.
   const PipelinePolicy d{};
   const kevo::Knobs knobs = to_knobs(d);
-  CHECK(knobs.size() == 3 + 5 + 1 + 4);
+  CHECK(knobs.size() == 3 + 5 + 3 + 4);
   CHECK(knobs.at("scoring.stages") == "2");
   CHECK(knobs.at("batch_scoring.group") == "1");
   PipelinePolicy tuned = d;

@@ -1001,29 +1001,53 @@ void run_regroup(std::uint64_t n, int dim, EmbeddingType type, double fraction, 
   regroup("after regroup()");
 }
 
-/// Top-K's time under each boundary cap: a smaller cap refines one level more often but leaves the
-/// one-block sort fewer candidates (at most K + cap, padded to a power of two).
-void run_topk_cap_sweep(Pool& pool, const Workload& workload, std::uint64_t n, int repeats, SearchOutput out,
-                        cudaStream_t stream) {
-  std::puts("\n## Top-K boundary cap (typical, fp16; top-K device time in ms)\n");
-  std::puts("| N | K | cap 2048 | cap 4096 | cap 8192 |");
-  std::puts("| --- | --- | --- | --- | --- |");
+/// Top-K's time under every top-K policy: each boundary cap (a smaller cap refines one level more
+/// often but leaves the sort fewer candidates, at most K + cap), each sort (one block's merge sort,
+/// or ranks counted over many blocks) and each way to launch the select (a launch per level, or one
+/// cooperative launch). Every build's answer must equal the first build's, id for id.
+void run_topk_sweep(Pool& pool, const Workload& workload, std::uint64_t n, int repeats, SearchOutput out,
+                    cudaStream_t stream) {
+  std::puts("\n## Top-K builds (typical, fp16; top-K device time in ms; sort 0 = one block's merge sort, 1 = ranks "
+            "counted over many blocks; one_launch 0 = a launch a level, 1 = one cooperative launch)\n");
+  std::puts("| N | K | cap | sort 0, one_launch 0 | sort 1, one_launch 0 | sort 0, one_launch 1 | sort 1, one_launch 1 | "
+            "answers |");
+  std::puts("| --- | --- | --- | --- | --- | --- | --- | --- |");
   const PipelinePolicy original = pool.pipeline->policy();
+  auto answer = [&](int k) {
+    std::vector<std::uint32_t> ids(static_cast<std::size_t>(k));
+    KEVO_GPU_ASSERT(cudaMemcpy(ids.data(), out.ids, ids.size() * 4, cudaMemcpyDeviceToHost));
+    return ids;
+  };
+  bool all_same = true;
   for (const std::uint64_t slots : std::array<std::uint64_t, 3>{1ull << 20, 10ull << 20, n}) {
     if (slots > n) continue;
     for (int k : {1, 100, 1000, 4096}) {
       const Request request = workload.request(1, RequestKind::typical, k);
-      std::printf("| %llu | %d |", static_cast<unsigned long long>(slots), k);
       for (int cap : TopKPolicy::boundary_cap_domain) {
-        PipelinePolicy policy = original;
-        policy.topk.boundary_cap = cap;
-        CHECK_OK(pool.pipeline->set_policy(policy));
-        std::printf(" %.4f |", time_stages(pool, request, slots, repeats, out, stream).topk * 1e3);
+        std::printf("| %llu | %d | %d |", static_cast<unsigned long long>(slots), k, cap);
+        std::vector<std::uint32_t> first;
+        bool same = true;
+        for (int one_launch : TopKPolicy::one_launch_domain)
+          for (int sort : TopKPolicy::sort_domain) {
+            PipelinePolicy policy = original;
+            policy.topk = {.boundary_cap = cap, .sort = sort, .one_launch = one_launch};
+            CHECK_OK(pool.pipeline->set_policy(policy));
+            KEVO_GPU_ASSERT(cudaMemset(out.ids, 0xff, static_cast<std::size_t>(k) * 4));  // poisoned
+            std::printf(" %.4f |", time_stages(pool, request, slots, repeats, out, stream).topk * 1e3);
+            const std::vector<std::uint32_t> ids = answer(k);
+            if (first.empty()) first = ids;
+            same = same && ids == first;
+          }
+        std::printf(" %s |\n", same ? "same" : "DIFFER");
+        all_same = all_same && same;
       }
-      std::puts("");
     }
   }
   CHECK_OK(pool.pipeline->set_policy(original));
+  if (!all_same) {
+    std::fprintf(stderr, "top-K builds gave different answers\n");
+    std::exit(1);
+  }
 }
 
 /// Where a small pool's search time goes: matching, scoring and top-K enqueued launch by launch on
@@ -1064,8 +1088,9 @@ void run_launch_costs(Pool& pool, const Request& request, int repeats, SearchOut
     KEVO_GPU_ASSERT(cudaMemcpy(&count, out.count, 4, cudaMemcpyDeviceToHost));
     KEVO_GPU_ASSERT(cudaGraphExecDestroy(exec));
     KEVO_GPU_ASSERT(cudaGraphDestroy(graph));
-    std::printf("| %s | %llu | %d | %zu | %.3f ms | %.3f ms | %.3f ms | %u |\n", to_string(p.schema().embedding_type),
-                static_cast<unsigned long long>(pool.n), request.k, nodes, on_stream * 1e3, replayed * 1e3,
+    std::printf("| %s | %llu | %d | sort %d, one_launch %d | %zu | %.3f ms | %.3f ms | %.3f ms | %u |\n",
+                to_string(p.schema().embedding_type), static_cast<unsigned long long>(pool.n), request.k,
+                p.policy().topk.sort, p.policy().topk.one_launch, nodes, on_stream * 1e3, replayed * 1e3,
                 median(host) * 1e3, count);
     return 0;
   });
@@ -1110,7 +1135,7 @@ int main(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--batch-only")) batch_only = true;
     else if (!std::strcmp(argv[i], "--serving-only")) serving_only = true;
     else if (!std::strcmp(argv[i], "--sweep-only")) sweep_only = true;  // the scoring policy sweep alone
-    else if (!std::strcmp(argv[i], "--topk-only")) topk_only = true;    // the top-K boundary-cap sweep alone
+    else if (!std::strcmp(argv[i], "--topk-only")) topk_only = true;    // every top-K policy alone
     else if (!std::strcmp(argv[i], "--launches-only")) launches_only = true;  // launch costs at 1M and 10M ads
     else if (!std::strcmp(argv[i], "--matching-only")) stages_only = matching_only = true;  // stages, then the matching sweep
     else if (!std::strcmp(argv[i], "--int8-only")) int8_only = true;  // fp16 and both int8 storages: speed and recall
@@ -1158,13 +1183,23 @@ int main(int argc, char** argv) {
   KEVO_GPU_ASSERT(cudaMalloc(&out.count, 4));
   if (launches_only) {
     std::puts("## Launch costs: matching + scoring + top-K on the stream, from a graph, and the host's enqueue time\n");
-    std::puts("| dtype | N | K | graph nodes | on the stream | graph replay | host enqueue | results |");
-    std::puts("| --- | --- | --- | --- | --- | --- | --- | --- |");
+    std::puts("| dtype | N | K | top-K | graph nodes | on the stream | graph replay | host enqueue | results |");
+    std::puts("| --- | --- | --- | --- | --- | --- | --- | --- | --- |");
     for (const std::uint64_t m : {1ull << 20, 10ull << 20}) {
       for (const Workload* w : {&fp16_workload, &int8_workload}) {
         std::vector<PackedAds> cache;
         Pool pool = build_pool(*w, m, 99, &cache);
-        for (int k : {1, 1000, 4096}) run_launch_costs(pool, fp16_workload.request(1, RequestKind::typical, k), repeats, out, stream);
+        const PipelinePolicy original = pool.pipeline->policy();
+        for (int k : {1, 1000, 4096})
+          for (int one_launch : TopKPolicy::one_launch_domain)
+            for (int sort : TopKPolicy::sort_domain) {
+              PipelinePolicy policy = original;
+              policy.topk.sort = sort;
+              policy.topk.one_launch = one_launch;
+              CHECK_OK(pool.pipeline->set_policy(policy));
+              run_launch_costs(pool, fp16_workload.request(1, RequestKind::typical, k), repeats, out, stream);
+            }
+        CHECK_OK(pool.pipeline->set_policy(original));
         run_search_latency(pool, fp16_workload, repeats);
       }
     }
@@ -1242,7 +1277,7 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (topk_only) {
-    run_topk_cap_sweep(fp16, fp16_workload, n, repeats, out, stream);
+    run_topk_sweep(fp16, fp16_workload, n, repeats, out, stream);
     return 0;
   }
   if (sweep_only) {

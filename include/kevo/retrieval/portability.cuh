@@ -23,6 +23,7 @@
 #include "kevo/retrieval/device_intrinsics.cuh"
 
 #if !defined(__HIPCC__)
+#include <cooperative_groups.h>
 #include <cub/cub.cuh>
 #endif
 
@@ -148,6 +149,30 @@ gpu_error_t gpu_launch_after_prior(void (*kernel)(Params...), dim3 grid, dim3 bl
   config.numAttrs = 1;
   return cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
 }
+
+/// As gpu_launch_after_prior, for a kernel that calls gpu_grid_sync(): the launch is cooperative,
+/// so the runtime refuses a grid larger than can be resident at once, where a barrier would hang.
+template <class... Params, class... Args>
+gpu_error_t gpu_launch_cooperative_after_prior(void (*kernel)(Params...), dim3 grid, dim3 block,
+                                               std::size_t dynamic_shared, gpu_stream_t stream, Args&&... args) {
+  cudaLaunchAttribute attributes[2]{};
+  attributes[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attributes[0].val.programmaticStreamSerializationAllowed = 1;
+  attributes[1].id = cudaLaunchAttributeCooperative;
+  attributes[1].val.cooperative = 1;
+  cudaLaunchConfig_t config{};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = dynamic_shared;
+  config.stream = stream;
+  config.attrs = attributes;
+  config.numAttrs = 2;
+  return cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
+}
+
+/// A barrier of every thread of the grid, in a kernel launched by gpu_launch_cooperative_after_prior;
+/// what each thread wrote before it is visible to all after it.
+__device__ __forceinline__ void gpu_grid_sync() { cooperative_groups::this_grid().sync(); }
 
 /// Long-lived allocations owned by one object (the index's arrays, the pipeline's weights): freed
 /// with their owner, moved with it, never copied (std::unique_ptr with the runtime's free).

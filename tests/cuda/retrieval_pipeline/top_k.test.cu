@@ -1,4 +1,5 @@
-// Top-K: the sort's sizing, and ties broken by lower id through every radix-select level.
+// Top-K: the sort's sizing, every build of top-K against the reference, and ties broken by lower id
+// through every radix-select level.
 // (One of the files of test_cuda_retrieval_pipeline; its main is main.cu.)
 #include "../support/pipeline_fixtures.cuh"
 
@@ -17,6 +18,8 @@ TEST_CASE("ties are broken by lower id, through every radix-select level", "[cud
   Workload w(small_options(3, EmbeddingType::fp16));
   PipelinePolicy policy;
   policy.topk.boundary_cap = GENERATE(2048, 4096, 8192);
+  policy.topk.sort = GENERATE(0, 1);
+  policy.topk.one_launch = GENERATE(0, 1);
   auto p = FusedRetrievalPipeline::create(w.schema(), w.model(), {.capacity = 40000, .policy = policy});
   REQUIRE(p);
   AdRecord same = w.ad(0);
@@ -30,11 +33,45 @@ TEST_CASE("ties are broken by lower id, through every radix-select level", "[cud
   REQUIRE((*p)->index().upsert(ads));
   for (int k : {1, 777, 4096}) {
     auto top = (*p)->search(w.request(1, RequestKind::typical, k));
+    INFO(to_string(policy.topk) << " k " << k);
     REQUIRE(top);
     REQUIRE(top->size() == static_cast<std::size_t>(k));
     for (int i = 0; i < k; ++i) {
       REQUIRE((*top)[static_cast<std::size_t>(i)].id == 1000000u - 7u * 29999u + 7u * static_cast<std::uint32_t>(i));
       REQUIRE((*top)[static_cast<std::size_t>(i)].score == (*top)[0].score);
     }
+  }
+}
+
+TEST_CASE("every build of top-K agrees with the reference, alone and in a batch", "[cuda][topk]") {
+  // Both sorts and both ways of launching the select, at every cap: searches one by one and a
+  // batch, whose keys mark the ads a request does not match with 0, over a pool of 2 levels' work.
+  const EmbeddingType type = GENERATE(EmbeddingType::fp16, EmbeddingType::int8);
+  Loaded pool(small_options(11, type), 250000);
+  FusedRetrievalPipeline& p = *pool.pipeline;
+  std::vector<Request> requests;
+  const RequestKind kinds[] = {RequestKind::typical, RequestKind::broad, RequestKind::narrow};
+  const int ks[] = {1, 100, 1000, 4096};
+  for (int i = 0; i < 12; ++i)
+    requests.push_back(pool.workload.request(static_cast<std::uint64_t>(900 + i), kinds[i % 3], ks[i % 4], 1 + (i * 5) % 8));
+  for (const TopKPolicy& topk : every_policy<TopKPolicy>()) {
+    PipelinePolicy policy = p.policy();
+    policy.topk = topk;
+    policy.batch_scoring.one_pass_from = 2;  // the batch takes the one-pass path
+    REQUIRE(p.set_policy(policy));
+    auto agrees = [&](const Request& request, const std::vector<ScoredAd>& top, std::string_view how) {
+      auto ok = compare_with_reference(pool.host, compute_request_vectors(pool.workload.model(), request.features), request, top);
+      INFO(to_string(type) << " " << to_string(topk) << " " << how << " k " << request.k << ": " << (ok ? "ok" : ok.error().message));
+      REQUIRE(ok);
+    };
+    for (const Request& request : requests) {
+      auto top = p.search(request);
+      REQUIRE(top);
+      agrees(request, *top, "search");
+    }
+    auto answers = p.search_batch(requests);
+    REQUIRE(answers);
+    REQUIRE(answers->size() == requests.size());
+    for (std::size_t r = 0; r < requests.size(); ++r) agrees(requests[r], (*answers)[r], "search_batch");
   }
 }

@@ -328,9 +328,10 @@ class RetrievalDispatch {
                         std::to_string(max_shared_per_block_) + " (use stages = 0)", ErrorKind::capacity);
     return {};
   }
-  /// Top-K's sort holds up to K + boundary_cap keys in one block's shared memory.
+  /// Top-K's sort holds up to K + boundary_cap keys in one block's shared memory (either sort).
   expected<void, Error> check_shared_memory(const TopKPolicy& p) const {
-    const std::size_t need = kernels::topk_sort_bytes(static_cast<std::uint32_t>(kMaxK + p.boundary_cap));
+    const auto capacity = static_cast<std::uint32_t>(kMaxK + p.boundary_cap);
+    const std::size_t need = p.sort ? kernels::topk_rank_bytes(capacity) : kernels::topk_sort_bytes(capacity);
     if (need > max_shared_per_block_)
       return make_error(to_string(p) + " needs " + std::to_string(need) + " bytes of shared memory per block; this GPU allows " +
                         std::to_string(max_shared_per_block_) + " (use a smaller boundary cap)", ErrorKind::capacity);
@@ -543,15 +544,34 @@ class RetrievalDispatch {
     const auto kk = static_cast<std::uint32_t>(k);
     const auto cap = static_cast<std::uint32_t>(p.boundary_cap);
     const auto grid = static_cast<unsigned>(multiprocessors_ * 4);
-    // Eight launches: level 0's select, each later level's refine (its last block selects; once the
-    // threshold is known they return at once), the compaction, the sort. Each is a programmatic
-    // dependent of the one before, so that the small ones do not each pay a launch gap.
-    KEVO_GPU_TRY(gpu_launch_after_prior(kernels::topk_select<threads>, 1, threads, 0, stream, state, 0, kk, cap));
-    for (int level = 1; level < kTopKLevels; ++level)
-      KEVO_GPU_TRY(gpu_launch_after_prior(kernels::topk_refine<threads>, grid, threads, 0, stream, view, list, keys,
-                                          chunk_max, listed, state, level, l.chunk_size, kk, cap));
-    KEVO_GPU_TRY(gpu_launch_after_prior(kernels::topk_compact<threads>, grid, threads, 0, stream, view, list, keys,
-                                        chunk_max, listed, state, l.chunk_size, candidates, l.candidate_capacity));
+    if (p.one_launch) {
+      // Select, the levels it needs and the compaction in one launch, levels apart by grid barriers.
+      const int resident = resident_blocks(kernels::topk_select_and_compact<threads>, threads, 0);
+      if (resident == 0) return make_error("top-K's one-launch select does not fit this GPU", ErrorKind::capacity);
+      const auto cooperative_grid = static_cast<unsigned>(multiprocessors_ * std::min(resident, 4));
+      KEVO_GPU_TRY(gpu_launch_cooperative_after_prior(kernels::topk_select_and_compact<threads>, cooperative_grid, threads, 0,
+                                                      stream, view, list, keys, chunk_max, listed, state, l.chunk_size, kk,
+                                                      cap, candidates, l.candidate_capacity));
+    } else {
+      // Seven launches: level 0's select, each later level's refine (its last block selects; once
+      // the threshold is known they return at once), the compaction. Each is a programmatic
+      // dependent of the one before, so that the small ones do not each pay a launch gap.
+      KEVO_GPU_TRY(gpu_launch_after_prior(kernels::topk_select<threads>, 1, threads, 0, stream, state, 0, kk, cap));
+      for (int level = 1; level < kTopKLevels; ++level)
+        KEVO_GPU_TRY(gpu_launch_after_prior(kernels::topk_refine<threads>, grid, threads, 0, stream, view, list, keys,
+                                            chunk_max, listed, state, level, l.chunk_size, kk, cap));
+      KEVO_GPU_TRY(gpu_launch_after_prior(kernels::topk_compact<threads>, grid, threads, 0, stream, view, list, keys,
+                                          chunk_max, listed, state, l.chunk_size, candidates, l.candidate_capacity));
+    }
+    if (p.sort) {
+      const std::size_t rank_bytes = kernels::topk_rank_bytes(l.candidate_capacity);
+      if (resident_blocks(kernels::topk_rank<>, kernels::kTopKRankThreads, rank_bytes) == 0)
+        return make_error("top-K's ranking needs " + std::to_string(rank_bytes) + " bytes of shared memory per block", ErrorKind::capacity);
+      KEVO_GPU_TRY(gpu_launch_after_prior(kernels::topk_rank<>, kernels::topk_rank_blocks(l.candidate_capacity),
+                                          kernels::kTopKRankThreads, rank_bytes, stream, candidates, state, kk,
+                                          l.candidate_capacity, out.ids, out.scores, out.count));
+      return {};
+    }
     const std::size_t sort_bytes = kernels::topk_sort_bytes(l.candidate_capacity);
     if (resident_blocks(kernels::topk_sort<>, kernels::kTopKSortThreads, sort_bytes) == 0)
       return make_error("top-K's sort needs " + std::to_string(sort_bytes) + " bytes of shared memory per block", ErrorKind::capacity);

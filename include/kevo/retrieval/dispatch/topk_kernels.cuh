@@ -1,4 +1,4 @@
-// kevo/retrieval/dispatch/topk_kernels.cuh: top-K: a radix select over the scores' keys, then one block's sort of the candidates.
+// kevo/retrieval/dispatch/topk_kernels.cuh: top-K: a radix select over the scores' keys, then a sort of the candidates (one block's merge sort, or ranks counted over many blocks).
 // Thin kernels over the agents (agent/): each maps threads to an agent's work. The pipeline
 // (fused_retrieval_pipeline.cuh) and the index (device_ad_index.cuh) launch them.
 #pragma once
@@ -76,27 +76,26 @@ __global__ void __launch_bounds__(BlockThreads)
     if (histogram[i]) atomicAdd(&state->histogram[0][i], histogram[i]);
 }
 
-/// Histograms the next digit of the ads that share the resolved prefix (skipped once done), and
-/// resolves the level in the block that finishes last (no launch of its own: top-K's cost at small
-/// pools is mostly launches). `listed`: how many positions the keys and `eligible_list` hold.
+/// One level of the radix select by this block: histograms the next digit of the ads that share
+/// the resolved prefix, and the block that finishes last resolves the level (no launch of its own:
+/// top-K's cost at small pools is mostly launches). `count`: how many positions the keys and
+/// `eligible_list` hold. State written by other blocks is read past L1 (__ldcg): in one cooperative
+/// launch a block reads it again after each grid barrier.
 template <int BlockThreads>
-__global__ void __launch_bounds__(BlockThreads)
-    topk_refine(IndexView index, const std::uint32_t* eligible_list, const std::uint32_t* keys,
-                const std::uint32_t* chunk_max, const std::uint32_t* listed, TopKState* state, int level,
-                std::uint32_t chunk_size, std::uint32_t k, std::uint32_t cap) {
-  gpu_wait_for_prior_grid();  // launched as a programmatic dependent (gpu_launch_after_prior)
+__device__ __forceinline__ void refine_level(const IndexView& index, const std::uint32_t* eligible_list,
+                                             const std::uint32_t* keys, const std::uint32_t* chunk_max,
+                                             std::uint32_t count, TopKState* state, int level, std::uint32_t chunk_size,
+                                             std::uint32_t k, std::uint32_t cap) {
   using Select = AgentTopKSelect<BlockThreads>;
   __shared__ std::uint32_t histogram[kTopKBins];
   __shared__ typename Select::TempStorage select_storage;
   __shared__ bool last_block;
-  if (state->done) return;
   const int rank = static_cast<int>(threadIdx.x);
   for (int i = rank; i < kTopKBins; i += BlockThreads) histogram[i] = 0;
   __syncthreads();
-  const unsigned long long prefix = state->prefix;
+  const unsigned long long prefix = __ldcg(&state->prefix);
   const int prefix_shift = topk_level_shift(level - 1), shift = topk_level_shift(level);
   const std::uint64_t digit_mask = (1ull << topk_level_bits(level)) - 1ull;
-  const std::uint32_t count = *listed;
   const std::uint32_t chunks = (count + chunk_size - 1) / chunk_size;
   for_each_hot_chunk<BlockThreads>(
       chunk_max, chunks, [&](std::uint32_t largest) { return (chunk_ranking_bound(largest) >> prefix_shift) >= prefix; },
@@ -122,15 +121,14 @@ __global__ void __launch_bounds__(BlockThreads)
   Select::select(rank, state, level, k, cap, select_storage);
 }
 
-/// Appends the ranking key of every ad at or above the threshold to `candidates`.
+/// This block's share of the compaction: appends the ranking key of every ad at or above the
+/// threshold to `candidates`.
 template <int BlockThreads>
-__global__ void __launch_bounds__(BlockThreads)
-    topk_compact(IndexView index, const std::uint32_t* eligible_list, const std::uint32_t* keys,
-                 const std::uint32_t* chunk_max, const std::uint32_t* listed, TopKState* state,
-                 std::uint32_t chunk_size, unsigned long long* candidates, std::uint32_t capacity) {
-  gpu_wait_for_prior_grid();  // launched as a programmatic dependent (gpu_launch_after_prior)
-  const unsigned long long threshold = state->threshold;
-  const std::uint32_t count = *listed;
+__device__ __forceinline__ void compact_candidates(const IndexView& index, const std::uint32_t* eligible_list,
+                                                   const std::uint32_t* keys, const std::uint32_t* chunk_max,
+                                                   std::uint32_t count, TopKState* state, std::uint32_t chunk_size,
+                                                   unsigned long long* candidates, std::uint32_t capacity) {
+  const unsigned long long threshold = __ldcg(&state->threshold);
   const std::uint32_t chunks = (count + chunk_size - 1) / chunk_size;
   const auto rank = static_cast<std::uint32_t>(threadIdx.x);
   for_each_hot_chunk<BlockThreads>(
@@ -147,6 +145,50 @@ __global__ void __launch_bounds__(BlockThreads)
           else atomicOr(&state->overflow, kOverflowCandidates);
         }
       });
+}
+
+/// One level of the radix select (TopKPolicy::one_launch = 0); returns at once once the threshold is known.
+template <int BlockThreads>
+__global__ void __launch_bounds__(BlockThreads)
+    topk_refine(IndexView index, const std::uint32_t* eligible_list, const std::uint32_t* keys,
+                const std::uint32_t* chunk_max, const std::uint32_t* listed, TopKState* state, int level,
+                std::uint32_t chunk_size, std::uint32_t k, std::uint32_t cap) {
+  gpu_wait_for_prior_grid();  // launched as a programmatic dependent (gpu_launch_after_prior)
+  if (state->done) return;
+  refine_level<BlockThreads>(index, eligible_list, keys, chunk_max, *listed, state, level, chunk_size, k, cap);
+}
+
+/// Appends the ranking key of every ad at or above the threshold to `candidates` (TopKPolicy::one_launch = 0).
+template <int BlockThreads>
+__global__ void __launch_bounds__(BlockThreads)
+    topk_compact(IndexView index, const std::uint32_t* eligible_list, const std::uint32_t* keys,
+                 const std::uint32_t* chunk_max, const std::uint32_t* listed, TopKState* state,
+                 std::uint32_t chunk_size, unsigned long long* candidates, std::uint32_t capacity) {
+  gpu_wait_for_prior_grid();  // launched as a programmatic dependent (gpu_launch_after_prior)
+  compact_candidates<BlockThreads>(index, eligible_list, keys, chunk_max, *listed, state, chunk_size, candidates, capacity);
+}
+
+/// topk_select, every topk_refine that is needed and topk_compact in one cooperative launch
+/// (TopKPolicy::one_launch = 1): a grid barrier where a launch boundary was, and the levels stop
+/// at the one that resolves the threshold instead of launching the rest to return at once.
+template <int BlockThreads>
+__global__ void __launch_bounds__(BlockThreads)
+    topk_select_and_compact(IndexView index, const std::uint32_t* eligible_list, const std::uint32_t* keys,
+                            const std::uint32_t* chunk_max, const std::uint32_t* listed, TopKState* state,
+                            std::uint32_t chunk_size, std::uint32_t k, std::uint32_t cap,
+                            unsigned long long* candidates, std::uint32_t capacity) {
+  gpu_wait_for_prior_grid();  // launched by gpu_launch_cooperative_after_prior
+  using Select = AgentTopKSelect<BlockThreads>;
+  __shared__ typename Select::TempStorage select_storage;
+  if (blockIdx.x == 0) Select::select(static_cast<int>(threadIdx.x), state, 0, k, cap, select_storage);
+  gpu_grid_sync();
+  const std::uint32_t count = *listed;
+  // Every block reads `done` after the same barrier, so all leave the loop at the same level.
+  for (int level = 1; level < kTopKLevels && !__ldcg(&state->done); ++level) {
+    refine_level<BlockThreads>(index, eligible_list, keys, chunk_max, count, state, level, chunk_size, k, cap);
+    gpu_grid_sync();
+  }
+  compact_candidates<BlockThreads>(index, eligible_list, keys, chunk_max, count, state, chunk_size, candidates, capacity);
 }
 
 /// Threads of topk_sort's one block.
@@ -239,6 +281,64 @@ __global__ void __launch_bounds__(kTopKSortThreads)
     *out_count = state->overflow & kOverflowVectors       ? kCountVectorsOverflowed
                  : state->overflow & kOverflowCandidates ? kCountCandidatesOverflowed
                                                          : results;
+}
+
+/// Threads of a topk_rank block, and how many of them count for one candidate (consecutive lanes).
+inline constexpr int kTopKRankThreads = 256;
+inline constexpr int kTopKRankLanesPerCandidate = 4;
+inline constexpr int kTopKRankCandidatesPerBlock = kTopKRankThreads / kTopKRankLanesPerCandidate;
+
+/// topk_rank's grid for up to `capacity` candidates (blocks past the count return at once), and
+/// the shared memory of each block, which holds them all.
+__host__ __device__ constexpr std::uint32_t topk_rank_blocks(std::uint32_t capacity) {
+  return (capacity + kTopKRankCandidatesPerBlock - 1) / kTopKRankCandidatesPerBlock;
+}
+inline std::size_t topk_rank_bytes(std::uint32_t capacity) { return (std::size_t{capacity} + 1) / 2 * 16; }
+
+/// The same result as topk_sort (TopKPolicy::sort = 1): a candidate's place is the number of
+/// candidates whose ranking key is larger (keys are unique: each holds its ad's id), counted by
+/// four lanes over interleaved pairs of keys; the place is written if it is among the first
+/// min(K, eligible). Count^2 compares in all, but spread over count / 64 blocks, where one block's
+/// merge sort runs its log-depth passes on one SM.
+template <class = void>
+__global__ void __launch_bounds__(kTopKRankThreads)
+    topk_rank(const unsigned long long* candidates, const TopKState* state, std::uint32_t k, std::uint32_t capacity,
+              std::uint32_t* out_ids, float* out_scores, std::uint32_t* out_count) {
+  gpu_wait_for_prior_grid();  // launched as a programmatic dependent (gpu_launch_after_prior)
+  extern __shared__ __align__(16) ulonglong2 pairs[];  // topk_rank_bytes(capacity)
+  const std::uint32_t count = min(state->candidate_count, capacity);
+  const std::uint32_t results = min(k, state->eligible_count);
+  if (blockIdx.x == 0 && threadIdx.x == 0)
+    *out_count = state->overflow & kOverflowVectors       ? kCountVectorsOverflowed
+                 : state->overflow & kOverflowCandidates ? kCountCandidatesOverflowed
+                                                         : results;
+  const std::uint32_t first = blockIdx.x * kTopKRankCandidatesPerBlock;
+  if (first >= count) return;
+  // Pairs of keys, the odd one out paired with 0, which no candidate's key is below.
+  const std::uint32_t pair_count = (count + 1) / 2;
+  const auto* from = reinterpret_cast<const ulonglong2*>(candidates);  // the candidate region is 256-byte aligned
+  for (std::uint32_t i = threadIdx.x; i < pair_count; i += kTopKRankThreads) {
+    ulonglong2 pair = from[i];
+    if (2 * i + 1 == count) pair.y = 0;
+    pairs[i] = pair;
+  }
+  __syncthreads();
+  const std::uint32_t lane = threadIdx.x % kTopKRankLanesPerCandidate;
+  const std::uint32_t mine = first + threadIdx.x / kTopKRankLanesPerCandidate;
+  const unsigned long long key = mine < count ? reinterpret_cast<const unsigned long long*>(pairs)[mine] : ~0ull;
+  // Lane l reads pairs l, l + 4, ...: the four lanes of a candidate read 64 consecutive bytes.
+  std::uint32_t before = 0;
+#pragma unroll 4
+  for (std::uint32_t i = lane; i < pair_count; i += kTopKRankLanesPerCandidate) {
+    const ulonglong2 pair = pairs[i];
+    before += (pair.x > key) + (pair.y > key);
+  }
+#pragma unroll
+  for (int offset = kTopKRankLanesPerCandidate / 2; offset > 0; offset /= 2) before += __shfl_xor_sync(~0u, before, offset);
+  if (lane == 0 && mine < count && before < results) {
+    out_ids[before] = ~static_cast<std::uint32_t>(key);
+    out_scores[before] = score_from_key(static_cast<std::uint32_t>(key >> 32));
+  }
 }
 
 }  // namespace kevo::retrieval::kernels

@@ -60,10 +60,21 @@ struct ScoringPolicy {
 
 /// Top-K: radix select over (score, id) keys, 12 bits a level; a level is refined only while the
 /// boundary digit holds more than `boundary_cap` ads, then the survivors (at most K + boundary_cap)
-/// are sorted by one block in shared memory, which bounds the cap.
+/// are sorted in shared memory, which bounds the cap.
 struct TopKPolicy {
   int boundary_cap = 2048;  // the smallest: one more level refined costs less than sorting more (run 66)
   static constexpr std::array<int, 3> boundary_cap_domain{2048, 4096, 8192};  // run time
+  // 0: one block merge-sorts the survivors; 1: each survivor's place is the count of those that
+  // rank before it, counted by a few threads of many blocks (more compares, but over many SMs;
+  // faster at every N, K and cap measured, by 2 us at K = 1 to 27 us at K = 4096, run 151).
+  int sort = 1;
+  static constexpr std::array<int, 2> sort_domain{0, 1};  // run time (another kernel)
+  // 0: level 0's select, each later level's refine and the compaction are launches of their own;
+  // 1: one cooperative launch runs them all, levels apart by grid barriers, stopping at the level
+  // that resolves the threshold (at small pools top-K's time is mostly launches, run 150; one
+  // launch saves ~7 us at every N and K measured, run 151).
+  int one_launch = 1;
+  static constexpr std::array<int, 2> one_launch_domain{0, 1};  // run time (another kernel)
   friend bool operator==(const TopKPolicy&, const TopKPolicy&) = default;
 };
 
@@ -138,8 +149,10 @@ struct PolicyDescription<ScoringPolicy> {
 template <>
 struct PolicyDescription<TopKPolicy> {
   static constexpr std::string_view name = "topk";
-  static constexpr std::array<PolicyField<TopKPolicy>, 1> fields{{
+  static constexpr std::array<PolicyField<TopKPolicy>, 3> fields{{
       {"boundary_cap", &TopKPolicy::boundary_cap, TopKPolicy::boundary_cap_domain, Binding::run_time, Lever::either},
+      {"sort", &TopKPolicy::sort, TopKPolicy::sort_domain, Binding::run_time, Lever::parallelism},
+      {"one_launch", &TopKPolicy::one_launch, TopKPolicy::one_launch_domain, Binding::run_time, Lever::parallelism},
   }};
 };
 
