@@ -131,30 +131,11 @@ inline int gpu_device_count() {
   return n;
 }
 
-/// Launches `kernel` as a programmatic dependent of the kernel before it on `stream` (Hopper): the
-/// grid is scheduled while that one drains, instead of after, and must call
-/// gpu_wait_for_prior_grid() before it touches memory. Saves the gap between dependent launches.
+namespace detail {
+/// cudaLaunchKernelEx as a programmatic dependent, cooperative where asked.
 template <class... Params, class... Args>
-gpu_error_t gpu_launch_after_prior(void (*kernel)(Params...), dim3 grid, dim3 block, std::size_t dynamic_shared,
-                                   gpu_stream_t stream, Args&&... args) {
-  cudaLaunchAttribute attribute{};
-  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attribute.val.programmaticStreamSerializationAllowed = 1;
-  cudaLaunchConfig_t config{};
-  config.gridDim = grid;
-  config.blockDim = block;
-  config.dynamicSmemBytes = dynamic_shared;
-  config.stream = stream;
-  config.attrs = &attribute;
-  config.numAttrs = 1;
-  return cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
-}
-
-/// As gpu_launch_after_prior, for a kernel that calls gpu_grid_sync(): the launch is cooperative,
-/// so the runtime refuses a grid larger than can be resident at once, where a barrier would hang.
-template <class... Params, class... Args>
-gpu_error_t gpu_launch_cooperative_after_prior(void (*kernel)(Params...), dim3 grid, dim3 block,
-                                               std::size_t dynamic_shared, gpu_stream_t stream, Args&&... args) {
+gpu_error_t launch_after_prior(bool cooperative, void (*kernel)(Params...), dim3 grid, dim3 block,
+                               std::size_t dynamic_shared, gpu_stream_t stream, Args&&... args) {
   cudaLaunchAttribute attributes[2]{};
   attributes[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attributes[0].val.programmaticStreamSerializationAllowed = 1;
@@ -166,8 +147,26 @@ gpu_error_t gpu_launch_cooperative_after_prior(void (*kernel)(Params...), dim3 g
   config.dynamicSmemBytes = dynamic_shared;
   config.stream = stream;
   config.attrs = attributes;
-  config.numAttrs = 2;
+  config.numAttrs = cooperative ? 2 : 1;
   return cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
+}
+}  // namespace detail
+
+/// Launches `kernel` as a programmatic dependent of the kernel before it on `stream` (Hopper): the
+/// grid is scheduled while that one drains, instead of after, and must call
+/// gpu_wait_for_prior_grid() before it touches memory. Saves the gap between dependent launches.
+template <class... Params, class... Args>
+gpu_error_t gpu_launch_after_prior(void (*kernel)(Params...), dim3 grid, dim3 block, std::size_t dynamic_shared,
+                                   gpu_stream_t stream, Args&&... args) {
+  return detail::launch_after_prior(false, kernel, grid, block, dynamic_shared, stream, std::forward<Args>(args)...);
+}
+
+/// As gpu_launch_after_prior, for a kernel that calls gpu_grid_sync(): the launch is cooperative,
+/// so the runtime refuses a grid larger than can be resident at once, where a barrier would hang.
+template <class... Params, class... Args>
+gpu_error_t gpu_launch_cooperative_after_prior(void (*kernel)(Params...), dim3 grid, dim3 block,
+                                               std::size_t dynamic_shared, gpu_stream_t stream, Args&&... args) {
+  return detail::launch_after_prior(true, kernel, grid, block, dynamic_shared, stream, std::forward<Args>(args)...);
 }
 
 /// A barrier of every thread of the grid, in a kernel launched by gpu_launch_cooperative_after_prior;
