@@ -543,12 +543,12 @@ class RetrievalDispatch {
     auto* candidates = reinterpret_cast<unsigned long long*>(t + l.candidates);
     const auto kk = static_cast<std::uint32_t>(k);
     const auto cap = static_cast<std::uint32_t>(p.boundary_cap);
-    const auto grid = static_cast<unsigned>(multiprocessors_ * 4);
+    constexpr int blocks_per_sm = 4;  // of the select, refine and compaction kernels
     if (p.one_launch) {
       // Select, the levels it needs and the compaction in one launch, levels apart by grid barriers.
       const int resident = resident_blocks(kernels::topk_select_and_compact<threads>, threads, 0);
       if (resident == 0) return make_error("top-K's one-launch select does not fit this GPU", ErrorKind::capacity);
-      const auto cooperative_grid = static_cast<unsigned>(multiprocessors_ * std::min(resident, 4));
+      const auto cooperative_grid = static_cast<unsigned>(multiprocessors_ * std::min(resident, blocks_per_sm));
       KEVO_GPU_TRY(gpu_launch_cooperative_after_prior(kernels::topk_select_and_compact<threads>, cooperative_grid, threads, 0,
                                                       stream, view, list, keys, chunk_max, listed, state, l.chunk_size, kk,
                                                       cap, candidates, l.candidate_capacity));
@@ -556,6 +556,7 @@ class RetrievalDispatch {
       // Seven launches: level 0's select, each later level's refine (its last block selects; once
       // the threshold is known they return at once), the compaction. Each is a programmatic
       // dependent of the one before, so that the small ones do not each pay a launch gap.
+      const auto grid = static_cast<unsigned>(multiprocessors_ * blocks_per_sm);
       KEVO_GPU_TRY(gpu_launch_after_prior(kernels::topk_select<threads>, 1, threads, 0, stream, state, 0, kk, cap));
       for (int level = 1; level < kTopKLevels; ++level)
         KEVO_GPU_TRY(gpu_launch_after_prior(kernels::topk_refine<threads>, grid, threads, 0, stream, view, list, keys,

@@ -235,6 +235,21 @@ struct RankingFirst {
   __device__ bool operator()(unsigned long long a, unsigned long long b) const { return a > b; }
 };
 
+/// Writes the ad a ranking key names as result `place`: its id (the key's low word holds ~id) and score.
+__device__ __forceinline__ void write_result(unsigned long long key, std::uint32_t place, std::uint32_t* out_ids,
+                                             float* out_scores) {
+  out_ids[place] = ~static_cast<std::uint32_t>(key);
+  out_scores[place] = score_from_key(static_cast<std::uint32_t>(key >> 32));
+}
+
+/// The answer's count as search() reads it: the number of results, unless the search failed
+/// (kCountVectorsOverflowed, kCountCandidatesOverflowed).
+__device__ __forceinline__ std::uint32_t answer_count(const TopKState* state, std::uint32_t results) {
+  return state->overflow & kOverflowVectors      ? kCountVectorsOverflowed
+         : state->overflow & kOverflowCandidates ? kCountCandidatesOverflowed
+                                                 : results;
+}
+
 /// Sorts `count` candidates, `Items` a thread (blocked: thread t holds sorted positions t Items ..),
 /// and decodes the first `results` into (id, score).
 template <int Items>
@@ -254,10 +269,7 @@ __device__ __forceinline__ void sort_and_decode(const unsigned long long* candid
 #pragma unroll
   for (int i = 0; i < Items; ++i) {
     const std::uint32_t at = rank * Items + i;
-    if (at < results) {
-      out_ids[at] = ~static_cast<std::uint32_t>(keys[i]);
-      out_scores[at] = score_from_key(static_cast<std::uint32_t>(keys[i] >> 32));
-    }
+    if (at < results) write_result(keys[i], at, out_ids, out_scores);
   }
 }
 
@@ -278,9 +290,7 @@ __global__ void __launch_bounds__(kTopKSortThreads)
     sort_and_decode<items()>(candidates, count, results, sort_storage, out_ids, out_scores);
   });
   if (threadIdx.x == 0)
-    *out_count = state->overflow & kOverflowVectors       ? kCountVectorsOverflowed
-                 : state->overflow & kOverflowCandidates ? kCountCandidatesOverflowed
-                                                         : results;
+    *out_count = answer_count(state, results);
 }
 
 /// Threads of a topk_rank block, and how many of them count for one candidate (consecutive lanes).
@@ -309,9 +319,7 @@ __global__ void __launch_bounds__(kTopKRankThreads)
   const std::uint32_t count = min(state->candidate_count, capacity);
   const std::uint32_t results = min(k, state->eligible_count);
   if (blockIdx.x == 0 && threadIdx.x == 0)
-    *out_count = state->overflow & kOverflowVectors       ? kCountVectorsOverflowed
-                 : state->overflow & kOverflowCandidates ? kCountCandidatesOverflowed
-                                                         : results;
+    *out_count = answer_count(state, results);
   const std::uint32_t first = blockIdx.x * kTopKRankCandidatesPerBlock;
   if (first >= count) return;
   // Pairs of keys, the odd one out paired with 0, which no candidate's key is below.
@@ -335,10 +343,7 @@ __global__ void __launch_bounds__(kTopKRankThreads)
   }
 #pragma unroll
   for (int offset = kTopKRankLanesPerCandidate / 2; offset > 0; offset /= 2) before += __shfl_xor_sync(~0u, before, offset);
-  if (lane == 0 && mine < count && before < results) {
-    out_ids[before] = ~static_cast<std::uint32_t>(key);
-    out_scores[before] = score_from_key(static_cast<std::uint32_t>(key >> 32));
-  }
+  if (lane == 0 && mine < count && before < results) write_result(key, before, out_ids, out_scores);
 }
 
 }  // namespace kevo::retrieval::kernels
