@@ -43,7 +43,7 @@ expected<double, PolicyFailure> landscape(const PipelinePolicy& p, std::uint64_t
 TEST_CASE("every field of every stage is a knob of the pipeline problem, the defaults its seed", "[pipeline][tuning]") {
   const Problem p = eval::pipeline_problem(workload, PipelinePolicy{});
   CHECK(p.name == "pipeline_d128_fp16_100M_typical_k1000");
-  CHECK(p.knobs.size() == 15);  // matching 3, scoring 5, top-K 3, batch scoring 4
+  CHECK(p.knobs.size() == 16);  // matching 4, scoring 5, top-K 3, batch scoring 4
   const KnobSpec* queue = p.knob("matching.segment_queue");
   REQUIRE(queue);
   CHECK(queue->side == KnobSide::parallel);  // how blocks share the segments: a parallelism choice

@@ -39,9 +39,9 @@ TEST_CASE("every scoring policy in the declared domains is legal and has its own
   CHECK(enumerated.count(to_string(ScoringPolicy{})) == 1);
   CHECK(every_policy<TopKPolicy>().size() ==
         TopKPolicy::boundary_cap_domain.size() * TopKPolicy::sort_domain.size() * TopKPolicy::one_launch_domain.size());
-  CHECK(every_policy<MatchingPolicy>().size() == MatchingPolicy::block_threads_domain.size() *
-                                                     MatchingPolicy::blocks_per_sm_domain.size() *
-                                                     MatchingPolicy::segment_queue_domain.size());
+  CHECK(every_policy<MatchingPolicy>().size() ==
+        MatchingPolicy::block_threads_domain.size() * MatchingPolicy::blocks_per_sm_domain.size() *
+            MatchingPolicy::segment_queue_domain.size() * MatchingPolicy::launch_after_prior_domain.size());
 }
 
 TEST_CASE("a value outside any knob's domain makes the policy illegal", "[retrieval][policy]") {
@@ -73,9 +73,12 @@ TEST_CASE("matching, top-K and batch policies print every knob", "[retrieval][po
   std::set<std::string> keys;
   for (int threads : MatchingPolicy::block_threads_domain)
     for (int blocks : MatchingPolicy::blocks_per_sm_domain)
-      for (int queue : MatchingPolicy::segment_queue_domain) keys.insert(to_string(MatchingPolicy{threads, blocks, queue}));
+      for (int queue : MatchingPolicy::segment_queue_domain)
+        for (int after_prior : MatchingPolicy::launch_after_prior_domain)
+          keys.insert(to_string(MatchingPolicy{threads, blocks, queue, after_prior}));
   REQUIRE(keys.size() == MatchingPolicy::block_threads_domain.size() * MatchingPolicy::blocks_per_sm_domain.size() *
-                             MatchingPolicy::segment_queue_domain.size());
+                             MatchingPolicy::segment_queue_domain.size() *
+                             MatchingPolicy::launch_after_prior_domain.size());
   std::set<std::string> topk_keys;
   for (int cap : TopKPolicy::boundary_cap_domain)
     for (int sort : TopKPolicy::sort_domain)
@@ -102,7 +105,7 @@ TEST_CASE("each policy's description drives its knobs, both ways, and names a ba
   // Every field of every stage is a knob, and a legal policy comes back from its knobs unchanged.
   const PipelinePolicy d{};
   const kevo::Knobs knobs = to_knobs(d);
-  CHECK(knobs.size() == 3 + 5 + 3 + 4);
+  CHECK(knobs.size() == 4 + 5 + 3 + 4);
   CHECK(knobs.at("scoring.stages") == "2");
   CHECK(knobs.at("batch_scoring.group") == "1");
   PipelinePolicy tuned = d;
@@ -110,6 +113,7 @@ TEST_CASE("each policy's description drives its knobs, both ways, and names a ba
   tuned.scoring.tiles_in_flight = 1;
   tuned.matching.blocks_per_sm = 16;
   tuned.matching.segment_queue = 0;
+  tuned.matching.launch_after_prior = 1;
   tuned.topk.boundary_cap = 8192;
   auto back = policy_from_knobs(to_knobs(tuned));
   REQUIRE(back);

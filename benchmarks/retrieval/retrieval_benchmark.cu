@@ -920,6 +920,7 @@ MatchingBySchedule time_matching_by_schedule(Pool& pool, const Request& request,
   MatchingBySchedule t;
   for (double& b : t.best) b = 1e9;
   for (const MatchingPolicy& m : every_policy<MatchingPolicy>()) {
+    if (m.launch_after_prior != original.matching.launch_after_prior) continue;  // (stages are timed apart)
     PipelinePolicy policy = original;
     policy.matching = m;
     CHECK_OK(pool.pipeline->set_policy(policy));
@@ -1112,7 +1113,8 @@ void run_search_latency(Pool& pool, const Workload& workload, int repeats) {
 /// search() on the host clock; the same work (search_async, the answer's copy into pinned memory,
 /// the wait) on the host clock and between events on the stream; and, with an event between them,
 /// the device time of the request's preparation (upload, query bitmap, towers) and of matching,
-/// scoring and top-K. Medians of `repeats` after two warm-ups.
+/// scoring and top-K. Under both settings of MatchingPolicy::launch_after_prior. Medians of
+/// `repeats` after two warm-ups.
 void run_search_breakdown(Pool& pool, const Workload& workload, int repeats, SearchOutput out, cudaStream_t stream) {
   FusedRetrievalPipeline& p = *pool.pipeline;
   pool.ensure_temp();
@@ -1125,58 +1127,68 @@ void run_search_breakdown(Pool& pool, const Workload& workload, int repeats, Sea
     KEVO_GPU_ASSERT(cudaEventElapsedTime(&ms, events[from], events[to]));
     return ms * 1e-3;
   };
-  std::puts("\n| dtype | N | K | search() | search_async + copy + wait, host | the same on the stream | host enqueue of "
-            "search_async | preparation (device) | matching, scoring, top-K (device) |");
-  std::puts("| --- | --- | --- | --- | --- | --- | --- | --- | --- |");
+  std::puts("\n| dtype | N | K | towers and matching | search() | search_async + copy + wait, host | the same on the "
+            "stream | host enqueue of search_async | preparation (device) | matching, scoring, top-K (device) |");
+  std::puts("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |");
+  auto copy_answer = [&](int k) {  // ids and scores into pinned memory, as search() brings them back
+    KEVO_GPU_ASSERT(cudaMemcpyAsync(answer, out.ids, 4 * static_cast<std::size_t>(k), cudaMemcpyDeviceToHost, stream));
+    KEVO_GPU_ASSERT(cudaMemcpyAsync(answer + 1 + k, out.scores, 4 * static_cast<std::size_t>(k), cudaMemcpyDeviceToHost, stream));
+  };
+  const PipelinePolicy original = p.policy();
   for (int k : {1, 1000, 4096}) {
-    const Request request = workload.request(1, RequestKind::typical, k);
-    const double api = median_search_seconds(pool, repeats, [&](int) { return request; });
-    std::vector<double> host, stream_time, enqueue, prepare, rest;
-    for (int r = 0; r < repeats + 2; ++r) {
-      const auto a = std::chrono::steady_clock::now();
-      KEVO_GPU_ASSERT(cudaEventRecord(events[0], stream));
-      CHECK_OK(p.search_async(request, pool.temp, pool.temp_bytes, out, stream));
-      const auto enqueued = std::chrono::steady_clock::now();
-      KEVO_GPU_ASSERT(cudaMemcpyAsync(answer, out.ids, 4 * static_cast<std::size_t>(k), cudaMemcpyDeviceToHost, stream));
-      KEVO_GPU_ASSERT(cudaMemcpyAsync(answer + 1 + k, out.scores, 4 * static_cast<std::size_t>(k), cudaMemcpyDeviceToHost, stream));
-      KEVO_GPU_ASSERT(cudaEventRecord(events[1], stream));
-      KEVO_GPU_ASSERT(cudaEventSynchronize(events[1]));
-      const auto b = std::chrono::steady_clock::now();
-      // The same stages with an event after the preparation (which cuts its last launch's overlap).
-      {
-        auto lock = p.index().search_lock();
-        auto view = p.index().before_search(stream);
-        CHECK_OK(view);
+    for (int after_prior : MatchingPolicy::launch_after_prior_domain) {
+      PipelinePolicy policy = original;
+      policy.matching.launch_after_prior = after_prior;
+      CHECK_OK(p.set_policy(policy));
+      const Request request = workload.request(1, RequestKind::typical, k);
+      const double api = median_search_seconds(pool, repeats, [&](int) { return request; });
+      std::vector<double> host, stream_time, enqueue, prepare, rest;
+      for (int r = 0; r < repeats + 2; ++r) {
+        const auto a = std::chrono::steady_clock::now();
         KEVO_GPU_ASSERT(cudaEventRecord(events[0], stream));
-        CHECK_OK(p.enqueue_prepare(request, pool.temp, stream));
-        KEVO_GPU_ASSERT(cudaEventRecord(events[2], stream));
-        CHECK_OK(p.enqueue_matching(*view, pool.temp, stream));
-        CHECK_OK(p.enqueue_scoring(*view, pool.temp, request.routing, stream));
-        CHECK_OK(p.enqueue_topk(*view, pool.temp, request.k, out, stream));
-        CHECK_OK(p.index().after_search(stream));
+        CHECK_OK(p.search_async(request, pool.temp, pool.temp_bytes, out, stream));
+        const auto enqueued = std::chrono::steady_clock::now();
+        copy_answer(k);
+        KEVO_GPU_ASSERT(cudaEventRecord(events[1], stream));
+        KEVO_GPU_ASSERT(cudaEventSynchronize(events[1]));
+        const auto b = std::chrono::steady_clock::now();
+        // The same stages with an event after the preparation (which cuts its last launch's overlap).
+        {
+          auto lock = p.index().search_lock();
+          auto view = p.index().before_search(stream);
+          CHECK_OK(view);
+          KEVO_GPU_ASSERT(cudaEventRecord(events[0], stream));
+          CHECK_OK(p.enqueue_prepare(request, pool.temp, stream));
+          KEVO_GPU_ASSERT(cudaEventRecord(events[2], stream));
+          CHECK_OK(p.enqueue_matching(*view, pool.temp, stream));
+          CHECK_OK(p.enqueue_scoring(*view, pool.temp, request.routing, stream));
+          CHECK_OK(p.enqueue_topk(*view, pool.temp, request.k, out, stream));
+          CHECK_OK(p.index().after_search(stream));
+        }
+        KEVO_GPU_ASSERT(cudaEventRecord(events[1], stream));
+        KEVO_GPU_ASSERT(cudaEventSynchronize(events[1]));
+        if (r < 2) continue;
+        host.push_back(std::chrono::duration<double>(b - a).count());
+        enqueue.push_back(std::chrono::duration<double>(enqueued - a).count());
+        prepare.push_back(elapsed(0, 2));
+        rest.push_back(elapsed(2, 1));
       }
-      KEVO_GPU_ASSERT(cudaEventRecord(events[1], stream));
-      KEVO_GPU_ASSERT(cudaEventSynchronize(events[1]));
-      if (r < 2) continue;
-      host.push_back(std::chrono::duration<double>(b - a).count());
-      enqueue.push_back(std::chrono::duration<double>(enqueued - a).count());
-      prepare.push_back(elapsed(0, 2));
-      rest.push_back(elapsed(2, 1));
+      // The first loop's whole time on the stream, measured apart so that its events stand alone.
+      for (int r = 0; r < repeats + 2; ++r) {
+        KEVO_GPU_ASSERT(cudaEventRecord(events[0], stream));
+        CHECK_OK(p.search_async(request, pool.temp, pool.temp_bytes, out, stream));
+        copy_answer(k);
+        KEVO_GPU_ASSERT(cudaEventRecord(events[1], stream));
+        KEVO_GPU_ASSERT(cudaEventSynchronize(events[1]));
+        if (r >= 2) stream_time.push_back(elapsed(0, 1));
+      }
+      std::printf("| %s | %llu | %d | %s | %.3f ms | %.3f ms | %.3f ms | %.3f ms | %.3f ms | %.3f ms |\n",
+                  to_string(p.schema().embedding_type), static_cast<unsigned long long>(pool.n), k,
+                  after_prior ? "after prior" : "ordinary", api * 1e3, median(host) * 1e3, median(stream_time) * 1e3,
+                  median(enqueue) * 1e3, median(prepare) * 1e3, median(rest) * 1e3);
     }
-    // The first loop's whole time on the stream, measured apart so that its events stand alone.
-    for (int r = 0; r < repeats + 2; ++r) {
-      KEVO_GPU_ASSERT(cudaEventRecord(events[0], stream));
-      CHECK_OK(p.search_async(request, pool.temp, pool.temp_bytes, out, stream));
-      KEVO_GPU_ASSERT(cudaMemcpyAsync(answer, out.ids, 4 * static_cast<std::size_t>(k), cudaMemcpyDeviceToHost, stream));
-      KEVO_GPU_ASSERT(cudaEventRecord(events[1], stream));
-      KEVO_GPU_ASSERT(cudaEventSynchronize(events[1]));
-      if (r >= 2) stream_time.push_back(elapsed(0, 1));
-    }
-    std::printf("| %s | %llu | %d | %.3f ms | %.3f ms | %.3f ms | %.3f ms | %.3f ms | %.3f ms |\n",
-                to_string(p.schema().embedding_type), static_cast<unsigned long long>(pool.n), k, api * 1e3,
-                median(host) * 1e3, median(stream_time) * 1e3, median(enqueue) * 1e3, median(prepare) * 1e3,
-                median(rest) * 1e3);
   }
+  CHECK_OK(p.set_policy(original));
   for (cudaEvent_t& e : events) KEVO_GPU_ASSERT(cudaEventDestroy(e));
   KEVO_GPU_ASSERT(cudaFreeHost(answer));
 }
@@ -1448,6 +1460,7 @@ int main(int argc, char** argv) {
   {
     const PipelinePolicy original = fp16.pipeline->policy();
     for (const MatchingPolicy& matching : every_policy<MatchingPolicy>()) {
+      if (matching.launch_after_prior != original.matching.launch_after_prior) continue;  // (stages are timed apart)
       PipelinePolicy policy = original;
       policy.matching = matching;
       CHECK_OK(fp16.pipeline->set_policy(policy));

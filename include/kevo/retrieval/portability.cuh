@@ -132,13 +132,13 @@ inline int gpu_device_count() {
 }
 
 namespace detail {
-/// cudaLaunchKernelEx as a programmatic dependent, cooperative where asked.
+/// cudaLaunchKernelEx, as a programmatic dependent and cooperative where asked.
 template <class... Params, class... Args>
-gpu_error_t launch_after_prior(bool cooperative, void (*kernel)(Params...), dim3 grid, dim3 block,
-                               std::size_t dynamic_shared, gpu_stream_t stream, Args&&... args) {
+gpu_error_t launch(bool after_prior, bool cooperative, void (*kernel)(Params...), dim3 grid, dim3 block,
+                   std::size_t dynamic_shared, gpu_stream_t stream, Args&&... args) {
   cudaLaunchAttribute attributes[2]{};
   attributes[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attributes[0].val.programmaticStreamSerializationAllowed = 1;
+  attributes[0].val.programmaticStreamSerializationAllowed = after_prior ? 1 : 0;
   attributes[1].id = cudaLaunchAttributeCooperative;
   attributes[1].val.cooperative = 1;
   cudaLaunchConfig_t config{};
@@ -158,7 +158,15 @@ gpu_error_t launch_after_prior(bool cooperative, void (*kernel)(Params...), dim3
 template <class... Params, class... Args>
 gpu_error_t gpu_launch_after_prior(void (*kernel)(Params...), dim3 grid, dim3 block, std::size_t dynamic_shared,
                                    gpu_stream_t stream, Args&&... args) {
-  return detail::launch_after_prior(false, kernel, grid, block, dynamic_shared, stream, std::forward<Args>(args)...);
+  return detail::launch(true, false, kernel, grid, block, dynamic_shared, stream, std::forward<Args>(args)...);
+}
+
+/// gpu_launch_after_prior where `after_prior`, else an ordinary launch: for a policy knob that
+/// chooses between them. The kernel calls gpu_wait_for_prior_grid() either way.
+template <class... Params, class... Args>
+gpu_error_t gpu_launch_after_prior_if(bool after_prior, void (*kernel)(Params...), dim3 grid, dim3 block,
+                                      std::size_t dynamic_shared, gpu_stream_t stream, Args&&... args) {
+  return detail::launch(after_prior, false, kernel, grid, block, dynamic_shared, stream, std::forward<Args>(args)...);
 }
 
 /// As gpu_launch_after_prior, for a kernel that calls gpu_grid_sync(): the launch is cooperative,
@@ -166,7 +174,7 @@ gpu_error_t gpu_launch_after_prior(void (*kernel)(Params...), dim3 grid, dim3 bl
 template <class... Params, class... Args>
 gpu_error_t gpu_launch_cooperative_after_prior(void (*kernel)(Params...), dim3 grid, dim3 block,
                                                std::size_t dynamic_shared, gpu_stream_t stream, Args&&... args) {
-  return detail::launch_after_prior(true, kernel, grid, block, dynamic_shared, stream, std::forward<Args>(args)...);
+  return detail::launch(true, true, kernel, grid, block, dynamic_shared, stream, std::forward<Args>(args)...);
 }
 
 /// A barrier of every thread of the grid, in a kernel launched by gpu_launch_cooperative_after_prior;

@@ -39,17 +39,18 @@ TEST_CASE("matching and towers agree with the reference", "[cuda][matching]") {
       lock.unlock();
       const PipelinePolicy original = pool.pipeline->policy();
       for (int threads : MatchingPolicy::block_threads_domain)
-        for (int blocks : MatchingPolicy::blocks_per_sm_domain) {
-          PipelinePolicy policy = original;
-          policy.matching = {threads, blocks};
-          REQUIRE(pool.pipeline->set_policy(policy));
-          const std::vector<std::uint32_t> ids = device_eligible_ids(*pool.pipeline, request);
-          std::vector<std::uint32_t> expected_ids;
-          for (std::uint32_t slot : expected) expected_ids.push_back(pool.host.id(slot));
-          std::sort(expected_ids.begin(), expected_ids.end());
-          INFO(to_string(policy.matching));
-          REQUIRE(ids == expected_ids);
-        }
+        for (int blocks : MatchingPolicy::blocks_per_sm_domain)
+          for (int after_prior : MatchingPolicy::launch_after_prior_domain) {
+            PipelinePolicy policy = original;
+            policy.matching = {.block_threads = threads, .blocks_per_sm = blocks, .launch_after_prior = after_prior};
+            REQUIRE(pool.pipeline->set_policy(policy));
+            const std::vector<std::uint32_t> ids = device_eligible_ids(*pool.pipeline, request);
+            std::vector<std::uint32_t> expected_ids;
+            for (std::uint32_t slot : expected) expected_ids.push_back(pool.host.id(slot));
+            std::sort(expected_ids.begin(), expected_ids.end());
+            INFO(to_string(policy.matching));
+            REQUIRE(ids == expected_ids);
+          }
       REQUIRE(pool.pipeline->set_policy(original));
       lock.lock();
     }

@@ -105,10 +105,15 @@ TEST_CASE("search() reports how many ads matched the request", "[cuda][pipeline]
 TEST_CASE("searches enqueued from several threads on their own streams agree with the reference", "[cuda][pipeline]") {
   // The pipeline's enqueues are serialised by the index's lock, but the streams run at once; each
   // reuses its temp storage round after round, which stream order alone must keep apart.
+  // Also with the request's kernels and matching launched after prior, each in each stream's order.
   const EmbeddingType type = GENERATE(EmbeddingType::fp16, EmbeddingType::int8, EmbeddingType::int8_group32);
+  const int launch_after_prior = GENERATE(0, 1);
   Loaded pool(small_options(13, type), 60000);
   constexpr int streams = 4, rounds = 3, k = 500;
   FusedRetrievalPipeline& p = *pool.pipeline;
+  PipelinePolicy policy = p.policy();
+  policy.matching.launch_after_prior = launch_after_prior;
+  REQUIRE(p.set_policy(policy));
   struct Lane {
     cudaStream_t stream = nullptr;
     void* temp = nullptr;
@@ -156,7 +161,8 @@ TEST_CASE("searches enqueued from several threads on their own streams agree wit
       for (int i = 0; i < k; ++i) top[i] = {ids[round * k + i], scores[round * k + i]};
       auto ok = compare_with_reference(pool.host, compute_request_vectors(pool.workload.model(), request.features),
                                        request, top);
-      INFO("type " << to_string(type) << " stream " << lane << " round " << round << ": "
+      INFO("type " << to_string(type) << " launch_after_prior " << launch_after_prior << " stream " << lane << " round "
+                   << round << ": "
                    << (ok ? "ok" : ok.error().message));
       REQUIRE(ok);
     }

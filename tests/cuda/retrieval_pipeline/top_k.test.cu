@@ -45,7 +45,8 @@ TEST_CASE("ties are broken by lower id, through every radix-select level", "[cud
 
 TEST_CASE("every build of top-K agrees with the reference, alone and in a batch", "[cuda][topk]") {
   // Both sorts and both ways of launching the select, at every cap: searches one by one and a
-  // batch, whose keys mark the ads a request does not match with 0, over a pool of 2 levels' work.
+  // batch, whose keys mark the ads a request does not match with 0, over a pool of 2 levels' work;
+  // and each with the request's kernels and matching launched ordinarily and after prior.
   const EmbeddingType type = GENERATE(EmbeddingType::fp16, EmbeddingType::int8);
   Loaded pool(small_options(11, type), 250000);
   FusedRetrievalPipeline& p = *pool.pipeline;
@@ -54,24 +55,28 @@ TEST_CASE("every build of top-K agrees with the reference, alone and in a batch"
   const int ks[] = {1, 100, 1000, 4096};
   for (int i = 0; i < 12; ++i)
     requests.push_back(pool.workload.request(static_cast<std::uint64_t>(900 + i), kinds[i % 3], ks[i % 4], 1 + (i * 5) % 8));
-  for (const TopKPolicy& topk : every_policy<TopKPolicy>()) {
-    PipelinePolicy policy = p.policy();
-    policy.topk = topk;
-    policy.batch_scoring.one_pass_from = 2;  // the batch takes the one-pass path
-    REQUIRE(p.set_policy(policy));
-    auto agrees = [&](const Request& request, const std::vector<ScoredAd>& top, std::string_view how) {
-      auto ok = compare_with_reference(pool.host, compute_request_vectors(pool.workload.model(), request.features), request, top);
-      INFO(to_string(type) << " " << to_string(topk) << " " << how << " k " << request.k << ": " << (ok ? "ok" : ok.error().message));
-      REQUIRE(ok);
-    };
-    for (const Request& request : requests) {
-      auto top = p.search(request);
-      REQUIRE(top);
-      agrees(request, *top, "search");
+  for (int after_prior : MatchingPolicy::launch_after_prior_domain) {
+    for (const TopKPolicy& topk : every_policy<TopKPolicy>()) {
+      PipelinePolicy policy = p.policy();
+      policy.topk = topk;
+      policy.matching.launch_after_prior = after_prior;
+      policy.batch_scoring.one_pass_from = 2;  // the batch takes the one-pass path
+      REQUIRE(p.set_policy(policy));
+      auto agrees = [&](const Request& request, const std::vector<ScoredAd>& top, std::string_view how) {
+        auto ok = compare_with_reference(pool.host, compute_request_vectors(pool.workload.model(), request.features), request, top);
+        INFO(to_string(type) << " " << to_string(policy.matching) << " " << to_string(topk) << " " << how << " k "
+                             << request.k << ": " << (ok ? "ok" : ok.error().message));
+        REQUIRE(ok);
+      };
+      for (const Request& request : requests) {
+        auto top = p.search(request);
+        REQUIRE(top);
+        agrees(request, *top, "search");
+      }
+      auto answers = p.search_batch(requests);
+      REQUIRE(answers);
+      REQUIRE(answers->size() == requests.size());
+      for (std::size_t r = 0; r < requests.size(); ++r) agrees(requests[r], (*answers)[r], "search_batch");
     }
-    auto answers = p.search_batch(requests);
-    REQUIRE(answers);
-    REQUIRE(answers->size() == requests.size());
-    for (std::size_t r = 0; r < requests.size(); ++r) agrees(requests[r], (*answers)[r], "search_batch");
   }
 }

@@ -53,6 +53,7 @@ __global__ void __launch_bounds__(BlockThreads, 1536 / BlockThreads)  // 48 warp
     matching(IndexView index, MatchingRequests requests, std::uint32_t* eligible_list, std::uint8_t* request_masks,
              std::uint32_t* listed, int segment_queue) {
   static_assert(MaxRequests >= 1 && MaxRequests <= kMaxBatchRequests);
+  gpu_wait_for_prior_grid();  // where launched after prior (MatchingPolicy::launch_after_prior)
   constexpr bool kBatch = MaxRequests > 1;
   constexpr int kAdsPerLoad = 16;  // one uint4 of header bytes
   constexpr int kLoads = static_cast<int>(kSegmentSlots) / (kAdsPerLoad * BlockThreads);

@@ -20,6 +20,7 @@ namespace kevo::retrieval::kernels {
 /// hidden(E, H) = relu(W1 x + c1); one warp per row.
 template <class = void>
 __global__ void tower_hidden(const float* w1, const float* c1, const float* x, int features, int rows, float* hidden) {
+  gpu_wait_for_prior_grid();  // where launched after prior (MatchingPolicy::launch_after_prior)
   const int row = static_cast<int>((blockIdx.x * blockDim.x + threadIdx.x) / 32);
   if (row >= rows) return;
   const float dot = warp_dot(w1 + static_cast<std::size_t>(row) * features, x, features, threadIdx.x % 32);
@@ -30,6 +31,7 @@ __global__ void tower_hidden(const float* w1, const float* c1, const float* x, i
 template <class = void>
 __global__ void tower_expert(const float* w2, const float* c2, const float* hidden, int hidden_dim, int dim, int rows,
                              float* u) {
+  gpu_wait_for_prior_grid();  // where launched after prior (MatchingPolicy::launch_after_prior)
   const int row = static_cast<int>((blockIdx.x * blockDim.x + threadIdx.x) / 32);
   if (row >= rows) return;
   const int e = row / dim;
@@ -43,6 +45,7 @@ __global__ void tower_expert(const float* w2, const float* c2, const float* hidd
 template <class = void>
 __global__ void tower_gate(const float* projection, const float* u, int dim, int experts, __half* vectors,
                            TopKState* state) {
+  gpu_wait_for_prior_grid();  // where launched after prior (MatchingPolicy::launch_after_prior)
   const int row = static_cast<int>((blockIdx.x * blockDim.x + threadIdx.x) / 32);
   if (row >= kMaxGpuExperts * dim) return;
   const int e = row / dim, j = row % dim;

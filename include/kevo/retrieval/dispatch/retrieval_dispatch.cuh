@@ -181,9 +181,9 @@ class RetrievalDispatch {
     auto lock = index_->search_lock();
     auto view = index_->before_search(stream);
     if (!view) return unexpected(view.error());
+    KEVO_GPU_TRY(gpu_memset_async(t + b.listed, 0, 4, stream));  // first: matching follows the last tower directly
     for (std::size_t r = 0; r < requests.size(); ++r)
       if (auto ok = prepare(requests[r], b.request, batch_region(t, r), stream); !ok) return ok;
-    KEVO_GPU_TRY(gpu_memset_async(t + b.listed, 0, 4, stream));
     if (auto ok = enqueue_batch_matching(*view, t, requests.size(), stream); !ok) return ok;
     if (auto ok = enqueue_batch_scoring(*view, t, requests, stream); !ok) return ok;
     const auto* listed = reinterpret_cast<const std::uint32_t*>(t + b.listed);
@@ -439,11 +439,15 @@ class RetrievalDispatch {
     auto* vectors = reinterpret_cast<__half*>(t + l.vectors);
     const int e = model_.experts, h = model_.hidden, d = model_.dim;
     auto warps_grid = [](int rows) { return static_cast<unsigned>((rows * 32 + 255) / 256); };
-    kernels::tower_hidden<<<warps_grid(e * h), 256, 0, stream>>>(w1_.get(), c1_.get(), x, model_.features, e * h, hidden);
-    kernels::tower_expert<<<warps_grid(e * d), 256, 0, stream>>>(w2_.get(), c2_.get(), hidden, h, d, e * d, u);
-    kernels::tower_gate<<<warps_grid(kMaxGpuExperts * d), 256, 0, stream>>>(projection_.get(), u, d, e, vectors,
-                                                                             reinterpret_cast<TopKState*>(t + l.state));
     KEVO_GPU_TRY(gpu_last_error());
+    const bool after_prior = policy_.matching.launch_after_prior;  // (prepare_query's prior is the copy)
+    KEVO_GPU_TRY(gpu_launch_after_prior_if(after_prior, kernels::tower_hidden<>, warps_grid(e * h), 256, 0, stream,
+                                           w1_.get(), c1_.get(), x, model_.features, e * h, hidden));
+    KEVO_GPU_TRY(gpu_launch_after_prior_if(after_prior, kernels::tower_expert<>, warps_grid(e * d), 256, 0, stream,
+                                           w2_.get(), c2_.get(), hidden, h, d, e * d, u));
+    KEVO_GPU_TRY(gpu_launch_after_prior_if(after_prior, kernels::tower_gate<>, warps_grid(kMaxGpuExperts * d), 256, 0,
+                                           stream, projection_.get(), u, d, e, vectors,
+                                           reinterpret_cast<TopKState*>(t + l.state)));
     return {};
   }
 
@@ -470,6 +474,7 @@ class RetrievalDispatch {
     const std::uint64_t segments = (view.slots + kSegmentSlots - 1) / kSegmentSlots;
     if (segments == 0) return {};
     bool launched = false;
+    gpu_error_t launch_error = gpu_success;
     for_each_matching_variant([&](auto block_threads) {
       if (block_threads() != p.block_threads) return;
       auto* kernel = kernels::matching<decltype(block_threads)::value, MaxRequests>;
@@ -477,11 +482,12 @@ class RetrievalDispatch {
       if (resident == 0) return;
       const auto grid = static_cast<unsigned>(std::max<std::uint64_t>(
           1, std::min<std::uint64_t>(segments, static_cast<std::uint64_t>(std::min(resident, p.blocks_per_sm)) * multiprocessors_)));
-      kernel<<<grid, p.block_threads, 0, stream>>>(view, requests, list, request_masks, listed, p.segment_queue);
+      launch_error = gpu_launch_after_prior_if(p.launch_after_prior, kernel, grid, p.block_threads, 0, stream, view,
+                                               requests, list, request_masks, listed, p.segment_queue);
       launched = true;
     });
     if (!launched) return make_error("no prebuilt matching variant for " + to_string(p), ErrorKind::bug);
-    KEVO_GPU_TRY(gpu_last_error());
+    KEVO_GPU_TRY(launch_error);
     return {};
   }
 

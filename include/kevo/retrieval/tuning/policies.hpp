@@ -39,6 +39,12 @@ struct MatchingPolicy {
   // others finish; and its last segments, whose ads have the most clauses, are the heaviest.
   int segment_queue = 2;
   static constexpr std::array<int, 3> segment_queue_domain{0, 1, 2};  // run time
+  // 1: the request's three tower kernels and matching are each launched as a programmatic
+  // dependent of the kernel before it, so that none waits a launch gap; 0: ordinary launches. At
+  // small pools a search's launches are a visible share of its time (issue 20). Not yet measured on
+  // a device, so not the default.
+  int launch_after_prior = 0;
+  static constexpr std::array<int, 2> launch_after_prior_domain{0, 1};  // run time
   friend bool operator==(const MatchingPolicy&, const MatchingPolicy&) = default;
 };
 
@@ -127,10 +133,11 @@ struct PolicyDescription;
 template <>
 struct PolicyDescription<MatchingPolicy> {
   static constexpr std::string_view name = "matching";
-  static constexpr std::array<PolicyField<MatchingPolicy>, 3> fields{{
+  static constexpr std::array<PolicyField<MatchingPolicy>, 4> fields{{
       {"block_threads", &MatchingPolicy::block_threads, MatchingPolicy::block_threads_domain, Binding::compile_time, Lever::parallelism},
       {"blocks_per_sm", &MatchingPolicy::blocks_per_sm, MatchingPolicy::blocks_per_sm_domain, Binding::run_time, Lever::parallelism},
       {"segment_queue", &MatchingPolicy::segment_queue, MatchingPolicy::segment_queue_domain, Binding::run_time, Lever::parallelism},
+      {"launch_after_prior", &MatchingPolicy::launch_after_prior, MatchingPolicy::launch_after_prior_domain, Binding::run_time, Lever::parallelism},
   }};
 };
 
