@@ -23,3 +23,11 @@ build_pipeline_test() {
   rm -f "$unit"
   return $status
 }
+# Builds the retrieval benchmark ($1): its CUDA file and the sharded timing's host file, which nvcc
+# hands to the host compiler. Further arguments go to nvcc.
+build_benchmark() {
+  local out=$1
+  shift
+  "${nvcc:-nvcc}" "${nvcc_flags[@]}" "$@" benchmarks/retrieval/retrieval_benchmark.cu \
+    benchmarks/retrieval/sharded_bench.cpp -o "$out"
+}

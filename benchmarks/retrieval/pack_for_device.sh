@@ -21,7 +21,7 @@ printf '#include <boost/unordered/unordered_flat_map.hpp>\n#include <boost/unord
   done
 build_pipeline_test .carry/bin/retrieval_pipeline_test &
 tests=$!
-"$nvcc" "${nvcc_flags[@]}" benchmarks/retrieval/retrieval_benchmark.cu -o .carry/bin/retrieval_benchmark &
+build_benchmark .carry/bin/retrieval_benchmark &
 bench=$!
 cmake --build build/release --target retrieval_server
 wait "$tests"

@@ -26,7 +26,7 @@ if [[ $prebuilt == 0 && " $* " == *" tests "* ]]; then
   pids+=($!)
 fi
 if [[ $prebuilt == 0 && " $* " == *" bench "* ]]; then
-  nvcc "${nvcc_flags[@]}" benchmarks/retrieval/retrieval_benchmark.cu -o build-gpu/retrieval_benchmark > "$OUT/build-bench.log" 2>&1 &
+  build_benchmark build-gpu/retrieval_benchmark > "$OUT/build-bench.log" 2>&1 &
   pids+=($!)
 fi
 for p in "${pids[@]}"; do wait "$p" || { echo "build failed"; tail -30 "$OUT"/build-*.log; exit 1; }; done
