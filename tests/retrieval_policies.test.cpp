@@ -113,7 +113,7 @@ TEST_CASE("each policy's description drives its knobs, both ways, and names a ba
   tuned.scoring.tiles_in_flight = 1;
   tuned.matching.blocks_per_sm = 16;
   tuned.matching.segment_queue = 0;
-  tuned.matching.launch_after_prior = 1;
+  tuned.matching.launch_after_prior = 0;
   tuned.topk.boundary_cap = 8192;
   auto back = policy_from_knobs(to_knobs(tuned));
   REQUIRE(back);
