@@ -41,7 +41,7 @@ struct MatchingPolicy {
   static constexpr std::array<int, 3> segment_queue_domain{0, 1, 2};  // run time
   // 1: the request's three tower kernels and matching are each launched as a programmatic
   // dependent of the kernel before it, so that none waits a launch gap; 0: ordinary launches. At
-  // small pools a search's launches are a visible share of its time (issue 20): 1 saves 2-4 us of
+  // small pools a search's launches are a visible share of its time (issue 20): 1 saves 1-4 us of
   // the request's preparation on the H200 (RESULTS run 154).
   int launch_after_prior = 1;
   static constexpr std::array<int, 2> launch_after_prior_domain{0, 1};  // run time
