@@ -1,6 +1,6 @@
 // int8_recall_study: where int8's recall@K against fp16 is lost, on the CPU (no GPU needed).
 //
-//   int8_recall_study [--n 1000000] [--requests 8] [--k 1000] [--first-request 100]
+//   int8_recall_study [--n 1000000] [--requests 8] [--k 1000] [--first-request 100] [--dim 128]
 //
 // The spec stores int8 embeddings with one symmetric fp32 scale per ad (a = scale * q, q in
 // [-127, 127]), or with one fp16 scale per group of 32 values (int8_group32), and the goal asks
@@ -95,23 +95,24 @@ double overlap(const std::vector<std::uint32_t>& a, const std::vector<std::uint3
 
 int main(int argc, char** argv) {
   std::size_t n = 1'000'000;
-  int requests = 8, k = 1000, first_request = 100;
+  int requests = 8, k = 1000, first_request = 100, dim = 128;
   for (int i = 1; i + 1 < argc; i += 2) {
     if (!std::strcmp(argv[i], "--n")) n = std::strtoull(argv[i + 1], nullptr, 10);
     else if (!std::strcmp(argv[i], "--requests")) requests = std::atoi(argv[i + 1]);
     else if (!std::strcmp(argv[i], "--k")) k = std::atoi(argv[i + 1]);
     else if (!std::strcmp(argv[i], "--first-request")) first_request = std::atoi(argv[i + 1]);
+    else if (!std::strcmp(argv[i], "--dim")) dim = std::atoi(argv[i + 1]);
     else {
-      std::fprintf(stderr, "usage: %s [--n ADS] [--requests R] [--k K] [--first-request I]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--n ADS] [--requests R] [--k K] [--first-request I] [--dim D]\n", argv[0]);
       return 2;
     }
   }
   const std::size_t wide = 5 * static_cast<std::size_t>(k);  // where score errors and flips are counted
-  if (n <= wide || k < 1 || requests < 1 || first_request < 0) {
-    std::fprintf(stderr, "int8_recall_study: need 1 <= K, 5 K < N, R >= 1 and I >= 0\n");
+  if (n <= wide || k < 1 || requests < 1 || first_request < 0 || dim < 1) {
+    std::fprintf(stderr, "int8_recall_study: need 1 <= K, 5 K < N, R >= 1, I >= 0 and D >= 1\n");
     return 2;
   }
-  const Workload workload({.seed = 2026});
+  const Workload workload({.seed = 2026, .dim = dim});
   const Model model = workload.model();
   const int d = model.dim, experts = model.experts;
   if (experts < 2 || experts > kMaxExperts) {

@@ -857,7 +857,8 @@ void run_scoring_shapes(std::uint64_t n, std::span<const int> dims, std::span<co
   std::vector<PackedAds> targeting;  // the same ads' targeting for every pool
   for (const int dim : dims)
     for (EmbeddingType type : types) {
-      if (type == EmbeddingType::int8_group32 && dim != 128) continue;  // the spec's third storage at its headline d
+      // (At d = 64, int8_group32's bytes cannot reach int8's 1.8x of fp16: 76 an ad against fp16's 132.)
+      if (type == EmbeddingType::int8_group32 && dim < 128) continue;
       const Workload w({.seed = 2026, .dim = dim, .embedding_type = type});
       Pool pool = build_pool(w, n, 99, &targeting, 8, order);
       const Request typical = w.request(1, RequestKind::typical, 1000);

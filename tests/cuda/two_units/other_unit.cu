@@ -7,7 +7,7 @@ std::size_t sort_bytes_in_other_unit(std::uint32_t capacity) {
   return kevo::retrieval::kernels::topk_sort_bytes(capacity);
 }
 
-bool hidden_row_in_other_unit(const float* w1, const float* c1, const float* x, int features, float* hidden) {
-  kevo::retrieval::kernels::tower_hidden<<<1, 32>>>(w1, c1, x, features, 1, hidden);
+bool expert_row_in_other_unit(const float* w2, const float* c2, const float* hidden, int hidden_dim, float* u) {
+  kevo::retrieval::kernels::tower_expert<<<1, 32>>>(w2, c2, hidden, hidden_dim, 1, 1, u);
   return cudaDeviceSynchronize() == cudaSuccess;
 }

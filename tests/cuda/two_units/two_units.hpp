@@ -5,5 +5,5 @@
 #include <cstdint>
 
 std::size_t sort_bytes_in_other_unit(std::uint32_t capacity);
-/// hidden[0] = relu(w1 . x + c1[0]), by the header's tower_hidden launched from the other unit.
-bool hidden_row_in_other_unit(const float* w1, const float* c1, const float* x, int features, float* hidden);
+/// u[0] = w2 . hidden + c2[0], by the header's tower_expert launched from the other unit.
+bool expert_row_in_other_unit(const float* w2, const float* c2, const float* hidden, int hidden_dim, float* u);

@@ -17,11 +17,41 @@ namespace kevo::retrieval::kernels {
 // .cu files of one program can include this header (a plain __global__ function would be defined
 // twice and fail to link). Launch as usual; take an address as `kernel<>`.
 
-/// hidden(E, H) = relu(W1 x + c1); one warp per row.
+/// Threads of each block of prepare_request.
+inline constexpr int kPrepareRequestThreads = 256;
+
+/// The blocks of prepare_request for a tower of `rows` hidden units: the query's block, then one
+/// warp a row.
+__host__ __device__ constexpr unsigned prepare_request_blocks(int rows) {
+  constexpr int warps = kPrepareRequestThreads / 32;
+  return 1u + static_cast<unsigned>((rows + warps - 1) / warps);
+}
+
+/// A request's first kernel: two independent jobs in one launch, since each launch costs the host
+/// an enqueue and the device a gap, at every pool size (run 154: the preparation's four kernels
+/// took ~15 us of the device's ~27).
+/// - Block 0 clears the request's top-K state and query bitmap, then sets its (category, value)
+///   bits: one block, so that a barrier orders the clearing before the setting.
+/// - The other blocks compute hidden(E, H) = relu(W1 x + c1), one warp a row.
+/// Neither job reads what the other writes; tower_gate's flag on the state and matching's reads of
+/// the bitmap come in later kernels, which wait for this grid to finish.
 template <class = void>
-__global__ void tower_hidden(const float* w1, const float* c1, const float* x, int features, int rows, float* hidden) {
+__global__ void __launch_bounds__(kPrepareRequestThreads)
+    prepare_request(const float* w1, const float* c1, const float* x, int features, int rows, float* hidden,
+                    const std::uint32_t* bits, const std::uint32_t* count, std::uint32_t* bitmap,
+                    std::uint32_t bitmap_words, TopKState* state) {
   gpu_wait_for_prior_grid();  // where launched after prior (MatchingPolicy::launch_after_prior)
-  const int row = static_cast<int>((blockIdx.x * blockDim.x + threadIdx.x) / 32);
+  if (blockIdx.x == 0) {
+    static_assert(sizeof(TopKState) % 16 == 0 && alignof(TopKState) <= 16);
+    auto* state_words = reinterpret_cast<uint4*>(state);  // temp regions are 256-byte aligned
+    for (std::uint32_t i = threadIdx.x; i < sizeof(TopKState) / 16; i += blockDim.x) state_words[i] = uint4{};
+    for (std::uint32_t i = threadIdx.x; i < bitmap_words; i += blockDim.x) bitmap[i] = 0;
+    __syncthreads();
+    for (std::uint32_t i = threadIdx.x; i < *count; i += blockDim.x)
+      atomicOr(bitmap + (bits[i] >> 5), 1u << (bits[i] & 31u));
+    return;
+  }
+  const int row = static_cast<int>(((blockIdx.x - 1) * blockDim.x + threadIdx.x) / 32);
   if (row >= rows) return;
   const float dot = warp_dot(w1 + static_cast<std::size_t>(row) * features, x, features, threadIdx.x % 32);
   if (threadIdx.x % 32 == 0) hidden[row] = fmaxf(__fadd_rn(dot, c1[row]), 0.0f);
@@ -63,24 +93,6 @@ __global__ void tower_gate(const float* projection, const float* u, int dim, int
     vectors[row] = expert;
     if (__hisinf(g) || __hisnan(g) || __hisinf(expert) || __hisnan(expert)) atomicOr(&state->overflow, kOverflowVectors);
   }
-}
-
-/// Threads of prepare_query's one block.
-inline constexpr int kPrepareQueryThreads = 1024;
-
-/// Clears the request's top-K state and query bitmap, then sets its (category, value) bits. One
-/// block, so that a barrier orders the clearing before the setting: one launch where two memsets
-/// and a kernel were (each costs the host a call and the device a gap, at every pool size).
-template <class = void>
-__global__ void __launch_bounds__(kPrepareQueryThreads)
-    prepare_query(const std::uint32_t* bits, const std::uint32_t* count, std::uint32_t* bitmap,
-                  std::uint32_t bitmap_words, TopKState* state) {
-  static_assert(sizeof(TopKState) % 4 == 0);
-  auto* state_words = reinterpret_cast<std::uint32_t*>(state);
-  for (std::uint32_t i = threadIdx.x; i < sizeof(TopKState) / 4; i += blockDim.x) state_words[i] = 0;
-  for (std::uint32_t i = threadIdx.x; i < bitmap_words; i += blockDim.x) bitmap[i] = 0;
-  __syncthreads();
-  for (std::uint32_t i = threadIdx.x; i < *count; i += blockDim.x) atomicOr(bitmap + (bits[i] >> 5), 1u << (bits[i] & 31u));
 }
 
 }  // namespace kevo::retrieval::kernels

@@ -430,24 +430,23 @@ class RetrievalDispatch {
     KEVO_GPU_TRY(gpu_copy_async(t + l.input, up.host.get(), (model_.features + 1 + bits) * 4ull, stream));
     KEVO_GPU_TRY(gpu_event_record(up.done, stream));
     const auto* input_words = reinterpret_cast<const std::uint32_t*>(t + l.input);
-    kernels::prepare_query<<<1, kernels::kPrepareQueryThreads, 0, stream>>>(
-        input_words + model_.features + 1, input_words + model_.features, reinterpret_cast<std::uint32_t*>(t + l.bitmap),
-        static_cast<std::uint32_t>((index_->total_query_bits() + 31) / 32), reinterpret_cast<TopKState*>(t + l.state));
     const auto* x = reinterpret_cast<const float*>(t + l.input);
     auto* hidden = reinterpret_cast<float*>(t + l.hidden);
     auto* u = reinterpret_cast<float*>(t + l.expert);
     auto* vectors = reinterpret_cast<__half*>(t + l.vectors);
+    auto* state = reinterpret_cast<TopKState*>(t + l.state);
     const int e = model_.experts, h = model_.hidden, d = model_.dim;
     auto warps_grid = [](int rows) { return static_cast<unsigned>((rows * 32 + 255) / 256); };
-    KEVO_GPU_TRY(gpu_last_error());
-    const bool after_prior = policy_.matching.launch_after_prior;  // (prepare_query's prior is the copy)
-    KEVO_GPU_TRY(gpu_launch_after_prior_if(after_prior, kernels::tower_hidden<>, warps_grid(e * h), 256, 0, stream,
-                                           w1_.get(), c1_.get(), x, model_.features, e * h, hidden));
+    const bool after_prior = policy_.matching.launch_after_prior;  // (prepare_request's prior is the copy)
+    KEVO_GPU_TRY(gpu_launch_after_prior_if(
+        after_prior, kernels::prepare_request<>, kernels::prepare_request_blocks(e * h), kernels::kPrepareRequestThreads,
+        0, stream, w1_.get(), c1_.get(), x, model_.features, e * h, hidden, input_words + model_.features + 1,
+        input_words + model_.features, reinterpret_cast<std::uint32_t*>(t + l.bitmap),
+        static_cast<std::uint32_t>((index_->total_query_bits() + 31) / 32), state));
     KEVO_GPU_TRY(gpu_launch_after_prior_if(after_prior, kernels::tower_expert<>, warps_grid(e * d), 256, 0, stream,
                                            w2_.get(), c2_.get(), hidden, h, d, e * d, u));
     KEVO_GPU_TRY(gpu_launch_after_prior_if(after_prior, kernels::tower_gate<>, warps_grid(kMaxGpuExperts * d), 256, 0,
-                                           stream, projection_.get(), u, d, e, vectors,
-                                           reinterpret_cast<TopKState*>(t + l.state)));
+                                           stream, projection_.get(), u, d, e, vectors, state));
     return {};
   }
 

@@ -49,8 +49,11 @@ __device__ inline float hashed_normal(std::uint64_t seed, std::uint64_t ad, int 
 /// depend on where it sits, nor on which shard holds it): fp16 directly, int8 quantized per row or
 /// per group of 32 values as ad_pool.hpp's quantisers do (a warp a row: a group is one pass of the
 /// warp). Drawing 100M rows on the host and copying them would take minutes; this takes milliseconds.
-__global__ inline void fill_embeddings(void* rows, float* side_values, const std::uint32_t* slot_ids, std::uint64_t n,
-                                       int dim, EmbeddingType type, std::uint64_t seed) {
+/// (A template, as the pipeline's kernels are, so that two .cu files may include this header; an
+/// inline __global__ function draws nvcc's warning that the qualifier is ignored.)
+template <class = void>
+__global__ void fill_embeddings(void* rows, float* side_values, const std::uint32_t* slot_ids, std::uint64_t n, int dim,
+                                EmbeddingType type, std::uint64_t seed) {
   const std::uint64_t row = (static_cast<std::uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
   const int lane = threadIdx.x % 32;
   if (row >= n) return;
@@ -140,7 +143,7 @@ struct SyntheticPool {
 inline expected<void, Error> fill_synthetic_embeddings(DeviceAdIndex& index, const Workload& w, std::uint64_t embedding_seed) {
   if (auto ok = index.synchronize(); !ok) return ok;  // the upserts land before rows are written beside them
   const std::uint64_t slots = index.slot_count();
-  bench_detail::fill_embeddings<<<static_cast<unsigned>((slots * 32 + 255) / 256), 256>>>(
+  bench_detail::fill_embeddings<><<<static_cast<unsigned>((slots * 32 + 255) / 256), 256>>>(
       index.embeddings(), index.side_values(), index.slot_ids(), slots, w.schema().dim, w.schema().embedding_type,
       embedding_seed);
   KEVO_GPU_TRY(gpu_last_error());
