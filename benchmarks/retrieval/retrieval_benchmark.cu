@@ -410,6 +410,29 @@ double time_gather_probe(Pool& pool, const Request& request, std::uint64_t slots
   });
 }
 
+/// The roofline's own kernel over `bytes` contiguous bytes, timed as scoring and the probe are (one
+/// launch between events, median of `repeats`): what any pass over that many bytes can reach, its
+/// launch, first loads and last wave included. Returns 0 where the bytes do not fit beside the pool.
+double time_stream_read(std::size_t bytes, int repeats, cudaStream_t stream) {
+  bytes = bytes / 16 * 16;
+  std::size_t free_bytes = 0, total_bytes = 0;
+  KEVO_GPU_ASSERT(cudaMemGetInfo(&free_bytes, &total_bytes));
+  if (bytes == 0 || bytes + (1ull << 30) > free_bytes) return 0;
+  void* buffer;
+  unsigned* sink;
+  KEVO_GPU_ASSERT(cudaMalloc(&buffer, bytes));
+  KEVO_GPU_ASSERT(cudaMalloc(&sink, 4));
+  KEVO_GPU_ASSERT(cudaMemset(buffer, 0x5a, bytes));
+  int sms = 0;
+  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0);
+  const double t = median_seconds(repeats, stream, [&] {
+    stream_read<<<sms * 8, 512, 0, stream>>>(static_cast<const uint4*>(buffer), bytes / 16, sink);
+  });
+  cudaFree(buffer);
+  cudaFree(sink);
+  return t;
+}
+
 /// Where gather_probe_shared reads and what it is measured against.
 struct SharedProbeRun {
   IndexView view;
@@ -852,8 +875,9 @@ void run_scoring_shapes(std::uint64_t n, std::span<const int> dims, std::span<co
   if (all_policies) candidates = every_policy<ScoringPolicy>();
   std::printf("## Scoring shapes (typical, K = 1000; scoring alone, best of %zu policies, beside the gather probe; slots %s)\n\n",
               candidates.size(), order == SlotOrder::by_id ? "in id order" : "grouped by targeting");
-  std::puts("| d | dtype | N | eligible | scoring | % of roofline | gather probe | % of roofline | scoring / probe | policy |");
-  std::puts("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |");
+  std::puts("| d | dtype | N | eligible | scoring | % of roofline | gather probe | % of roofline | a read of the same bytes, "
+            "% of roofline | scoring / probe | policy |");
+  std::puts("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |");
   std::vector<PackedAds> targeting;  // the same ads' targeting for every pool
   for (const int dim : dims)
     for (EmbeddingType type : types) {
@@ -879,10 +903,14 @@ void run_scoring_shapes(std::uint64_t n, std::span<const int> dims, std::span<co
         }
         CHECK_OK(pool.pipeline->set_policy(original));
         auto percent = [&](double t) { return 100 * eligible * bytes_per_ad / t / roofline; };
-        std::printf("| %d | %s | %.2fM | %.1f%% | %.2f G ads/s | %.0f%% | %.2f G ads/s | %.0f%% | %.0f%% | %s |\n", dim,
+        // The same bytes read contiguously: at 1M and 10M, the ceiling that a pass of this size sets
+        // before any gather (blank where they do not fit beside the pool).
+        const double read = time_stream_read(static_cast<std::size_t>(eligible * bytes_per_ad), repeats, stream);
+        const std::string read_percent = read > 0 ? std::to_string(std::lround(percent(read))) + "%" : "-";
+        std::printf("| %d | %s | %.2fM | %.1f%% | %.2f G ads/s | %.0f%% | %.2f G ads/s | %.0f%% | %s | %.0f%% | %s |\n", dim,
                     to_string(type), slots * 1e-6, 100.0 * eligible / slots,
-                    eligible / best * 1e-9, percent(best), eligible / probe * 1e-9, percent(probe), 100 * probe / best,
-                    to_string(best_policy).c_str());
+                    eligible / best * 1e-9, percent(best), eligible / probe * 1e-9, percent(probe), read_percent.c_str(),
+                    100 * probe / best, to_string(best_policy).c_str());
         std::fflush(stdout);
       }
     }
