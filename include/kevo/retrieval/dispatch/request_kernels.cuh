@@ -17,15 +17,16 @@ namespace kevo::retrieval::kernels {
 // .cu files of one program can include this header (a plain __global__ function would be defined
 // twice and fail to link). Launch as usual; take an address as `kernel<>`.
 
-/// Threads of each block of prepare_request.
-inline constexpr int kPrepareRequestThreads = 256;
+/// Threads of each block of the tower kernels (prepare_request included), which compute one row a warp.
+inline constexpr int kTowerThreads = 256;
 
-/// The blocks of prepare_request for a tower of `rows` hidden units: the query's block, then one
-/// warp a row.
-__host__ __device__ constexpr unsigned prepare_request_blocks(int rows) {
-  constexpr int warps = kPrepareRequestThreads / 32;
-  return 1u + static_cast<unsigned>((rows + warps - 1) / warps);
+/// The blocks of a tower kernel over `rows` rows, one warp a row.
+__host__ __device__ constexpr unsigned tower_blocks(int rows) {
+  constexpr int warps = kTowerThreads / 32;
+  return static_cast<unsigned>((rows + warps - 1) / warps);
 }
+/// The blocks of prepare_request for a tower of `rows` hidden units: the query's block, then the tower's.
+__host__ __device__ constexpr unsigned prepare_request_blocks(int rows) { return 1u + tower_blocks(rows); }
 
 /// A request's first kernel: two independent jobs in one launch, since each launch costs the host
 /// an enqueue and the device a gap, at every pool size (run 154: the preparation's four kernels
@@ -36,7 +37,7 @@ __host__ __device__ constexpr unsigned prepare_request_blocks(int rows) {
 /// Neither job reads what the other writes; tower_gate's flag on the state and matching's reads of
 /// the bitmap come in later kernels, which wait for this grid to finish.
 template <class = void>
-__global__ void __launch_bounds__(kPrepareRequestThreads)
+__global__ void __launch_bounds__(kTowerThreads)
     prepare_request(const float* w1, const float* c1, const float* x, int features, int rows, float* hidden,
                     const std::uint32_t* bits, const std::uint32_t* count, std::uint32_t* bitmap,
                     std::uint32_t bitmap_words, TopKState* state) {

@@ -436,17 +436,16 @@ class RetrievalDispatch {
     auto* vectors = reinterpret_cast<__half*>(t + l.vectors);
     auto* state = reinterpret_cast<TopKState*>(t + l.state);
     const int e = model_.experts, h = model_.hidden, d = model_.dim;
-    auto warps_grid = [](int rows) { return static_cast<unsigned>((rows * 32 + 255) / 256); };
     const bool after_prior = policy_.matching.launch_after_prior;  // (prepare_request's prior is the copy)
     KEVO_GPU_TRY(gpu_launch_after_prior_if(
-        after_prior, kernels::prepare_request<>, kernels::prepare_request_blocks(e * h), kernels::kPrepareRequestThreads,
+        after_prior, kernels::prepare_request<>, kernels::prepare_request_blocks(e * h), kernels::kTowerThreads,
         0, stream, w1_.get(), c1_.get(), x, model_.features, e * h, hidden, input_words + model_.features + 1,
         input_words + model_.features, reinterpret_cast<std::uint32_t*>(t + l.bitmap),
         static_cast<std::uint32_t>((index_->total_query_bits() + 31) / 32), state));
-    KEVO_GPU_TRY(gpu_launch_after_prior_if(after_prior, kernels::tower_expert<>, warps_grid(e * d), 256, 0, stream,
-                                           w2_.get(), c2_.get(), hidden, h, d, e * d, u));
-    KEVO_GPU_TRY(gpu_launch_after_prior_if(after_prior, kernels::tower_gate<>, warps_grid(kMaxGpuExperts * d), 256, 0,
-                                           stream, projection_.get(), u, d, e, vectors, state));
+    KEVO_GPU_TRY(gpu_launch_after_prior_if(after_prior, kernels::tower_expert<>, kernels::tower_blocks(e * d),
+                                           kernels::kTowerThreads, 0, stream, w2_.get(), c2_.get(), hidden, h, d, e * d, u));
+    KEVO_GPU_TRY(gpu_launch_after_prior_if(after_prior, kernels::tower_gate<>, kernels::tower_blocks(kMaxGpuExperts * d),
+                                           kernels::kTowerThreads, 0, stream, projection_.get(), u, d, e, vectors, state));
     return {};
   }
 
