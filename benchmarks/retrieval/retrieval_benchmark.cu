@@ -368,14 +368,16 @@ double time_scoring_only(Pool& pool, const Request& request, std::uint64_t slots
   });
 }
 
-/// The gather probe over the request's eligible list (after matching), back to back.
+/// The gather probe over the request's eligible list (after matching), back to back; with
+/// `WholeBlockFetch`, each load's miss asks L2 for the whole 256-byte block around it.
+template <bool WholeBlockFetch = false>
 double time_gather_probe(Pool& pool, const Request& request, std::uint64_t slots, int repeats, cudaStream_t stream) {
   FusedRetrievalPipeline& p = *pool.pipeline;
   const SearchTempLayout& l = p.temp_layout();
   const int pieces_log2 = std::countr_zero(p.index().row_bytes() / 16);
   return with_matched_request(pool, request, slots, stream, [&](const IndexView& view, unsigned char* temp) {
     return median_seconds(repeats, stream, [&] {
-      gather_probe<<<p.multiprocessors() * 8, 256, 0, stream>>>(
+      gather_probe<WholeBlockFetch><<<p.multiprocessors() * 8, 256, 0, stream>>>(
           view, reinterpret_cast<const std::uint32_t*>(temp + l.eligible),
           reinterpret_cast<const std::uint32_t*>(temp + l.state + offsetof(TopKState, eligible_count)), pieces_log2,
           p.index().side_width(), reinterpret_cast<std::uint32_t*>(temp + l.keys));
@@ -859,9 +861,9 @@ void run_scoring_shapes(std::uint64_t n, std::span<const int> dims, std::span<co
   if (all_policies) candidates = every_policy<ScoringPolicy>();
   std::printf("## Scoring shapes (typical, K = 1000; scoring alone, best of %zu policies, beside the gather probe; slots %s)\n\n",
               candidates.size(), order == SlotOrder::by_id ? "in id order" : "grouped by targeting");
-  std::puts("| d | dtype | N | eligible | scoring | % of roofline | gather probe | % of roofline | a read of the same bytes, "
-            "% of roofline | scoring / probe | policy |");
-  std::puts("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |");
+  std::puts("| d | dtype | N | eligible | scoring | % of roofline | gather probe | % of roofline | the probe with 256-byte "
+            "L2 fetches, % of roofline | a read of the same bytes, % of roofline | scoring / probe | policy |");
+  std::puts("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |");
   std::vector<PackedAds> targeting;  // the same ads' targeting for every pool
   for (const int dim : dims)
     for (EmbeddingType type : types) {
@@ -877,6 +879,7 @@ void run_scoring_shapes(std::uint64_t n, std::span<const int> dims, std::span<co
         if (slots > n) continue;
         const std::uint32_t eligible = time_stages(pool, typical, slots, 1, out, stream).eligible;
         const double probe = time_gather_probe(pool, typical, slots, repeats, stream);
+        const double probe_whole_blocks = time_gather_probe<true>(pool, typical, slots, repeats, stream);
         double best = 1e30;
         ScoringPolicy best_policy;
         for (const ScoringPolicy& s : candidates) {
@@ -891,9 +894,9 @@ void run_scoring_shapes(std::uint64_t n, std::span<const int> dims, std::span<co
         // before any gather (blank where they do not fit beside the pool).
         const double read = time_stream_read(static_cast<std::size_t>(eligible * bytes_per_ad), repeats, stream);
         const std::string read_percent = read > 0 ? std::to_string(std::lround(percent(read))) + "%" : "-";
-        std::printf("| %d | %s | %.2fM | %.1f%% | %.2f G ads/s | %.0f%% | %.2f G ads/s | %.0f%% | %s | %.0f%% | %s |\n", dim,
-                    to_string(type), slots * 1e-6, 100.0 * eligible / slots,
-                    eligible / best * 1e-9, percent(best), eligible / probe * 1e-9, percent(probe), read_percent.c_str(),
+        std::printf("| %d | %s | %.2fM | %.1f%% | %.2f G ads/s | %.0f%% | %.2f G ads/s | %.0f%% | %.0f%% | %s | %.0f%% | %s |\n",
+                    dim, to_string(type), slots * 1e-6, 100.0 * eligible / slots, eligible / best * 1e-9, percent(best),
+                    eligible / probe * 1e-9, percent(probe), percent(probe_whole_blocks), read_percent.c_str(),
                     100 * probe / best, to_string(best_policy).c_str());
         std::fflush(stdout);
       }
