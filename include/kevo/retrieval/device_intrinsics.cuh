@@ -35,8 +35,8 @@ __device__ __forceinline__ void gpu_mma_m16n8k16(float (&d)[4], std::uint32_t a0
 }
 
 /// A 16-byte load of data read once: through the non-coherent path, not kept in L1. With
-/// `FetchWholeBlock`, a miss asks L2 to fetch the whole 256-byte block around it (measured: no
-/// faster for scoring's gather on an H200, benchmarks/RESULTS.md runs 23-24).
+/// `FetchWholeBlock`, a miss asks L2 to fetch the whole 256-byte block around it: worth it only
+/// where later loads ask for the rest of that block (benchmarks/RESULTS.md, runs 159-161).
 template <bool FetchWholeBlock = false>
 __device__ __forceinline__ uint4 gpu_load_streaming(const void* address) {
   uint4 v;
@@ -53,10 +53,15 @@ __device__ __forceinline__ uint4 gpu_load_streaming(const void* address) {
 
 /// Asynchronous global-to-shared copies (cp.async): each thread's copies form groups that it commits
 /// and later waits for, so loads stay in flight while the thread computes on earlier ones. A copy
-/// with `valid` false reads nothing and fills its destination with zeros.
+/// with `valid` false reads nothing and fills its destination with zeros. `FetchWholeBlock` is
+/// gpu_load_streaming's.
+template <bool FetchWholeBlock = false>
 __device__ __forceinline__ void gpu_copy_async_16(void* shared_dst, const void* src, unsigned valid_bytes) {
   const auto dst = static_cast<std::uint32_t>(__cvta_generic_to_shared(shared_dst));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid_bytes));
+  if constexpr (FetchWholeBlock)
+    asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid_bytes));
+  else
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid_bytes));
 }
 /// A 4- or 8-byte copy (cp.async.ca: through L1, as small copies must be).
 template <int Bytes>
