@@ -36,7 +36,7 @@ __device__ __forceinline__ void gpu_mma_m16n8k16(float (&d)[4], std::uint32_t a0
 
 /// A 16-byte load of data read once: through the non-coherent path, not kept in L1. With
 /// `FetchWholeBlock`, a miss asks L2 to fetch the whole 256-byte block around it: worth it only
-/// where later loads ask for the rest of that block (benchmarks/RESULTS.md, runs 159-161).
+/// where later loads ask for the rest of that block (benchmarks/RESULTS.md, run 159).
 template <bool FetchWholeBlock = false>
 __device__ __forceinline__ uint4 gpu_load_streaming(const void* address) {
   uint4 v;

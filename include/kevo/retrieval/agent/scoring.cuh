@@ -39,7 +39,7 @@ struct ScoringShape {
   static_assert(slice_loads >= 1, "a quarter row is at least one 16-byte load");
   /// Rows of whole 256-byte blocks (d = 128 fp16, d = 256): a warp's copies ask for a block a
   /// quarter at a time, so the first miss may fetch all of it. A smaller row must not: the rest
-  /// of its block is other ads', mostly not eligible (benchmarks/RESULTS.md, runs 159-161).
+  /// of its block is other ads', mostly not eligible (benchmarks/RESULTS.md, run 159).
   static constexpr bool fetch_whole_blocks = row_bytes % 256 == 0;
   static constexpr int values_per_chunk = 16 / bytes_per_value;
   static constexpr int steps_per_chunk = values_per_chunk / 4;
