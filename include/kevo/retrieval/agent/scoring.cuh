@@ -81,7 +81,8 @@ __device__ __forceinline__ RowQuarter<Dim, Type> load_row_quarter(const void* em
   RowQuarter<Dim, Type> r;
   const char* base = static_cast<const char*>(embeddings) + static_cast<std::uint64_t>(slot) * Shape::row_bytes + 16 * quad;
 #pragma unroll
-  for (int i = 0; i < Shape::slice_loads; ++i) r.v[i] = valid ? gpu_load_streaming<Shape::fetch_whole_blocks>(base + 64 * i) : make_uint4(0, 0, 0, 0);
+  for (int i = 0; i < Shape::slice_loads; ++i)
+    r.v[i] = valid ? gpu_load_streaming<Shape::fetch_whole_blocks>(base + 64 * i) : make_uint4(0, 0, 0, 0);
   return r;
 }
 
