@@ -75,7 +75,7 @@ __global__ void gather_probe(IndexView index, const std::uint32_t* list, const s
       const std::uint32_t slot = at < pieces ? list[at >> row_pieces_log2] : 0u;
       const uint4* piece = static_cast<const uint4*>(index.embeddings) + (static_cast<std::uint64_t>(slot) << row_pieces_log2) +
                            (at & (row_pieces - 1));
-      v[u] = at < pieces ? gpu_load_streaming<WholeBlockFetch>(piece) : make_uint4(0, 0, 0, 0);
+      v[u] = at < pieces ? gpu_load_streaming<WholeBlockFetch ? 256 : 0>(piece) : make_uint4(0, 0, 0, 0);
       b[u] = Bias && at < pieces && (at & (row_pieces - 1)) == 0 ? index.side[static_cast<std::uint64_t>(slot) * side_width] : 0.0f;  // the bias (int8: its scale shares the sector)
     }
 #pragma unroll

@@ -35,12 +35,19 @@ __device__ __forceinline__ void gpu_mma_m16n8k16(float (&d)[4], std::uint32_t a0
 }
 
 /// A 16-byte load of data read once: through the non-coherent path, not kept in L1. With
-/// `FetchWholeBlock`, a miss asks L2 to fetch the whole 256-byte block around it: worth it only
-/// where later loads ask for the rest of that block (benchmarks/RESULTS.md, run 159).
-template <bool FetchWholeBlock = false>
+/// `L2PrefetchBytes` 128 or 256, a miss asks L2 to fetch the aligned 128- or 256-byte span around
+/// it: worth it only where later loads ask for the rest of that span (benchmarks/RESULTS.md, runs
+/// 159 and 161-163).
+template <int L2PrefetchBytes = 0>
 __device__ __forceinline__ uint4 gpu_load_streaming(const void* address) {
+  static_assert(L2PrefetchBytes == 0 || L2PrefetchBytes == 128 || L2PrefetchBytes == 256,
+                "L2 prefetches 0, 128 or 256 bytes here (PTX also has 64, no use to rows)");
   uint4 v;
-  if constexpr (FetchWholeBlock)
+  if constexpr (L2PrefetchBytes == 128)
+    asm volatile("ld.global.nc.L1::no_allocate.L2::128B.v4.u32 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(address));
+  else if constexpr (L2PrefetchBytes == 256)
     asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0,%1,%2,%3}, [%4];\n"
                  : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
                  : "l"(address));
@@ -53,12 +60,16 @@ __device__ __forceinline__ uint4 gpu_load_streaming(const void* address) {
 
 /// Asynchronous global-to-shared copies (cp.async): each thread's copies form groups that it commits
 /// and later waits for, so loads stay in flight while the thread computes on earlier ones. A copy
-/// with `valid` false reads nothing and fills its destination with zeros. `FetchWholeBlock` is
+/// with `valid` false reads nothing and fills its destination with zeros. `L2PrefetchBytes` is
 /// gpu_load_streaming's.
-template <bool FetchWholeBlock = false>
+template <int L2PrefetchBytes = 0>
 __device__ __forceinline__ void gpu_copy_async_16(void* shared_dst, const void* src, unsigned valid_bytes) {
+  static_assert(L2PrefetchBytes == 0 || L2PrefetchBytes == 128 || L2PrefetchBytes == 256,
+                "L2 prefetches 0, 128 or 256 bytes here (PTX also has 64, no use to rows)");
   const auto dst = static_cast<std::uint32_t>(__cvta_generic_to_shared(shared_dst));
-  if constexpr (FetchWholeBlock)
+  if constexpr (L2PrefetchBytes == 128)
+    asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid_bytes));
+  else if constexpr (L2PrefetchBytes == 256)
     asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid_bytes));
   else
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid_bytes));

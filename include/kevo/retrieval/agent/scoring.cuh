@@ -37,10 +37,13 @@ struct ScoringShape {
   static constexpr int slice_bytes = row_bytes / 4;  // one thread's quarter of a row
   static constexpr int slice_loads = slice_bytes / 16;
   static_assert(slice_loads >= 1, "a quarter row is at least one 16-byte load");
-  /// Rows of whole 256-byte blocks (d = 128 fp16, d = 256): a warp's copies ask for a block a
-  /// quarter at a time, so the first miss may fetch all of it. A smaller row must not: the rest
-  /// of its block is other ads', mostly not eligible (benchmarks/RESULTS.md, run 159).
-  static constexpr bool fetch_whole_blocks = row_bytes % 256 == 0;
+  /// What a row copy's miss asks L2 to fetch. A row of 128 bytes or more arrives in several
+  /// requests (one copy instruction takes 64 bytes of each of 8 rows), so the first miss may fetch
+  /// the rest of the row, up to 256 bytes. Never more than the row (rows are aligned to their size):
+  /// the rest of a 256-byte block is other ads', mostly not eligible, and fetching it lost 3-9
+  /// points (benchmarks/RESULTS.md, run 159). A 64-byte row is one request: nothing to add.
+  static constexpr int l2_prefetch_bytes = row_bytes >= 256 ? 256 : row_bytes == 128 ? 128 : 0;
+  static_assert(l2_prefetch_bytes <= row_bytes, "a row's prefetch must not reach a neighbour's row");
   static constexpr int values_per_chunk = 16 / bytes_per_value;
   static constexpr int steps_per_chunk = values_per_chunk / 4;
   static constexpr int side = side_width(Type, Dim);  // 32-bit words beside each row (views.cuh)
@@ -82,7 +85,7 @@ __device__ __forceinline__ RowQuarter<Dim, Type> load_row_quarter(const void* em
   const char* base = static_cast<const char*>(embeddings) + static_cast<std::uint64_t>(slot) * Shape::row_bytes + 16 * quad;
 #pragma unroll
   for (int i = 0; i < Shape::slice_loads; ++i)
-    r.v[i] = valid ? gpu_load_streaming<Shape::fetch_whole_blocks>(base + 64 * i) : make_uint4(0, 0, 0, 0);
+    r.v[i] = valid ? gpu_load_streaming<Shape::l2_prefetch_bytes>(base + 64 * i) : make_uint4(0, 0, 0, 0);
   return r;
 }
 
@@ -273,8 +276,8 @@ struct AgentScoring {
                          static_cast<std::uint64_t>(valid ? slots[row] : 0u) * Shape::row_bytes + 16 * quad;
 #pragma unroll
       for (int i = 0; i < Shape::slice_loads; ++i)
-        gpu_copy_async_16<Shape::fetch_whole_blocks>(&stage.rows[h * Shape::slice_loads + i][lane], base + 64 * i,
-                                                    valid ? 16u : 0u);
+        gpu_copy_async_16<Shape::l2_prefetch_bytes>(&stage.rows[h * Shape::slice_loads + i][lane], base + 64 * i,
+                                                   valid ? 16u : 0u);
     }
     // The row this lane scores in score_tile_pair: tile quad / 2, row group (+ 8 on odd quads).
     const std::uint32_t mine = first + 16u * (quad >> 1) + group + 8u * (quad & 1);
