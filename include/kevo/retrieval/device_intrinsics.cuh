@@ -34,14 +34,18 @@ __device__ __forceinline__ void gpu_mma_m16n8k16(float (&d)[4], std::uint32_t a0
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
+/// The L2 prefetch sizes the loads below take: none, 128 or 256 bytes (PTX also has 64, which a
+/// row never needs: a row that small arrives in one request).
+template <int Bytes>
+inline constexpr bool is_l2_prefetch_size = Bytes == 0 || Bytes == 128 || Bytes == 256;
+
 /// A 16-byte load of data read once: through the non-coherent path, not kept in L1. With
 /// `L2PrefetchBytes` 128 or 256, a miss asks L2 to fetch the aligned 128- or 256-byte span around
 /// it: worth it only where later loads ask for the rest of that span (benchmarks/RESULTS.md, runs
 /// 159 and 161-163).
 template <int L2PrefetchBytes = 0>
 __device__ __forceinline__ uint4 gpu_load_streaming(const void* address) {
-  static_assert(L2PrefetchBytes == 0 || L2PrefetchBytes == 128 || L2PrefetchBytes == 256,
-                "L2 prefetches 0, 128 or 256 bytes here (PTX also has 64, no use to rows)");
+  static_assert(is_l2_prefetch_size<L2PrefetchBytes>, "L2 prefetches 0, 128 or 256 bytes here");
   uint4 v;
   if constexpr (L2PrefetchBytes == 128)
     asm volatile("ld.global.nc.L1::no_allocate.L2::128B.v4.u32 {%0,%1,%2,%3}, [%4];\n"
@@ -64,8 +68,7 @@ __device__ __forceinline__ uint4 gpu_load_streaming(const void* address) {
 /// gpu_load_streaming's.
 template <int L2PrefetchBytes = 0>
 __device__ __forceinline__ void gpu_copy_async_16(void* shared_dst, const void* src, unsigned valid_bytes) {
-  static_assert(L2PrefetchBytes == 0 || L2PrefetchBytes == 128 || L2PrefetchBytes == 256,
-                "L2 prefetches 0, 128 or 256 bytes here (PTX also has 64, no use to rows)");
+  static_assert(is_l2_prefetch_size<L2PrefetchBytes>, "L2 prefetches 0, 128 or 256 bytes here");
   const auto dst = static_cast<std::uint32_t>(__cvta_generic_to_shared(shared_dst));
   if constexpr (L2PrefetchBytes == 128)
     asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid_bytes));
