@@ -386,6 +386,27 @@ double time_gather_probe(Pool& pool, const Request& request, std::uint64_t slots
   });
 }
 
+/// A filled device buffer for stream_read, and its launch on a grid of `blocks_per_sm` blocks of
+/// 512 threads an SM: what the roofline, the read of the same bytes and the warm-up share.
+struct StreamReadBuffer {
+  DeviceBuffer<uint4> data;
+  DeviceBuffer<unsigned> sink;
+  std::size_t count = 0;  // 16-byte pieces
+  int sms = 0;
+
+  /// Allocates `bytes` (a multiple of 16) and fills them on `stream`; holds nothing where that fails.
+  gpu_error_t allocate(std::size_t bytes, cudaStream_t stream) {
+    if (const gpu_error_t e = gpu_allocate(data, bytes); e != gpu_success) return e;
+    if (const gpu_error_t e = gpu_allocate(sink, 4); e != gpu_success) return data.reset(), e;
+    count = bytes / 16;
+    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0);
+    return cudaMemsetAsync(data.get(), 0x5a, bytes, stream);  // ordered before the reads
+  }
+  void read(int blocks_per_sm, cudaStream_t stream) const {
+    stream_read<<<sms * blocks_per_sm, 512, 0, stream>>>(data.get(), count, sink.get());
+  }
+};
+
 /// The roofline's own kernel over `bytes` contiguous bytes, timed as scoring and the probe are (one
 /// launch between events, median of `repeats`): what a pass over that many bytes can reach, its
 /// launch, first loads and last wave included. The fastest of grids of `blocks_per_sm` blocks of
@@ -396,20 +417,11 @@ double time_stream_read(std::size_t bytes, int repeats, cudaStream_t stream, std
   std::size_t free_bytes = 0, total_bytes = 0;
   KEVO_GPU_ASSERT(cudaMemGetInfo(&free_bytes, &total_bytes));
   if (bytes == 0 || bytes + (1ull << 30) > free_bytes) return 0;
-  void* buffer;
-  unsigned* sink;
-  KEVO_GPU_ASSERT(cudaMalloc(&buffer, bytes));
-  KEVO_GPU_ASSERT(cudaMalloc(&sink, 4));
-  KEVO_GPU_ASSERT(cudaMemsetAsync(buffer, 0x5a, bytes, stream));  // ordered before the timed reads
-  int sms = 0;
-  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0);
+  StreamReadBuffer buffer;
+  KEVO_GPU_ASSERT(buffer.allocate(bytes, stream));
   double t = 1e30;
   for (const int blocks : blocks_per_sm)
-    t = std::min(t, median_seconds(repeats, stream, [&] {
-      stream_read<<<sms * blocks, 512, 0, stream>>>(static_cast<const uint4*>(buffer), bytes / 16, sink);
-    }));
-  cudaFree(buffer);
-  cudaFree(sink);
+    t = std::min(t, median_seconds(repeats, stream, [&] { buffer.read(blocks, stream); }));
   return t;
 }
 
@@ -418,25 +430,16 @@ double time_stream_read(std::size_t bytes, int repeats, cudaStream_t stream, std
 /// same kernels measured up to 12 points of the roofline higher after a sweep of 384 policies (runs
 /// 165-168), a state a server under load stays in. Does nothing where the buffer does not fit.
 void warm_up_device(double milliseconds, cudaStream_t stream) {
-  constexpr std::size_t bytes = 256ull << 20;
-  void* buffer = nullptr;
-  unsigned* sink = nullptr;
-  if (cudaMalloc(&buffer, bytes) != cudaSuccess || cudaMalloc(&sink, 4) != cudaSuccess) {
-    cudaFree(buffer);
+  StreamReadBuffer buffer;
+  if (buffer.allocate(256ull << 20, stream) != gpu_success) {
     cudaGetLastError();  // (clears the failed allocation's error)
     return;
   }
-  KEVO_GPU_ASSERT(cudaMemsetAsync(buffer, 0x5a, bytes, stream));
-  int sms = 0;
-  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0);
   const auto start = std::chrono::steady_clock::now();
   while (std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count() < milliseconds) {
-    for (int i = 0; i < 10; ++i)
-      stream_read<<<sms * 4, 512, 0, stream>>>(static_cast<const uint4*>(buffer), bytes / 16, sink);
+    for (int i = 0; i < 10; ++i) buffer.read(4, stream);
     KEVO_GPU_ASSERT(cudaStreamSynchronize(stream));
   }
-  cudaFree(buffer);
-  cudaFree(sink);
 }
 
 /// The streaming roofline, bytes/s: the median of 10 reads of 8 GB (8 blocks an SM, as in every run before).
