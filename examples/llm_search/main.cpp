@@ -13,6 +13,7 @@
 // Without an LLM configured it says so in one line and runs the offline template synthesizer.
 #include <kevo/problem_loader.hpp>
 #include <kevo/eval/cpu_evaluator.hpp>
+#include <kevo/detail/json_text.hpp>
 #include <kevo/knowledge/knowledge_base.hpp>
 #include <kevo/knowledge/llm_skill_writer.hpp>
 #include <kevo/memory/any_memory.hpp>
@@ -24,6 +25,7 @@
 #include <kevo/synth/llm_synthesizer.hpp>
 
 #include "../common/command_line.hpp"
+#include "../common/problem_argument.hpp"
 #include "../common/shipped_data.hpp"
 
 #include <CLI/CLI.hpp>
@@ -32,6 +34,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <mutex>
 #include <optional>
@@ -43,14 +46,14 @@ using namespace std::chrono_literals;
 namespace {
 
 struct Options {
-  fs::path problem_dir;
+  kevo_examples::ProblemArgument problem;
   std::string base_url, model, api_key_env, wire = "openai";
   std::size_t budget = 20, jobs = 2, max_tokens = 8192, max_failed_generations = 0;
   std::uint64_t token_budget = 0, seed = 1;
   double timeout_seconds = 120;
   std::string policy = "mcts", memory = "adaptive";
   double repair_share = 0.2;
-  fs::path knowledge_dir = kevo_examples::shipped_data_dir() / "knowledge", knowledge_db, store;
+  fs::path knowledge_dir = kevo_examples::shipped_data_dir() / "knowledge", knowledge_db, store, json;
   std::string max_tokens_field = "max_tokens", ca_file;
   std::vector<double> prices;  // --price IN OUT
   double price_input = 0, price_output = 0, cost_budget = 0;
@@ -71,7 +74,7 @@ void describe(CLI::App& app, Options& o) {
   app.description(
       "Searches for a faster kernel with an LLM writing the candidates. Without a base URL and a model it falls back to the "
       "offline template synthesizer.");
-  app.add_option("problem", o.problem_dir, "the problem directory (problem.json, reference, template), or a shipped problem's name")->required();
+  kevo_examples::describe_problem_argument(app, o.problem);
   app.add_option("--base-url", o.base_url, "e.g. https://api.openai.com/v1, http://127.0.0.1:8000/v1, https://api.anthropic.com")
       ->envname("KEVO_LLM_BASE_URL");
   app.add_option("--model", o.model, "the model's name")->envname("KEVO_LLM_MODEL");
@@ -112,6 +115,7 @@ void describe(CLI::App& app, Options& o) {
       ->expected(2)
       ->check(positive);
   app.add_option("--cost-budget", o.cost_budget, "stop the search once this much is spent, in US dollars")->check(positive)->needs("--price");
+  app.add_option("--json", o.json, "also write a JSON summary there (as kevo-search's)");
   app.add_option("--ca-file", o.ca_file, "extra trusted certificates (PEM) for a self-hosted HTTPS server");
   app.add_option("--timeout", o.timeout_seconds,
                  "per LLM request in seconds, retries included (a long chat completion takes a minute or two); Ctrl-C cancels "
@@ -202,7 +206,24 @@ int search(const Options& o, const kevo::Problem& problem, Synth synth, Retrieve
   if (result->repairs.requested > 0) fmt::print("{}\n", result->repairs.summary());
   if constexpr (requires { loop.synthesizer().completer().usage(); })
     fmt::print("LLM usage: {}\n", kevo::net::to_string(loop.synthesizer().completer().usage()));
-  fmt::print("best: {:.2f}x over reference, node {} ({})\n", result->verified ? result->verified_speedup : result->best_speedup,
+  if (!o.json.empty()) {
+    double over_compile = 0;
+    if (problem.torch && evaluator.torch_peers().compile_seconds > 0 && evaluator.reference_seconds() > 0)
+      over_compile = result->verified_speedup * evaluator.torch_peers().compile_seconds / evaluator.reference_seconds();
+    std::ofstream json(o.json);
+    json << fmt::format(R"({{"problem":{},"problem_identity":"{}","evaluations":{},"best_speedup":{:.4f},"verified":{},"stopped_because":"{}",)"
+                        R"("elapsed_seconds":{:.2f},"store":{},"run_id":{}{}}})"
+                        "\n",
+                        kevo::detail::json_quote(problem.name), problem.identity(), evaluated, result->verified_speedup, result->verified,
+                        kevo::to_string(result->stopped_because), result->elapsed_seconds, kevo::detail::json_quote(store_path.string()), result->run_id,
+                        problem.torch ? fmt::format(R"(,"reference":"pytorch_eager","speedup_over_eager":{:.4f},"speedup_over_compile":{},"size_scale":{:.6g},"family":{})",
+                                                    result->verified_speedup, over_compile > 0 ? fmt::format("{:.4f}", over_compile) : "null",
+                                                    problem.torch->size_scale, kevo::detail::json_quote(problem.torch->family))
+                                      : std::string());
+    if (!json) fmt::print(stderr, "kevo-llm-search: {}: cannot be written\n", o.json.string());
+  }
+  fmt::print("best: {:.2f}x over {}, node {} ({})\n", result->verified ? result->verified_speedup : result->best_speedup,
+             kevo_examples::reference_name(problem),
              result->best_key, result->verified ? "verified" : "NOT verified: " + result->verification_message);
   return result->verified ? 0 : 3;
 }
@@ -225,7 +246,7 @@ int llm_search_main(int argc, char** argv) {
   describe(app, o);
   if (auto stop = kevo_examples::parse_command_line(app, argc, argv)) return *stop;
   if (o.prices.size() == 2) o.price_input = o.prices[0], o.price_output = o.prices[1];
-  auto problem = kevo::load_problem(kevo_examples::resolve_problem(o.problem_dir));
+  auto problem = kevo_examples::load_problem_argument(o.problem);
   if (!problem) return fail(problem.error().message);
 
   const fs::path knowledge_db = o.knowledge_db.empty() ? fs::path("kevo-runs") / "knowledge.db" : o.knowledge_db;

@@ -9,7 +9,8 @@
 //   ...
 //   best: 7.3x over reference (verified)
 //
-// A search stopped at any moment (Ctrl-C, or even SIGKILL) continues with --resume.
+// A search stopped at any moment (Ctrl-C, or even SIGKILL) continues with --resume. A KernelBench-format
+// file is a problem too (`kevo-search 19_ReLU.py --size-scale 0.25`): PyTorch eager is its reference.
 #include <kevo/eval/cpu_evaluator.hpp>
 #include <kevo/eval/cuda_evaluator.hpp>
 #include <kevo/eval/slurm_executor.hpp>
@@ -23,6 +24,7 @@
 #include <kevo/synth/template_synthesizer.hpp>
 
 #include "../common/command_line.hpp"
+#include "../common/problem_argument.hpp"
 #include "../common/shipped_data.hpp"
 
 #include <CLI/CLI.hpp>
@@ -39,7 +41,7 @@ namespace fs = std::filesystem;
 namespace {
 
 struct Options {
-  fs::path problem_dir;
+  kevo_examples::ProblemArgument problem;
   std::string policy = "mcts";
   std::string memory = "adaptive";
   std::size_t jobs = 2;
@@ -69,7 +71,7 @@ void describe(CLI::App& app, Options& o) {
   app.description(
       "Searches for a faster, verified implementation of the problem's kernel on this machine's CPU or GPU (the problem's "
       "\"target\": cpu or cuda).");
-  app.add_option("problem", o.problem_dir, "the problem directory (problem.json, reference, template), or a shipped problem's name")->required();
+  kevo_examples::describe_problem_argument(app, o.problem);
   app.add_option("--policy", o.policy, "search policy")->capture_default_str()->check(
       CLI::IsMember({"mcts", "evolutionary", "greedy", "random"}));
   app.add_option("--memory", o.memory, "memory operator")->capture_default_str()->check(
@@ -150,8 +152,10 @@ int search_main(int argc, char** argv) {
   if (auto stop = kevo_examples::parse_command_line(app, argc, argv)) return *stop;
   o.budget_given = app.count("--budget") > 0;
 
-  auto problem = kevo::load_problem(kevo_examples::resolve_problem(o.problem_dir));
+  auto problem = kevo_examples::load_problem_argument(o.problem);
   if (!problem) return fail(problem.error().message);
+  if (problem->torch && problem->torch->family.empty())
+    return fail(fmt::format("{}: {}; kevo-llm-search takes it", problem->torch->file.string(), problem->description), 2);
   if (o.store.empty()) o.store = fs::path("kevo-runs") / (problem->name + ".db");
   if (o.out.empty()) o.out = fs::path("kevo-runs") / (problem->name + ".best.cpp");
   if (o.report.empty()) o.report = fs::path("kevo-runs") / (problem->name + ".html");
@@ -172,7 +176,9 @@ int search_main(int argc, char** argv) {
   std::int64_t resume_run = 0;
   kevo::RunInfo resumed;
   if (o.resume) {
-    auto run = store->latest_run();
+    // The latest run of this problem, where a store holds several problems' (kevo-suite's); else the latest of all.
+    auto own = store->latest_run_of(problem->name);
+    auto run = own && *own ? kevo::expected<kevo::RunInfo, kevo::Error>(**own) : store->latest_run();
     if (!run) return fail(run.error().message);
     if (!run->stopped_because.empty())
       return fail(fmt::format("the latest run in {} already finished ({}); start a new one without --resume",
@@ -212,6 +218,9 @@ int search_main(int argc, char** argv) {
                  o.budget, o.store.string());
       if constexpr (requires { evaluator.reference_clock_note(); })
         if (!evaluator.reference_clock_note().empty()) fmt::print("reference clock: {}\n", evaluator.reference_clock_note());
+      if (problem->torch)
+        fmt::print("problem: {}\npeer: {}\n", problem->description, evaluator.torch_peers().compile_seconds > 0
+                       ? fmt::format("torch.compile {:.3f} ms", evaluator.torch_peers().compile_seconds * 1e3) : evaluator.torch_peers().compile_note);
     }
 
     kevo::SearchArguments args{.jobs = o.jobs,
@@ -242,11 +251,16 @@ int search_main(int argc, char** argv) {
     auto result = o.resume ? loop.resume(resume_run) : loop.run(synth.seed());
     if (!result) return fail(result.error().message);
 
+    // torch.compile's time over the best's, where it was timed: the verified speedup rescaled by the peers' times.
+    double over_compile = 0;
+    if (problem->torch && evaluator.torch_peers().compile_seconds > 0 && evaluator.reference_seconds() > 0)
+      over_compile = result->verified_speedup * evaluator.torch_peers().compile_seconds / evaluator.reference_seconds();
+    const std::string over = kevo_examples::reference_name(*problem);
     {
       std::ofstream out(o.out);
       out << "// kevo-search: best kernel for " << problem->name << ", node " << result->best_key
           << " of run " << result->run_id << ", knobs: " << kevo::to_string(result->best_candidate->knobs)
-          << "\n// " << fmt::format("{:.2f}x over the reference ({})", result->verified_speedup, result->verification_message)
+          << "\n// " << fmt::format("{:.2f}x over the {} ({})", result->verified_speedup, over, result->verification_message)
           << "\n" << kevo::eval::standalone_source(*problem, result->best_candidate->source);
       if (!out) fmt::print(stderr, "kevo-search: {}: cannot be written\n", o.out.string());
     }
@@ -254,19 +268,23 @@ int search_main(int argc, char** argv) {
       std::ofstream json(o.json);
       json << fmt::format(
           R"({{"problem":{},"target":"{}","evaluations":{},"best_speedup":{:.4f},"search_speedup":{:.4f},"verified":{},)"
-          R"("best_candidate":{{"node":{},"file":{},"knobs":{}}},"stopped_because":"{}","store":{},"run_id":{},)"
-          R"("policy":"{}","memory":"{}","elapsed_seconds":{:.2f},"failures":{{{}}}}})"
+          R"("best_candidate":{{"node":{},"file":{},"knobs":{}}},"stopped_because":"{}","store":{},"run_id":{},"problem_identity":"{}",)"
+          R"("policy":"{}","memory":"{}","elapsed_seconds":{:.2f},"failures":{{{}}}{}}})"
           "\n",
           kevo::detail::json_quote(problem->name), kevo::to_string(problem->target), result->evaluations,
           result->verified_speedup, result->best_speedup, result->verified, result->best_key,
           kevo::detail::json_quote(o.out.string()), kevo::detail::knobs_to_json(result->best_candidate->knobs),
-          kevo::to_string(result->stopped_because), kevo::detail::json_quote(o.store.string()), result->run_id, o.policy,
+          kevo::to_string(result->stopped_because), kevo::detail::json_quote(o.store.string()), result->run_id, problem->identity(), o.policy,
           o.memory, result->elapsed_seconds, [&] {
             std::string f;
             for (auto [kind, count] : result->failures)
               f += fmt::format("{}\"{}\":{}", f.empty() ? "" : ",", kevo::to_string(kind), count);
             return f;
-          }());
+          }(),
+          problem->torch ? fmt::format(R"(,"reference":"pytorch_eager","speedup_over_eager":{:.4f},"speedup_over_compile":{},"size_scale":{:.6g},"family":{})",
+                                       result->verified_speedup, over_compile > 0 ? fmt::format("{:.4f}", over_compile) : "null",
+                                       problem->torch->size_scale, kevo::detail::json_quote(problem->torch->family))
+                         : std::string());
     }
     if (auto ok = kevo::report::write_html(*store, result->run_id, o.report); !ok) fmt::print(stderr, "kevo-search: {}\n", ok.error().message);
     if (!o.quiet)
@@ -282,15 +300,15 @@ int search_main(int argc, char** argv) {
                  kevo::to_string(result->stopped_because), result->evaluations, result->elapsed_seconds,
                  failures_text(result->failures), o.out.string(), result->best_key, kevo::to_string(result->best_candidate->knobs));
     if (result->stopped_because == kevo::StopReason::interrupted) {
-      fmt::print("best so far: {:.1f}x over reference (not re-checked: interrupted); --resume continues the run\n",
-                 result->best_speedup);
+      fmt::print("best so far: {:.1f}x over {} (not re-checked: interrupted); --resume continues the run\n", result->best_speedup, over);
       return 130;  // as a shell reports a process ended by SIGINT
     }
     if (!result->verified) {
-      fmt::print("best: {:.1f}x over reference (NOT verified: {})\n", result->best_speedup, result->verification_message);
+      fmt::print("best: {:.1f}x over {} (NOT verified: {})\n", result->best_speedup, over, result->verification_message);
       return 3;
     }
-    fmt::print("best: {:.1f}x over reference (verified)\n", result->verified_speedup);
+    if (over_compile > 0) fmt::print("best against torch.compile: {:.2f}x\n", over_compile);
+    fmt::print("best: {:.1f}x over {} (verified)\n", result->verified_speedup, over);
     return 0;
   };
   if (o.executor == "slurm") {

@@ -92,6 +92,18 @@ struct Tolerance {
   double relative = 1e-5;
 };
 
+/// Where a KernelBench-format problem's reference comes from: PyTorch runs the file's `Model`, in kevo's
+/// helper process beside the trusted checker (kevo/eval/torch_problem.hpp loads one).
+struct TorchModule {
+  std::filesystem::path file;     ///< the .py, absolute
+  std::string python;             ///< the interpreter whose PyTorch runs it, absolute
+  std::string device = "cpu";     ///< "cpu", or "cuda" for a CUDA target
+  double size_scale = 1.0;        ///< the factor applied to the module's size constants (--size-scale)
+  std::string family;             ///< the template family its forward matched; empty: none (search it with an LLM)
+  std::string torch_version;      ///< the helper's PyTorch
+  bool has_compile = false;       ///< whether that PyTorch has torch.compile (a peer to time beside eager)
+};
+
 struct Problem {
   std::filesystem::path directory;
   std::string name;
@@ -113,7 +125,8 @@ struct Problem {
   std::string template_source;
   std::vector<KnobSpec> knobs;
   std::vector<StartingPoint> starting_points;  ///< tried from the root first (optional)
-  std::string manifest_source;       ///< problem.json as read, for identity()
+  std::string manifest_source;       ///< problem.json as read, for identity() (a PyTorch problem: what kevo learned of it)
+  std::optional<TorchModule> torch;  ///< set for a KernelBench-format problem: reference_source is its Python
 
   const KnobSpec* knob(std::string_view knob_name) const {
     for (const auto& k : knobs)

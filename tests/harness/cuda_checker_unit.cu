@@ -3,4 +3,5 @@
 #include <kevo/eval/harness/checker_process_head.cpp>
 #include <kevo/eval/harness/wire_protocol.cpp>
 #include <kevo/eval/harness/checker_process.cpp>
+#include <kevo/eval/harness/plain_reference.cpp>
 #include <kevo/eval/harness/cuda_checker.cu>

@@ -37,7 +37,7 @@ inline constexpr std::string_view cuda_checker_body = harness_files::cuda_checke
 
 /// checker.cu: the trusted process of a CUDA evaluation (see cuda_checker_body above).
 inline std::string cuda_checker_source(const Problem& p) {
-  return detail::checker_problem_part(p) + detail::checker_process_part() + std::string(detail::cuda_checker_body);
+  return detail::checker_problem_part(p) + detail::checker_process_part() + detail::reference_part(p) + std::string(detail::cuda_checker_body);
 }
 
 /// runner.cu: linked with the candidate and jailed. It maps the checker's arena (a file

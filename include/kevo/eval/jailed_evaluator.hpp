@@ -217,8 +217,17 @@ class JailedEvaluator {
     if (auto ready = prepare(); !ready) return make_error(ready.error().message);
     auto a = build(challenger.source);
     if (!a.ok()) return make_error("challenger: " + a.message);
+    if (problem_.torch) return race(a.executable, {}, seed);
     return race(a.executable, reference_build_, seed);
   }
+
+  /// A KernelBench-format problem's peers, timed beside PyTorch eager (the reference) by prepare():
+  /// torch.compile where the installed PyTorch has it, else why not.
+  struct TorchPeers {
+    double compile_seconds = 0;  ///< 0: not timed (see compile_note)
+    std::string compile_note;
+  };
+  const TorchPeers& torch_peers() const { return torch_peers_; }
 
   /// Median time of the reference on the timing shape, measured by prepare().
   double reference_seconds() const { return reference_seconds_; }
@@ -490,8 +499,17 @@ class JailedEvaluator {
         return make_error(fmt::format("{}: cannot write the library header {}", problem_dir_.string(), h.path));
     }
 
-    const std::string manifest = (problem_.directory / "problem.json").string();
-    const std::string reference_path = (problem_.directory / problem_.reference_file).string();
+    const std::string manifest = problem_.torch ? problem_.torch->file.string() : (problem_.directory / "problem.json").string();
+    std::string reference_path = (problem_.directory / problem_.reference_file).string();
+    if (problem_.torch) {
+      // PyTorch is the reference, run by the checker through kevo's helper beside it; a copy of the module is
+      // what it runs, so an edit to the file mid-search cannot change a problem whose key says otherwise.
+      reference_path = (problem_dir_ / "reference.cpp").string();
+      if (!write_file_atomically(problem_dir_ / "kevo_torch.py", detail::harness_files::kevo_torch_py) ||
+          !write_file_atomically(problem_dir_ / "reference_module.py", problem_.reference_source) ||
+          !write_file_atomically(reference_path, detail::torch_reference_stub(problem_)))
+        return make_error(fmt::format("{}: cannot write the PyTorch reference's files", problem_dir_.string()));
+    }
     std::vector<std::string> base = compile_flags();
     base.insert(base.end(), {"-I", problem_dir_.string()});
     auto compile_object = [&](const std::string& source, const std::string& object) -> std::optional<std::string> {
@@ -526,9 +544,10 @@ class JailedEvaluator {
   expected<void, Error> prepare_locked() {
     namespace fs = std::filesystem;
     if (auto built = prepare_builds_locked(); !built) return built;
-    const std::string manifest = (problem_.directory / "problem.json").string();
+    const std::string manifest = problem_.torch ? problem_.torch->file.string() : (problem_.directory / "problem.json").string();
     const std::string reference_path = (problem_.directory / problem_.reference_file).string();
     if (auto loose = validate_tolerance(); !loose) return make_error(fmt::format("{}: {}", manifest, loose.error().message));
+    if (problem_.torch) return prepare_torch_reference();
 
     // The reference run as the kernel: checks the whole pipeline and times the reference.
     auto reference_build = build(reference_kernel_source(problem_));
@@ -748,7 +767,65 @@ class JailedEvaluator {
     e.diagnostics.detail += "; profiled by ncu";
   }
 
-  /// Both re-timed in interleaved runs (ABBA...), each run checked on its own fresh inputs.
+  /// What kevo's PyTorch helper timed: PyTorch eager (the report's seconds) and torch.compile where asked.
+  struct TorchTiming {
+    RunReport report;
+    TorchPeers peers;
+  };
+
+  /// PyTorch eager on the problem, timed by kevo's helper on fresh inputs with the caches flushed before each
+  /// call (CUDA events on a GPU; on the CPU the larger of wall time and CPU time over the CPUs, the checker's
+  /// clock), and torch.compile beside it where `peers`. The caller holds the timing gate.
+  TorchTiming time_torch_locked(std::uint64_t seed, int repetitions, bool peers) {
+    TorchTiming t;
+    SandboxLimits limits = checker_limits();
+    limits.memory_bytes = 0;  // PyTorch maps far more address space than it uses
+    limits.wall_time = std::chrono::seconds(600);
+    std::vector<std::string> argv = {problem_.torch->python, (problem_dir_ / "kevo_torch.py").string(), "time", (problem_dir_ / "reference_module.py").string(),
+                                     "--scale", fmt::format("{:.9g}", problem_.torch->size_scale), "--device", problem_.torch->device,
+                                     "--repetitions", std::to_string(std::max(3, repetitions)), "--seed", std::to_string(seed % (1ull << 40))};
+    if (peers) argv.push_back("--peers");
+    const SandboxResult r = run_sandboxed(argv, limits);
+    simdjson::dom::parser parser;
+    simdjson::dom::element verdict;
+    bool ok = false;
+    if (parser.parse(detail::last_json_line(r.stdout_text)).get(verdict) || verdict["ok"].get(ok) || !ok) {
+      std::string_view why;
+      t.report.failure = FailureKind::sandbox_error;
+      t.report.message = !verdict["error"].get(why) ? "PyTorch eager failed while timed: " + std::string(why)
+                                                      : "PyTorch eager failed while timed: " + detail::tail(r.stderr_text + r.stdout_text + r.setup_error, 400);
+      return t;
+    }
+    if (verdict["eager_seconds"].get(t.report.seconds) || !(t.report.seconds > 0)) {
+      t.report.failure = FailureKind::sandbox_error;
+      t.report.message = "PyTorch eager's timing gave no time";
+      return t;
+    }
+    t.report.samples = repetitions;
+    if (verdict["compile_seconds"].get(t.peers.compile_seconds)) t.peers.compile_seconds = 0;
+    if (std::string_view note; !verdict["compile_note"].get(note)) t.peers.compile_note = std::string(note);
+    return t;
+  }
+
+  /// prepare() for a KernelBench-format problem: PyTorch eager's time is the reference's; torch.compile is timed beside it.
+  expected<void, Error> prepare_torch_reference() {
+    std::unique_lock timing_lock(gate_);
+    TorchTiming t = time_torch_locked(1, options_.reference_repetitions, true);
+    if (t.report.failure != FailureKind::none) return make_error(fmt::format("{}: {}", problem_.torch->file.string(), t.report.message));
+    reference_seconds_ = t.report.seconds;
+    torch_peers_ = t.peers;
+    reference_clock_note_ = fmt::format("PyTorch {} eager on the {}, timed by kevo's helper: fresh inputs, caches flushed before each call, {}",
+                                        problem_.torch->torch_version, problem_.torch->device,
+                                        problem_.torch->device == "cpu" ? "the larger of wall time and CPU time over the CPUs"
+                                                                        : "CUDA events");
+    auto roofline = Toolchain::roofline(options_.cache_dir, options_.compiler);
+    if (!roofline) return make_error(roofline.error().message);
+    roofline_ = *roofline;
+    return {};
+  }
+
+  /// Both re-timed in interleaved runs (ABBA...), each run checked on its own fresh inputs. An empty
+  /// incumbent is PyTorch eager (a KernelBench-format problem's reference).
   expected<Comparison, Error> race(const std::filesystem::path& challenger, const std::filesystem::path& incumbent, std::uint64_t seed) {
     std::unique_lock timing(gate_);  // the whole race, so no compile interleaves with it
     std::vector<double> a_times, b_times;
@@ -756,8 +833,10 @@ class JailedEvaluator {
     for (int round = 0; round < rounds; ++round) {
       for (int turn = 0; turn < 2; ++turn) {
         const bool challenger_turn = (turn == 0) == (round % 2 == 0);  // ABBA...
-        const RunReport r = run_harness_locked(challenger_turn ? challenger : incumbent, seed + static_cast<std::uint64_t>(round),
-                                               options_.warmup, options_.repetitions);
+        const RunReport r = !challenger_turn && incumbent.empty()
+                                ? time_torch_locked(seed + static_cast<std::uint64_t>(round), options_.repetitions, false).report
+                                : run_harness_locked(challenger_turn ? challenger : incumbent, seed + static_cast<std::uint64_t>(round),
+                                                     options_.warmup, options_.repetitions);
         const bool candidate_fault = r.failure != FailureKind::none && r.failure != FailureKind::sandbox_error;
         if (challenger_turn && candidate_fault)
           return Comparison{.challenger_failure = r.failure, .challenger_message = "on the race's fresh inputs: " + r.message};
@@ -781,6 +860,7 @@ class JailedEvaluator {
   std::string reference_clock_note_;
   double round_trip_seconds_ = -1;  ///< the GPU checker's own round trip, from the reference's run (< 0: not yet measured)
   std::filesystem::path reference_build_;   // the reference as a candidate: the yardstick of compare_with_reference
+  TorchPeers torch_peers_;                  // a KernelBench-format problem's torch.compile, timed by prepare()
   Roofline roofline_;
   TimingGate gate_;
   std::mutex profile_mutex_;

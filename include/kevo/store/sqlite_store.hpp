@@ -15,6 +15,8 @@
 
 #include <chrono>
 #include <filesystem>
+#include <optional>
+#include <string_view>
 
 namespace kevo::store {
 
@@ -120,6 +122,15 @@ class SqliteStore {
 
   expected<RunInfo, Error> latest_run() {
     return query_run(fmt::format("SELECT {} FROM runs ORDER BY id DESC LIMIT 1", run_columns), -1);
+  }
+
+  /// The latest run of one problem, where a store holds many problems' runs (kevo-suite's); none: not begun.
+  expected<std::optional<RunInfo>, Error> latest_run_of(std::string_view problem) {
+    auto st = prepare(fmt::format("SELECT {} FROM runs WHERE problem = ?1 ORDER BY id DESC LIMIT 1", run_columns));
+    if (!st) return unexpected(st.error());
+    st->bind(1, problem);
+    if (st->step() != SQLITE_ROW) return std::optional<RunInfo>();
+    return std::optional<RunInfo>(run_from(*st));
   }
 
   /// Every node of a run in creation order, each with its evaluation if it finished.
@@ -274,16 +285,19 @@ class SqliteStore {
     if (run >= 0) st->bind(1, static_cast<long long>(run));
     if (st->step() != SQLITE_ROW)
       return make_error(run >= 0 ? fmt::format("{}: no run {}", path_, run) : fmt::format("{}: holds no run to resume", path_));
-    return RunInfo{.id = st->integer(0),
-                   .problem = std::string(st->text(1)),
-                   .problem_dir = std::string(st->text(2)),
-                   .settings_json = std::string(st->text(3)),
-                   .stopped_because = std::string(st->text(4)),
-                   .problem_identity = std::string(st->text(5)),
-                   .reference_seconds = st->real(6),
-                   .best_node = st->integer(7),
-                   .verified_speedup = st->real(8),
-                   .target_identity = std::string(st->text(9))};
+    return run_from(*st);
+  }
+  static RunInfo run_from(detail::SqliteStatement& st) {
+    return RunInfo{.id = st.integer(0),
+                   .problem = std::string(st.text(1)),
+                   .problem_dir = std::string(st.text(2)),
+                   .settings_json = std::string(st.text(3)),
+                   .stopped_because = std::string(st.text(4)),
+                   .problem_identity = std::string(st.text(5)),
+                   .reference_seconds = st.real(6),
+                   .best_node = st.integer(7),
+                   .verified_speedup = st.real(8),
+                   .target_identity = std::string(st.text(9))};
   }
 
   detail::SqliteHandle db_;

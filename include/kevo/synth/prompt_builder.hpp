@@ -310,7 +310,7 @@ inline Prompt build_prompt(const GenerationRequest& r, const PromptOptions& opti
     u += "Arguments:";
     for (const auto& t : p.tensors)
       u += fmt::format(" {} {} [{}] ({});", t.role == TensorRole::input ? "in" : "out", t.name, t.size,
-                       t.type == ElementType::f32 ? "float" : "int32");
+                       t.type == ElementType::f32 ? "float" : t.type == ElementType::f16 ? "half" : "int32");
     u += '\n';
   }
   if (!p.check_shapes.empty()) {
@@ -330,7 +330,13 @@ inline Prompt build_prompt(const GenerationRequest& r, const PromptOptions& opti
     if (!p.flops_model.empty()) u += fmt::format(" FLOPs (model): {}.", p.flops_model);
     u += '\n';
   }
-  if (!p.reference_source.empty())
+  if (p.torch)  // a KernelBench-format problem: the PyTorch module is the reference, as in KernelBench's own prompts
+    u += fmt::format("\n## Reference implementation (PyTorch)\nThe kernel computes what `Model.forward` does here. Its arguments are "
+                     "forward's inputs, then the module's parameters and buffers (as `Model(*get_init_inputs())` holds them, named "
+                     "with '.' as '_'), then the outputs; each `Shape` field `name_i` is dim i of that tensor. int64 tensors are "
+                     "`int` (32-bit) in the kernel.\n```python\n{}\n```\n",
+                     clip(trim(p.reference_source), options.max_source_chars));
+  else if (!p.reference_source.empty())
     u += fmt::format("\n## Reference implementation\n```{}\n{}\n```\n", lang, clip(trim(p.reference_source), options.max_source_chars));
 
   u += fmt::format("\n## Constraints for the {} target\n{}", to_string(r.target), target_constraints(p, r.target));

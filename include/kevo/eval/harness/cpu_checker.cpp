@@ -77,6 +77,12 @@ std::uint32_t draw_word(const TensorInfo& t, std::mt19937_64& rng) {
 
 // Fresh inputs (and `extra` more elements each, for windows), poisoned outputs.
 Tensors draw(const Shape& shape, std::uint64_t seed, long extra = 0) {
+  if constexpr (inputs_from_torch) {  // drawn as the module's get_inputs() draws them
+    Tensors out = torch_draw(shape, seed, extra);
+    for (std::size_t i = 0; i < tensor_count; ++i)
+      if (tensors[i].output) out[i].assign(static_cast<std::size_t>(element_count(i, shape)), poison);
+    return out;
+  }
   Tensors out(tensor_count);
   for (std::size_t i = 0; i < tensor_count; ++i) {
     const TensorInfo& t = tensors[i];

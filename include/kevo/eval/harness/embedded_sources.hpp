@@ -55,7 +55,7 @@ std::string shape_text(const Shape& shape) {
 void shape_to_values(const Shape& shape, std::int64_t* values) {
 @shape_values@}
 
-void call_reference(const Shape& shape, void* const* p) { reference(shape@reference_args@); }
+@call_reference@
 
 }  // namespace
 )kevo_harness";
@@ -303,8 +303,10 @@ inline constexpr std::string_view checker_process_head_cpp = R"kevo_harness(
 #include <sched.h>
 #include <signal.h>
 #include <poll.h>
+#include <spawn.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -401,6 +403,12 @@ std::uint32_t draw_word(const TensorInfo& t, std::mt19937_64& rng) {
 
 // Fresh inputs (and `extra` more elements each, for windows), poisoned outputs.
 Tensors draw(const Shape& shape, std::uint64_t seed, long extra = 0) {
+  if constexpr (inputs_from_torch) {  // drawn as the module's get_inputs() draws them
+    Tensors out = torch_draw(shape, seed, extra);
+    for (std::size_t i = 0; i < tensor_count; ++i)
+      if (tensors[i].output) out[i].assign(static_cast<std::size_t>(element_count(i, shape)), poison);
+    return out;
+  }
   Tensors out(tensor_count);
   for (std::size_t i = 0; i < tensor_count; ++i) {
     const TensorInfo& t = tensors[i];
@@ -1446,6 +1454,599 @@ std::string finish_calls() {
 }
 )kevo_harness";
 
+/// kevo_torch.py
+inline constexpr std::string_view kevo_torch_py = R"kevo_harness(#!/usr/bin/env python3
+# kevo_torch.py: kevo's PyTorch helper for KernelBench-format problems (a file with `class Model(nn.Module)`,
+# module-level sizes, `get_inputs()` and `get_init_inputs()`). Trusted: it runs beside kevo's checker, never
+# in a candidate's jail. Embedded in kevo/eval/harness/embedded_sources.hpp and written to kevo's cache.
+#
+#   python3 kevo_torch.py describe FILE [--scale F] [--device cpu|cuda]   one JSON line: the problem kevo learns
+#   python3 kevo_torch.py serve FILE [--scale F] [--device D]              the checker's reference (binary, stdin/stdout)
+#   python3 kevo_torch.py time FILE [--scale F] [--device D] [--repetitions N] [--peers]
+#                                                                         PyTorch eager (and torch.compile) timed
+#
+# Tensors cross the wire as 4-byte words: float32 and int32 as they are, int64 narrowed to int32 (every value
+# must fit, else the call fails), float16 as its two bytes widened to a word's low half.
+import argparse
+import importlib.util
+import inspect
+import json
+import math
+import os
+import struct
+import sys
+import time
+import traceback
+
+
+class Unusable(Exception):
+    """The file cannot be a kevo problem; the message says why, in one line."""
+
+
+KERNEL_TYPES = {"float32": "float", "float16": "half", "int32": "int", "int64": "int"}
+
+
+def load_module(path, scale):
+    import torch
+
+    spec = importlib.util.spec_from_file_location("kevo_problem_module", path)
+    if spec is None or spec.loader is None:
+        raise Unusable("it is not a Python file")
+    module = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(module)
+    except BaseException as e:  # SystemExit from a script body counts too
+        raise Unusable(f"importing it raised {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}".rstrip(": "))
+    model = getattr(module, "Model", None)
+    if not (isinstance(model, type) and issubclass(model, torch.nn.Module)):
+        raise Unusable("it defines no `class Model(nn.Module)`")
+    if not callable(getattr(module, "get_inputs", None)):
+        raise Unusable("it defines no `get_inputs()`")
+    scaled = {}
+    if scale != 1.0:
+        # Sizes are the module's integer constants of 64 or more; smaller ones are dims, kernel sizes and counts.
+        for name, value in list(vars(module).items()):
+            if type(value) is int and value >= 64 and not name.startswith("_"):
+                new = max(16, int(round(value * scale)))
+                setattr(module, name, new)
+                scaled[name] = [value, new]
+    return module, scaled
+
+
+def instantiate(module, seed, device):
+    """The Model and its inputs under `seed`: the module's own get_init_inputs() and get_inputs()."""
+    import torch
+
+    seed %= 1 << 62  # torch takes seeds below 2^64; kevo's are any 64-bit value
+    torch.manual_seed(seed)
+    get_init = getattr(module, "get_init_inputs", None)
+    try:
+        init = list(get_init()) if callable(get_init) else []
+    except Exception as e:
+        raise Unusable(f"get_init_inputs() raised {type(e).__name__}: {e}")
+    try:
+        model = module.Model(*init)
+    except Exception as e:
+        raise Unusable(f"Model(*get_init_inputs()) raised {type(e).__name__}: {e}")
+    model = model.to(device).eval()
+    torch.manual_seed(seed + 0x5EED)
+    try:
+        inputs = module.get_inputs()
+    except Exception as e:
+        raise Unusable(f"get_inputs() raised {type(e).__name__}: {e}")
+    if not isinstance(inputs, (list, tuple)):
+        raise Unusable(f"get_inputs() returned a {type(inputs).__name__}, not a list of tensors")
+    for i, t in enumerate(inputs):
+        if not isinstance(t, torch.Tensor):
+            raise Unusable(f"get_inputs() item {i} is a {type(t).__name__}, not a tensor (kevo passes only tensors to kernels)")
+    return model, [t.to(device) for t in inputs]
+
+
+def state_tensors(model):
+    """The module's parameters and buffers, in a fixed order: candidates receive them as inputs."""
+    return list(model.named_parameters()) + [(n, b) for n, b in model.named_buffers() if b is not None]
+
+
+def forward_names(model, count):
+    try:
+        params = list(inspect.signature(model.forward).parameters.values())
+    except (TypeError, ValueError):
+        params = []
+    names = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    if len(names) < count:
+        names = [f"in{i}" for i in range(count)]
+    return names[:count]
+
+
+def outputs_of(result):
+    import torch
+
+    if isinstance(result, torch.Tensor):
+        return [result]
+    if isinstance(result, (list, tuple)) and result and all(isinstance(t, torch.Tensor) for t in result):
+        return list(result)
+    if isinstance(result, (list, tuple)):
+        raise Unusable("forward() returns a nested or non-tensor sequence (kevo takes a tensor or a flat tuple of tensors)")
+    raise Unusable(f"forward() returns a {type(result).__name__}, not a tensor")
+
+
+def type_of(tensor, what):
+    name = str(tensor.dtype).replace("torch.", "")
+    if name not in KERNEL_TYPES:
+        raise Unusable(f"{what} is {name}: kevo has no kernel type for it (float32, float16, int32 and int64 are taken)")
+    return name
+
+
+def unique_names(names):
+    seen, out = set(), []
+    for n in names:
+        n = "".join(c if c.isalnum() or c == "_" else "_" for c in n) or "t"
+        if n[0].isdigit():
+            n = "t" + n
+        base, k = n, 1
+        while n in seen or n in ("shape", "Shape", "kernel", "reference"):
+            n, k = f"{base}_{k}", k + 1
+        seen.add(n)
+        out.append(n)
+    return out
+
+
+# ---- the template families: a forward of one op kevo has a template for ----
+
+
+def _prod(xs):
+    p = 1
+    for x in xs:
+        p *= int(x)
+    return p
+
+
+def _split(shape, dim):
+    dim = dim % len(shape)
+    return _prod(shape[:dim]), int(shape[dim]), _prod(shape[dim + 1:])
+
+
+def traced_ops(model):
+    """(kind, name, args, kwargs) of every call in forward, as torch.fx sees it; None where it cannot trace."""
+    import torch
+    import torch.fx
+
+    try:
+        graph = torch.fx.symbolic_trace(model).graph
+    except Exception:
+        return None
+    ops = []
+    for node in graph.nodes:
+        if node.op == "call_function":
+            ops.append(("function", getattr(node.target, "__name__", str(node.target)), node.args, dict(node.kwargs)))
+        elif node.op == "call_method":
+            ops.append(("method", node.target, node.args, dict(node.kwargs)))
+        elif node.op == "call_module":
+            ops.append(("module", type(model.get_submodule(node.target)).__name__, node.args, dict(node.kwargs), model.get_submodule(node.target)))
+    return ops
+
+
+ELEMENTWISE = {  # op name in a trace -> (family op, torch function of x and its parameters)
+    "relu": "relu", "ReLU": "relu", "leaky_relu": "leaky_relu", "LeakyReLU": "leaky_relu", "sigmoid": "sigmoid",
+    "Sigmoid": "sigmoid", "tanh": "tanh", "Tanh": "tanh", "gelu": "gelu", "GELU": "gelu", "elu": "elu", "ELU": "elu",
+    "selu": "selu", "SELU": "selu", "softplus": "softplus", "Softplus": "softplus", "softsign": "softsign",
+    "Softsign": "softsign", "hardtanh": "hardtanh", "Hardtanh": "hardtanh", "hardsigmoid": "hardsigmoid",
+    "Hardsigmoid": "hardsigmoid", "silu": "silu", "SiLU": "silu", "mish": "mish", "Mish": "mish",
+    "hardswish": "hardswish", "Hardswish": "hardswish",
+}
+
+
+def elementwise_reference(op, x, p):
+    import torch.nn.functional as F
+
+    return {
+        "relu": lambda: F.relu(x), "leaky_relu": lambda: F.leaky_relu(x, p["negative_slope"]), "sigmoid": lambda: x.sigmoid(),
+        "tanh": lambda: x.tanh(), "gelu": lambda: F.gelu(x, approximate=p["approximate"]), "elu": lambda: F.elu(x, p["alpha"]),
+        "selu": lambda: F.selu(x), "softplus": lambda: F.softplus(x, p["beta"], p["threshold"]), "softsign": lambda: F.softsign(x),
+        "hardtanh": lambda: F.hardtanh(x, p["min_val"], p["max_val"]), "hardsigmoid": lambda: F.hardsigmoid(x),
+        "silu": lambda: F.silu(x), "mish": lambda: F.mish(x), "hardswish": lambda: F.hardswish(x),
+    }[op]()
+
+
+def floats_in(call):
+    """Every float literal among a traced call's arguments and keyword arguments, and a module's float attributes."""
+    values = [a for a in call[2] if isinstance(a, float)] + [v for v in call[3].values() if isinstance(v, float)]
+    if call[0] == "module":
+        values += [v for v in vars(call[4]).values() if isinstance(v, float)]
+    return values
+
+
+def ints_in(call):
+    values = [a for a in call[2][1:] if isinstance(a, int) and not isinstance(a, bool)]
+    values += [v for k, v in call[3].items() if k == "dim" and isinstance(v, int)]
+    return values
+
+
+def elementwise_hypotheses(call):
+    op = ELEMENTWISE[call[1]]
+    floats = floats_in(call)
+    kw = call[3]
+    module = call[4] if call[0] == "module" else None
+    get = lambda name, default: getattr(module, name, kw.get(name, default)) if module is not None else kw.get(name, default)
+    if op == "leaky_relu":
+        for s in ([get("negative_slope", None)] if get("negative_slope", None) is not None else []) + floats + [0.01]:
+            yield {"negative_slope": float(s)}
+    elif op == "gelu":
+        yield {"approximate": get("approximate", "none")}
+    elif op == "elu":
+        for a in [get("alpha", 1.0)] + floats:
+            yield {"alpha": float(a)}
+    elif op == "softplus":
+        yield {"beta": float(get("beta", 1.0)), "threshold": float(get("threshold", 20.0))}
+    elif op == "hardtanh":
+        lo, hi = get("min_val", None), get("max_val", None)
+        if lo is None and len(floats) >= 2:
+            lo, hi = floats[0], floats[1]
+        yield {"min_val": float(-1.0 if lo is None else lo), "max_val": float(1.0 if hi is None else hi)}
+    else:
+        yield {}
+
+
+def family_hypotheses(model, inputs, params, out):
+    """Families the traced ops suggest, each a description with a PyTorch formula to confirm it by."""
+    import torch
+
+    ops = traced_ops(model)
+    if ops is None:
+        return
+    names = [c[1] for c in ops]
+    single = len(inputs) == 1 and not params and out.shape == inputs[0].shape and inputs[0].dtype == out.dtype
+    x = inputs[0] if inputs else None
+    shape = list(x.shape) if x is not None else []
+
+    if single and len(ops) == 1 and ops[0][1] in ELEMENTWISE:
+        op = ELEMENTWISE[ops[0][1]]
+        for p in elementwise_hypotheses(ops[0]):
+            yield {"family": "elementwise", "op": op, "params": p, "n": x.numel()}, (lambda p=p: elementwise_reference(op, x, p))
+
+    if single and any(n in ("softmax", "log_softmax", "Softmax", "LogSoftmax") for n in names) and len(ops) == 1:
+        log = "log" in names[0].lower()
+        call = ops[0]
+        dims = [getattr(call[4], "dim", None)] if call[0] == "module" else ints_in(call)
+        for d in [d for d in dims if d is not None] or list(range(len(shape))):
+            o, r, i = _split(shape, d)
+            f = (lambda d=d: torch.log_softmax(x, d)) if log else (lambda d=d: torch.softmax(x, d))
+            yield {"family": "softmax", "log": log, "outer": o, "reduce": r, "inner": i}, f
+
+    if len(inputs) == 1 and out.shape == x.shape and x.is_floating_point():
+        eps_guesses = sorted({float(v) for v in vars(model).values() if isinstance(v, float) and 0 < v < 0.1} | {1e-5, 1e-6, 1e-8, 1e-12})
+        if "LayerNorm" in names or "layer_norm" in names:
+            ln = next((c[4] for c in ops if c[1] == "LayerNorm"), None)
+            k = len(ln.normalized_shape) if ln is not None else 1
+            eps = ln.eps if ln is not None else 1e-5
+            o, r = _prod(shape[:-k]), _prod(shape[-k:])
+            affine = ln is not None and ln.weight is not None
+            if len(params) == (2 if affine else 0):
+                yield ({"family": "norm", "kind": "layer", "eps": eps, "affine": affine, "outer": o, "reduce": r, "inner": 1},
+                       lambda: torch.nn.functional.layer_norm(x, shape[-k:], ln.weight if affine else None, ln.bias if affine else None, eps))
+        if not params:
+            for d in range(len(shape)):
+                o, r, i = _split(shape, d)
+                if "mean" in names and ("sqrt" in names or "rsqrt" in names):
+                    for eps in eps_guesses:
+                        yield ({"family": "norm", "kind": "rms", "eps": eps, "affine": False, "outer": o, "reduce": r, "inner": i},
+                               lambda d=d, eps=eps: x / torch.sqrt(torch.mean(x * x, dim=d, keepdim=True) + eps))
+                if "abs" in names and "sum" in names:
+                    yield ({"family": "norm", "kind": "l1", "eps": 0.0, "affine": False, "outer": o, "reduce": r, "inner": i},
+                           lambda d=d: x / torch.sum(torch.abs(x), dim=d, keepdim=True))
+                if "norm" in names:
+                    yield ({"family": "norm", "kind": "l2", "eps": 0.0, "affine": False, "outer": o, "reduce": r, "inner": i},
+                           lambda d=d: x / torch.norm(x, p=2, dim=d, keepdim=True))
+            if "norm" in names:
+                yield ({"family": "norm", "kind": "fro", "eps": 0.0, "affine": False, "outer": 1, "reduce": x.numel(), "inner": 1},
+                       lambda: x / torch.norm(x, p="fro"))
+
+    reductions = {"sum": "sum", "mean": "mean", "max": "max", "min": "min", "amax": "max", "amin": "min", "argmax": "argmax", "argmin": "argmin"}
+    if len(inputs) == 1 and not params and x.is_floating_point():
+        for call in ops:
+            op = reductions.get(call[1])
+            if op is None:
+                continue
+            for d in range(len(shape)):
+                o, r, i = _split(shape, d)
+                for keep in (True, False):
+                    def f(op=op, d=d, keep=keep):
+                        if op in ("max", "min"):
+                            return getattr(torch, "a" + op)(x, dim=d, keepdim=keep)
+                        return getattr(torch, op)(x, dim=d, keepdim=keep)
+                    yield {"family": "reduction", "op": op, "keepdim": keep, "outer": o, "reduce": r, "inner": i}, f
+
+    matmuls = {"matmul", "mm", "bmm", "linear", "Linear"}
+    if any(n in matmuls for n in names):
+        operands = list(inputs) + [t for _, t in params]
+        if "linear" in names or "Linear" in names:
+            if len(inputs) == 1 and len(params) in (1, 2) and x.dim() == 2:
+                w = params[0][1]
+                b = params[1][1] if len(params) == 2 else None
+                m, k = x.shape
+                n = w.shape[0]
+                yield ({"family": "matmul", "batch": 1, "m": m, "n": n, "k": k, "trans_a": False, "trans_b": True, "bias": b is not None},
+                       lambda: torch.nn.functional.linear(x, w, b))
+        elif len(operands) == 2 and operands[0].dim() == operands[1].dim() and operands[0].dim() in (2, 3):
+            a, b = operands
+            for ta in (False, True):
+                for tb in (False, True):
+                    A = a.transpose(-1, -2) if ta else a
+                    B = b.transpose(-1, -2) if tb else b
+                    if A.shape[-1] != B.shape[-2] or (a.dim() == 3 and a.shape[0] != b.shape[0]):
+                        continue
+                    batch = a.shape[0] if a.dim() == 3 else 1
+                    yield ({"family": "matmul", "batch": batch, "m": A.shape[-2], "n": B.shape[-1], "k": A.shape[-1], "trans_a": ta,
+                            "trans_b": tb, "bias": False}, (lambda A=A, B=B: torch.matmul(A, B)))
+
+
+def match_family(model, inputs, params, out):
+    """The first suggested family whose formula gives the module's own output (float64 on both sides, so
+    that rounding cannot tell them apart), with a reason where none does."""
+    import torch
+
+    with torch.no_grad():
+        for description, formula in family_hypotheses(model, inputs, params, out):
+            try:
+                got = formula()
+            except Exception:
+                continue
+            if got.shape != out.shape or got.dtype != out.dtype:
+                continue
+            if out.is_floating_point():
+                if torch.allclose(got.double(), out.double(), rtol=1e-3, atol=1e-5, equal_nan=True):
+                    return description
+            elif torch.equal(got, out):
+                return description
+    return None
+
+
+# ---- describe ----
+
+
+def describe(args):
+    import torch
+
+    module, scaled = load_module(args.file, args.scale)
+    model, inputs = instantiate(module, 1, args.device)
+    input_names = forward_names(model, len(inputs))
+    state = state_tensors(model)
+    held = sum(t.numel() * t.element_size() for t in inputs) + sum(t.numel() * t.element_size() for _, t in state)
+    if args.max_bytes and 2 * held > args.max_bytes:  # before forward allocates its outputs too
+        raise Unusable(f"its inputs take {held / 2**30:.2f} GiB a call, and this target holds {args.max_bytes / 2**30:.2f} GiB "
+                       "for two calls' worth (try --size-scale)")
+    with torch.no_grad():
+        try:
+            result = model(*inputs)
+        except Exception as e:
+            raise Unusable(f"forward(*get_inputs()) raised {type(e).__name__}: {e}")
+    outputs = outputs_of(result)
+    names = unique_names(input_names + [n for n, _ in state] + (["out"] if len(outputs) == 1 else [f"out{i}" for i in range(len(outputs))]))
+    tensors = []
+    entries = [("input", t, f"input {input_names[i]}") for i, t in enumerate(inputs)] + \
+              [("state", t, f"parameter {n}") for n, t in state] + [("output", t, "output " + str(i)) for i, t in enumerate(outputs)]
+    for name, (role, t, what) in zip(names, entries):
+        dtype = type_of(t, what)
+        if dtype == "int64" and t.numel() and (t.max().item() > 2**31 - 1 or t.min().item() < -(2**31)):
+            raise Unusable(f"{what} holds int64 values beyond int32, kevo's integer kernel type")
+        tensors.append({"name": name, "role": "output" if role == "output" else "input", "from": role, "dtype": dtype,
+                        "type": KERNEL_TYPES[dtype], "shape": [int(s) for s in t.shape]})
+    family = match_family(model, inputs, state, outputs[0]) if len(outputs) == 1 else None
+    ops = traced_ops(model)
+    constants = {k: v for k, v in vars(module).items() if type(v) is int and not k.startswith("_")}
+    output_rms = []
+    for t in outputs:
+        output_rms.append(float(t.double().pow(2).mean().sqrt().item()) if t.numel() else 0.0)
+    with open(args.file, encoding="utf-8", errors="replace") as f:
+        source = f.read()
+    print(json.dumps({"ok": True, "tensors": tensors, "family": family, "ops": None if ops is None else [c[1] for c in ops],
+                      "constants": constants, "scaled": scaled, "output_rms": output_rms, "torch": torch.__version__,
+                      "has_compile": hasattr(torch, "compile"), "source": source}))
+
+
+# ---- serve: the checker's reference ----
+
+
+def read_exact(stream, n):
+    data = bytearray()
+    while len(data) < n:
+        chunk = stream.read(n - len(data))
+        if not chunk:
+            raise EOFError("the checker closed the pipe")
+        data += chunk
+    return bytes(data)
+
+
+def to_words(t):
+    """A tensor as 4-byte words, flattened."""
+    import torch
+
+    t = t.detach().contiguous().cpu().reshape(-1)
+    if t.dtype == torch.int64:
+        if t.numel() and (t.max().item() > 2**31 - 1 or t.min().item() < -(2**31)):
+            raise ValueError("an int64 value does not fit int32, kevo's integer kernel type")
+        t = t.to(torch.int32)
+    elif t.dtype == torch.float16:
+        t = t.view(torch.int16).to(torch.int32) & 0xFFFF
+    return t.numpy().tobytes()
+
+
+def from_words(data, spec, device):
+    import numpy
+    import torch
+
+    words = numpy.frombuffer(data, dtype=numpy.uint32).copy()
+    if spec["dtype"] == "float32":
+        t = torch.from_numpy(words.view(numpy.float32))
+    elif spec["dtype"] == "float16":
+        t = torch.from_numpy((words & 0xFFFF).astype(numpy.uint16).view(numpy.float16))
+    else:
+        t = torch.from_numpy(words.view(numpy.int32)).to(getattr(torch, spec["dtype"]))
+    return t.reshape(spec["shape"]).to(device)
+
+
+def serve(args):
+    """Requests on stdin, one line each, then binary payloads; answers on stdout.
+      draw SEED EXTRA   -> for each kernel input: u64 count, count words (the module's get_inputs() and fresh
+                           parameters under SEED, each tensor followed by EXTRA more elements of another draw)
+      forward           <- for each kernel input: u64 count, count words
+                        -> "ok\n" then for each output: u64 count, count words; or "error MESSAGE\n"
+    """
+    import torch
+
+    torch.set_grad_enabled(False)
+    module, _ = load_module(args.file, args.scale)
+    spec = json.loads(sys.stdin.readline())
+    kernel_inputs = [t for t in spec if t["role"] == "input"]
+    model, _ = instantiate(module, 1, args.device)
+    params = [t for _, t in state_tensors(model)]
+    out = sys.stdout.buffer
+    inp = sys.stdin.buffer
+
+    def draw(seed):
+        m, xs = instantiate(module, seed, args.device)
+        return xs + [t for _, t in state_tensors(m)]
+
+    out.write(b"ready\n")
+    out.flush()
+    while True:
+        line = inp.readline().decode().split()
+        if not line or line[0] == "quit":
+            return
+        try:
+            if line[0] == "draw":
+                seed, extra = int(line[1]), int(line[2])
+                tensors = draw(seed)
+                more = [b"" for _ in tensors]
+                k = 1
+                while extra > 0 and any(len(m) < 4 * extra for m in more):
+                    for i, t in enumerate(draw(seed + (k << 32))):
+                        more[i] += to_words(t)
+                    k += 1
+                payload = b""
+                for i, t in enumerate(tensors):
+                    words = to_words(t) + more[i][: 4 * extra]
+                    payload += struct.pack("<Q", len(words) // 4) + words
+                out.write(b"ok\n" + payload)
+            elif line[0] == "forward":
+                given = []
+                for t in kernel_inputs:
+                    (count,) = struct.unpack("<Q", read_exact(inp, 8))
+                    given.append(from_words(read_exact(inp, 4 * count), t, args.device))
+                xs, ps = given[: len(given) - len(params)], given[len(given) - len(params):]
+                for p, v in zip(params, ps):
+                    p.copy_(v)
+                results = outputs_of(model(*xs))
+                payload = b""
+                for r in results:
+                    words = to_words(r)
+                    payload += struct.pack("<Q", len(words) // 4) + words
+                out.write(b"ok\n" + payload)
+            else:
+                out.write(f"error unknown request {line[0]}\n".encode())
+        except EOFError:
+            return
+        except Exception as e:
+            out.write(("error " + f"{type(e).__name__}: {e}".replace("\n", " ") + "\n").encode())
+        out.flush()
+
+
+# ---- time: the peers, on kevo's clock ----
+
+
+def time_calls(fn, input_sets, device, warmup, repetitions):
+    """Median seconds of fn over fresh inputs, caches flushed before each call: CUDA events on a GPU; on the
+    CPU the larger of wall time and the process's CPU time over its CPUs, as kevo's CPU checker times kernels."""
+    import torch
+
+    cpus = max(1, len(os.sched_getaffinity(0)))
+    flush = torch.empty(64 << 20 if device == "cpu" else 256 << 20, dtype=torch.uint8, device=device)
+    samples = []
+    for k in range(warmup + repetitions):
+        xs = input_sets[k % len(input_sets)]
+        flush.add_(1)
+        if device == "cpu":
+            w0, c0 = time.perf_counter(), time.process_time()
+            fn(*xs)
+            seconds = max(time.perf_counter() - w0, (time.process_time() - c0) / cpus)
+        else:
+            torch.cuda.synchronize()
+            start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn(*xs)
+            stop.record()
+            stop.synchronize()
+            seconds = start.elapsed_time(stop) / 1e3
+        if k >= warmup:
+            samples.append(seconds)
+    samples.sort()
+    return samples[len(samples) // 2]
+
+
+def time_peers(args):
+    import torch
+
+    torch.set_grad_enabled(False)
+    module, _ = load_module(args.file, args.scale)
+    model, _ = instantiate(module, args.seed, args.device)
+    input_sets = [instantiate(module, args.seed + 1000 * (k + 1), args.device)[1] for k in range(3)]
+    result = {"ok": True, "eager_seconds": time_calls(model, input_sets, args.device, 2, args.repetitions)}
+    if args.peers:
+        if not hasattr(torch, "compile"):
+            result["compile_note"] = f"PyTorch {torch.__version__} has no torch.compile"
+        else:
+            try:
+                compiled = torch.compile(model)
+                result["compile_seconds"] = time_calls(compiled, input_sets, args.device, 3, args.repetitions)
+            except Exception as e:
+                result["compile_note"] = f"torch.compile failed: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+    print(json.dumps(result))
+
+
+def main():
+    parser = argparse.ArgumentParser(description="kevo's PyTorch helper for KernelBench-format problems")
+    parser.add_argument("mode", choices=["describe", "serve", "time"])
+    parser.add_argument("file")
+    parser.add_argument("--scale", type=float, default=1.0)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--repetitions", type=int, default=15)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--peers", action="store_true")
+    parser.add_argument("--max-bytes", type=int, default=0, help="describe: refuse inputs whose two calls' worth exceed this")
+    args = parser.parse_args()
+    try:
+        import torch  # noqa: F401
+    except Exception as e:
+        print(json.dumps({"ok": False, "error": f"PyTorch cannot be imported by {sys.executable}: {e}"}))
+        return 0
+    try:
+        if args.device.startswith("cuda"):
+            import torch
+
+            if not torch.cuda.is_available():
+                raise Unusable(f"{sys.executable}'s PyTorch sees no CUDA device")
+            # Full fp32 on both sides: no TF32 in the reference (a candidate of a fp32 problem gets none either).
+            torch.backends.cuda.matmul.allow_tf32 = False
+            torch.backends.cudnn.allow_tf32 = False
+        {"describe": describe, "serve": serve, "time": time_peers}[args.mode](args)
+    except Unusable as e:
+        print(json.dumps({"ok": False, "error": str(e)}))
+    except Exception as e:
+        print(json.dumps({"ok": False, "error": f"{type(e).__name__}: {e}", "trace": traceback.format_exc()[-2000:]}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+)kevo_harness";
+
+/// plain_reference.cpp
+inline constexpr std::string_view plain_reference_cpp = R"kevo_harness(// The reference is C++, linked into this checker; the inputs are drawn here, as problem.json says.
+constexpr bool inputs_from_torch = false;
+
+std::vector<std::vector<std::uint32_t>> torch_draw(const Shape&, std::uint64_t, long) { return {}; }
+)kevo_harness";
+
 /// runner.cpp.in
 inline constexpr std::string_view runner_cpp_in = R"kevo_harness(// @file@: generated by kevo for problem "@name@"; do not edit. Linked with a candidate and run
 // in its jail: calls kernel() when the checker says, on memory the checker shares. Nothing it says
@@ -1522,6 +2123,136 @@ int main(int argc, char** argv) {
     } catch (...) {
       send_reply(control, reply_failed, c.seq, "threw an exception of unknown type");
     }
+  }
+}
+)kevo_harness";
+
+/// torch_reference.cpp
+inline constexpr std::string_view torch_reference_cpp = R"kevo_harness(// The reference runs in PyTorch, in kevo's helper process beside this checker (never in the candidate's jail).
+constexpr bool inputs_from_torch = true;
+
+struct TorchHelper {
+  pid_t pid = -1;
+  int to = -1, from = -1;  // its stdin, its stdout
+};
+
+[[noreturn]] void torch_failed(const std::string& what) { report_status("sandbox_error", "the PyTorch reference " + what); }
+
+void torch_write(const TorchHelper& h, const void* data, std::size_t bytes) {
+  const char* p = static_cast<const char*>(data);
+  while (bytes > 0) {
+    const ssize_t n = ::write(h.to, p, bytes);
+    if (n <= 0) torch_failed("stopped reading its requests");
+    p += n;
+    bytes -= static_cast<std::size_t>(n);
+  }
+}
+
+void torch_read(const TorchHelper& h, void* data, std::size_t bytes) {
+  char* p = static_cast<char*>(data);
+  while (bytes > 0) {
+    const ssize_t n = ::read(h.from, p, bytes);
+    if (n <= 0) torch_failed("ended before it answered (its stderr is below)");
+    p += n;
+    bytes -= static_cast<std::size_t>(n);
+  }
+}
+
+std::string torch_line(const TorchHelper& h) {
+  std::string line;
+  for (char c = 0; line.size() < 65536;) {
+    torch_read(h, &c, 1);
+    if (c == '\n') return line;
+    line += c;
+  }
+  return line;
+}
+
+// "ok", or the helper's error, which fails the run as kevo's (a reference that fails is never the candidate's fault).
+void torch_expect_ok(const TorchHelper& h, const char* request) {
+  const std::string line = torch_line(h);
+  if (line != "ok") torch_failed(std::string("failed on ") + request + ": " + line);
+}
+
+TorchHelper start_torch_helper() {
+  char self[4096];
+  const ssize_t n = ::readlink("/proc/self/exe", self, sizeof self - 1);
+  if (n <= 0) torch_failed("cannot be found: /proc/self/exe is unreadable");
+  self[n] = 0;
+  std::string dir(self);
+  dir.erase(dir.rfind('/'));
+  const std::string helper = dir + "/kevo_torch.py", module = dir + "/reference_module.py";
+  int in[2], out[2];
+  if (::pipe2(in, O_CLOEXEC) != 0 || ::pipe2(out, O_CLOEXEC) != 0) torch_failed("cannot start: no pipes");
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_adddup2(&actions, in[0], 0);
+  posix_spawn_file_actions_adddup2(&actions, out[1], 1);
+  std::string python = "@python@", scale = "@scale@", device = "@device@";
+  std::string serve = "serve", scale_flag = "--scale", device_flag = "--device";
+  char* argv[] = {python.data(), const_cast<char*>(helper.c_str()), serve.data(), const_cast<char*>(module.c_str()), scale_flag.data(),
+                  scale.data(), device_flag.data(), device.data(), nullptr};
+  // Idle OpenMP threads sleep rather than spin: the helper waits while the candidate is timed.
+  std::string path = "PATH=/usr/local/bin:/usr/bin:/bin", wait = "OMP_WAIT_POLICY=PASSIVE", bytecode = "PYTHONDONTWRITEBYTECODE=1",
+              home = "HOME=/tmp", lang = "LANG=C";
+  char* envp[] = {path.data(), wait.data(), bytecode.data(), home.data(), lang.data(), nullptr};
+  TorchHelper h;
+  if (::posix_spawn(&h.pid, python.c_str(), &actions, nullptr, argv, envp) != 0) torch_failed("cannot start: " + python + " does not run");
+  posix_spawn_file_actions_destroy(&actions);
+  ::close(in[0]);
+  ::close(out[1]);
+  h.to = in[1];
+  h.from = out[0];
+  const std::string spec = R"kevo_spec(@spec@)kevo_spec" "\n";
+  torch_write(h, spec.data(), spec.size());
+  const std::string ready = torch_line(h);
+  if (ready != "ready") torch_failed("did not start: " + ready);
+  return h;
+}
+
+const TorchHelper& torch_helper() {
+  static const TorchHelper h = start_torch_helper();
+  return h;
+}
+
+// Fresh inputs under `seed`, as the module's get_inputs() and __init__ draw them, each `extra` elements longer
+// (from another draw): one vector of words per tensor, the outputs' left empty.
+std::vector<std::vector<std::uint32_t>> torch_draw(const Shape& shape, std::uint64_t seed, long extra) {
+  const TorchHelper& h = torch_helper();
+  const std::string request = "draw " + std::to_string(seed) + " " + std::to_string(extra) + "\n";
+  torch_write(h, request.data(), request.size());
+  torch_expect_ok(h, "draw");
+  std::vector<std::vector<std::uint32_t>> out(tensor_count);
+  for (std::size_t i = 0; i < tensor_count; ++i) {
+    if (tensors[i].output) continue;
+    std::uint64_t count = 0;
+    torch_read(h, &count, sizeof count);
+    if (static_cast<long>(count) != tensors[i].size(shape) + extra)
+      torch_failed("drew " + std::to_string(count) + " elements of " + tensors[i].name + ", not " + std::to_string(tensors[i].size(shape) + extra));
+    out[i].resize(count);
+    torch_read(h, out[i].data(), count * 4);
+  }
+  return out;
+}
+
+// The reference on the inputs at p[...], its outputs written to the outputs' p[...].
+void torch_forward(const Shape& shape, void* const* p) {
+  const TorchHelper& h = torch_helper();
+  torch_write(h, "forward\n", 8);
+  for (std::size_t i = 0; i < tensor_count; ++i) {
+    if (tensors[i].output) continue;
+    const std::uint64_t count = static_cast<std::uint64_t>(tensors[i].size(shape));
+    torch_write(h, &count, sizeof count);
+    torch_write(h, p[i], count * 4);
+  }
+  torch_expect_ok(h, "forward");
+  for (std::size_t i = 0; i < tensor_count; ++i) {
+    if (!tensors[i].output) continue;
+    std::uint64_t count = 0;
+    torch_read(h, &count, sizeof count);
+    if (static_cast<long>(count) != tensors[i].size(shape))
+      torch_failed("returned " + std::to_string(count) + " elements of " + tensors[i].name + ", not " + std::to_string(tensors[i].size(shape)));
+    torch_read(h, p[i], count * 4);
   }
 }
 )kevo_harness";

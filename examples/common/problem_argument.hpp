@@ -1,0 +1,49 @@
+// examples/common/problem_argument.hpp: the problem a kevo program is given: a problem directory, a shipped
+// problem's name, or a KernelBench-format file (`19_ReLU.py`), whose reference and peers PyTorch runs.
+#pragma once
+
+#include <kevo/eval/torch_problem.hpp>
+#include <kevo/problem_loader.hpp>
+
+#include "shipped_data.hpp"
+
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <string>
+
+namespace kevo_examples {
+
+struct ProblemArgument {
+  std::filesystem::path given;
+  std::string python;        ///< --python: the interpreter with PyTorch (KernelBench-format files)
+  double size_scale = 1.0;   ///< --size-scale: the module's size constants shrunk by this
+  std::string device = "cpu";  ///< --device: where a KernelBench-format problem's kernels run
+};
+
+/// The positional problem and the flags of a KernelBench-format file.
+inline void describe_problem_argument(CLI::App& app, ProblemArgument& a) {
+  app.add_option("problem", a.given,
+                 "the problem: a directory (problem.json, reference, template), a shipped problem's name, or a KernelBench-format "
+                 "file (a .py with class Model, get_inputs and get_init_inputs)")
+      ->required();
+  app.add_option("--python", a.python, "KernelBench files: the Python whose PyTorch runs the reference (default $KEVO_PYTHON, else /usr/bin/python3)");
+  app.add_option("--size-scale", a.size_scale, "KernelBench files: shrink the module's size constants (integers of 64 or more) by this factor")
+      ->check(CLI::Range(1e-6, 1.0));
+  app.add_option("--device", a.device, "KernelBench files: where the kernels run, cpu or cuda")->capture_default_str()->check(CLI::IsMember({"cpu", "cuda"}));
+}
+
+inline kevo::expected<kevo::Problem, kevo::Error> load_problem_argument(const ProblemArgument& a) {
+  if (kevo::eval::is_torch_problem_path(a.given))
+    return kevo::eval::load_torch_problem(a.given, {.python = a.python,
+                                                    .size_scale = a.size_scale,
+                                                    .target = a.device == "cuda" ? kevo::Target::cuda : kevo::Target::cpu});
+  return kevo::load_problem(resolve_problem(a.given));
+}
+
+/// What the verified speedup means: over the problem's own reference, or PyTorch eager's.
+inline std::string reference_name(const kevo::Problem& p) { return p.torch ? "PyTorch eager" : "reference"; }
+
+}  // namespace kevo_examples

@@ -1,0 +1,131 @@
+//! checker.cpp, between parts 3 and 4, for a KernelBench-format problem: the reference is PyTorch's. The
+//! checker starts kevo's helper (kevo_torch.py serve, beside this checker) once, and asks it for fresh inputs
+//! (the module's get_inputs() and parameters under a seed) and for the reference's outputs on given inputs.
+//! harness.hpp fills @python@, @scale@, @device@ and @spec@. Lines that start with //! are not embedded.
+// The reference runs in PyTorch, in kevo's helper process beside this checker (never in the candidate's jail).
+constexpr bool inputs_from_torch = true;
+
+struct TorchHelper {
+  pid_t pid = -1;
+  int to = -1, from = -1;  // its stdin, its stdout
+};
+
+[[noreturn]] void torch_failed(const std::string& what) { report_status("sandbox_error", "the PyTorch reference " + what); }
+
+void torch_write(const TorchHelper& h, const void* data, std::size_t bytes) {
+  const char* p = static_cast<const char*>(data);
+  while (bytes > 0) {
+    const ssize_t n = ::write(h.to, p, bytes);
+    if (n <= 0) torch_failed("stopped reading its requests");
+    p += n;
+    bytes -= static_cast<std::size_t>(n);
+  }
+}
+
+void torch_read(const TorchHelper& h, void* data, std::size_t bytes) {
+  char* p = static_cast<char*>(data);
+  while (bytes > 0) {
+    const ssize_t n = ::read(h.from, p, bytes);
+    if (n <= 0) torch_failed("ended before it answered (its stderr is below)");
+    p += n;
+    bytes -= static_cast<std::size_t>(n);
+  }
+}
+
+std::string torch_line(const TorchHelper& h) {
+  std::string line;
+  for (char c = 0; line.size() < 65536;) {
+    torch_read(h, &c, 1);
+    if (c == '\n') return line;
+    line += c;
+  }
+  return line;
+}
+
+// "ok", or the helper's error, which fails the run as kevo's (a reference that fails is never the candidate's fault).
+void torch_expect_ok(const TorchHelper& h, const char* request) {
+  const std::string line = torch_line(h);
+  if (line != "ok") torch_failed(std::string("failed on ") + request + ": " + line);
+}
+
+TorchHelper start_torch_helper() {
+  char self[4096];
+  const ssize_t n = ::readlink("/proc/self/exe", self, sizeof self - 1);
+  if (n <= 0) torch_failed("cannot be found: /proc/self/exe is unreadable");
+  self[n] = 0;
+  std::string dir(self);
+  dir.erase(dir.rfind('/'));
+  const std::string helper = dir + "/kevo_torch.py", module = dir + "/reference_module.py";
+  int in[2], out[2];
+  if (::pipe2(in, O_CLOEXEC) != 0 || ::pipe2(out, O_CLOEXEC) != 0) torch_failed("cannot start: no pipes");
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_adddup2(&actions, in[0], 0);
+  posix_spawn_file_actions_adddup2(&actions, out[1], 1);
+  std::string python = "@python@", scale = "@scale@", device = "@device@";
+  std::string serve = "serve", scale_flag = "--scale", device_flag = "--device";
+  char* argv[] = {python.data(), const_cast<char*>(helper.c_str()), serve.data(), const_cast<char*>(module.c_str()), scale_flag.data(),
+                  scale.data(), device_flag.data(), device.data(), nullptr};
+  // Idle OpenMP threads sleep rather than spin: the helper waits while the candidate is timed.
+  std::string path = "PATH=/usr/local/bin:/usr/bin:/bin", wait = "OMP_WAIT_POLICY=PASSIVE", bytecode = "PYTHONDONTWRITEBYTECODE=1",
+              home = "HOME=/tmp", lang = "LANG=C";
+  char* envp[] = {path.data(), wait.data(), bytecode.data(), home.data(), lang.data(), nullptr};
+  TorchHelper h;
+  if (::posix_spawn(&h.pid, python.c_str(), &actions, nullptr, argv, envp) != 0) torch_failed("cannot start: " + python + " does not run");
+  posix_spawn_file_actions_destroy(&actions);
+  ::close(in[0]);
+  ::close(out[1]);
+  h.to = in[1];
+  h.from = out[0];
+  const std::string spec = R"kevo_spec(@spec@)kevo_spec" "\n";
+  torch_write(h, spec.data(), spec.size());
+  const std::string ready = torch_line(h);
+  if (ready != "ready") torch_failed("did not start: " + ready);
+  return h;
+}
+
+const TorchHelper& torch_helper() {
+  static const TorchHelper h = start_torch_helper();
+  return h;
+}
+
+// Fresh inputs under `seed`, as the module's get_inputs() and __init__ draw them, each `extra` elements longer
+// (from another draw): one vector of words per tensor, the outputs' left empty.
+std::vector<std::vector<std::uint32_t>> torch_draw(const Shape& shape, std::uint64_t seed, long extra) {
+  const TorchHelper& h = torch_helper();
+  const std::string request = "draw " + std::to_string(seed) + " " + std::to_string(extra) + "\n";
+  torch_write(h, request.data(), request.size());
+  torch_expect_ok(h, "draw");
+  std::vector<std::vector<std::uint32_t>> out(tensor_count);
+  for (std::size_t i = 0; i < tensor_count; ++i) {
+    if (tensors[i].output) continue;
+    std::uint64_t count = 0;
+    torch_read(h, &count, sizeof count);
+    if (static_cast<long>(count) != tensors[i].size(shape) + extra)
+      torch_failed("drew " + std::to_string(count) + " elements of " + tensors[i].name + ", not " + std::to_string(tensors[i].size(shape) + extra));
+    out[i].resize(count);
+    torch_read(h, out[i].data(), count * 4);
+  }
+  return out;
+}
+
+// The reference on the inputs at p[...], its outputs written to the outputs' p[...].
+void torch_forward(const Shape& shape, void* const* p) {
+  const TorchHelper& h = torch_helper();
+  torch_write(h, "forward\n", 8);
+  for (std::size_t i = 0; i < tensor_count; ++i) {
+    if (tensors[i].output) continue;
+    const std::uint64_t count = static_cast<std::uint64_t>(tensors[i].size(shape));
+    torch_write(h, &count, sizeof count);
+    torch_write(h, p[i], count * 4);
+  }
+  torch_expect_ok(h, "forward");
+  for (std::size_t i = 0; i < tensor_count; ++i) {
+    if (!tensors[i].output) continue;
+    std::uint64_t count = 0;
+    torch_read(h, &count, sizeof count);
+    if (static_cast<long>(count) != tensors[i].size(shape))
+      torch_failed("returned " + std::to_string(count) + " elements of " + tensors[i].name + ", not " + std::to_string(tensors[i].size(shape)));
+    torch_read(h, p[i], count * 4);
+  }
+}

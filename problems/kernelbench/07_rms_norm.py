@@ -1,0 +1,29 @@
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    """RMS normalization over the feature dimension (dim 1) of a (batch, features, h, w) tensor."""
+
+    def __init__(self, num_features: int, eps: float = 1e-5):
+        super().__init__()
+        self.num_features = num_features
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rms = torch.sqrt(torch.mean(x ** 2, dim=1, keepdim=True) + self.eps)
+        return x / rms
+
+
+batch_size = 64
+features = 64
+dim1 = 128
+dim2 = 128
+
+
+def get_inputs():
+    return [torch.randn(batch_size, features, dim1, dim2)]
+
+
+def get_init_inputs():
+    return [features]
