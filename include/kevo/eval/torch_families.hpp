@@ -54,7 +54,7 @@ struct FamilyTemplate {
 
 namespace detail {
 
-inline std::string float_literal(double v) { return fmt::format("{:.9g}f", v); }
+inline std::string float_literal(double v) { return fmt::format("{:#.9g}f", v); }  // "#": 0 is "0.00000000f", a float literal
 
 /// One activation as a C++ expression of `v` (a float), matching PyTorch's definition.
 inline expected<std::string, Error> activation_expression(const FamilyDescription& d) {
