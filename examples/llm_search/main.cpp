@@ -256,6 +256,10 @@ int llm_search_main(int argc, char** argv) {
   fmt::print("knowledge: {} sections and {} learned skills in {}\n", knowledge->size("document"), knowledge->size("skill"),
              knowledge_db.string());
 
+  if ((o.base_url.empty() || o.model.empty()) && problem->torch && problem->torch->family.empty())
+    return fail(fmt::format("no LLM configured (set KEVO_LLM_BASE_URL and KEVO_LLM_MODEL, or --base-url and --model), and {} has no "
+                            "template family for the offline synthesizer to search",
+                            problem->torch->file.string()));
   if (o.base_url.empty() || o.model.empty()) {
     fmt::print("kevo-llm-search: no LLM configured (set KEVO_LLM_BASE_URL and KEVO_LLM_MODEL, or --base-url and --model); "
                "using the offline template synthesizer\n");
