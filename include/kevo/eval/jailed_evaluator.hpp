@@ -434,7 +434,9 @@ class JailedEvaluator {
     JailOptions options{.read_only = {problem_dir_}, .writable = {directory}, .working_directory = directory,
                         .tmpfs_bytes = std::size_t{1} << 30, .seccomp = false};
     for (const auto& root : Toolchain::compiler_roots(options_.compiler)) options.read_only.push_back(root);
-    if (!problem_.directory.empty()) options.read_only.push_back(std::filesystem::absolute(problem_.directory));
+    // A C++ reference is compiled from the problem's directory; a PyTorch problem's directory (the user's, beside the
+    // .py) holds nothing a compile needs, so the jailed compiler does not see it.
+    if (!problem_.directory.empty() && !problem_.torch) options.read_only.push_back(std::filesystem::absolute(problem_.directory));
     auto jail = make_jail(options);
     if (!jail) {
       SandboxResult r;
