@@ -9,8 +9,11 @@
 #include <filesystem>
 #include <mutex>
 #include <shared_mutex>
+#include <string>
 #include <thread>
 #include <vector>
+
+#include <stdlib.h>
 
 using namespace std::chrono_literals;
 
@@ -72,7 +75,10 @@ TEST_CASE("a waiting timed run goes before compiles that arrive after it") {
 }
 
 TEST_CASE("with a lock file, two gates (two processes' worth) still exclude each other") {
-  const auto lock_file = std::filesystem::temp_directory_path() / "kevo-test-timing-gate.lock";
+  // In a private directory: a fixed name in /tmp would be shared with another build tree's run.
+  std::string private_dir = "/tmp/kevo-gate.XXXXXX";
+  REQUIRE(::mkdtemp(private_dir.data()));
+  const auto lock_file = std::filesystem::path(private_dir) / "timing.lock";
   kevo::eval::TimingGate first(lock_file), second(lock_file);
   first.lock_shared();  // a compile elsewhere
   std::atomic<bool> timed{false};
@@ -85,4 +91,6 @@ TEST_CASE("with a lock file, two gates (two processes' worth) still exclude each
   first.unlock_shared();
   t.join();
   CHECK(timed);
+  std::error_code ec;
+  std::filesystem::remove_all(private_dir, ec);
 }

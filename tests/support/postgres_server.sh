@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # tests/support/postgres_server.sh start|stop DIR PORT: a throwaway PostgreSQL for the store's tests
-# (ctest's postgres fixture). The cluster lives in DIR/data, listens on 127.0.0.1:PORT and in DIR (its
-# socket), trusts every local connection, and holds an empty database kevo_test (superuser postgres).
+# (ctest's postgres fixture). The cluster listens on 127.0.0.1:PORT and on a Unix socket, trusts every
+# local connection, and holds an empty database kevo_test (superuser postgres).
+# It lives in a short private directory that `start` makes under /tmp (mktemp), never under DIR: a
+# socket's path must fit in sun_path (108 bytes, its NUL included), which a build tree in a clone at a
+# long path does not. DIR (in the build tree) is a link to that directory; `stop` removes both.
 # Missing server binaries are an error, never a skip: CI must not pass without PostgreSQL.
 set -euo pipefail
 action=${1:?usage: postgres_server.sh start|stop DIR PORT}
@@ -24,27 +27,50 @@ as_owner() {
   if [ "$(id -u)" = 0 ]; then runuser -u postgres -- "$@"; else "$@"; fi
 }
 
+# The private directory DIR links to (DIR itself where an older run made it a directory); empty: none.
+private_dir() {
+  if [ -L "$dir" ]; then readlink "$dir"; elif [ -d "$dir" ]; then printf %s "$dir"; fi
+}
+
 stop() {
-  if [ -f "$dir/data/postmaster.pid" ]; then as_owner "$bindir/pg_ctl" -D "$dir/data" -m fast -w stop >/dev/null; fi
+  local private
+  private=$(private_dir)
+  if [ -n "$private" ] && [ -f "$private/data/postmaster.pid" ]; then as_owner "$bindir/pg_ctl" -D "$private/data" -m fast -w stop >/dev/null; fi
+}
+
+remove() {
+  local private
+  private=$(private_dir)
+  case $private in /tmp/kevo-pg.*) rm -rf "$private" ;; esac
+  rm -rf "$dir"
 }
 
 case $action in
   start)
     stop || true  # a cluster left by a run that was killed
-    rm -rf "$dir"
-    mkdir -p "$dir"
-    if [ "$(id -u)" = 0 ]; then chown postgres: "$dir"; fi
-    as_owner "$bindir/initdb" -D "$dir/data" -U postgres -A trust --no-sync -E UTF8 --locale=C >"$dir/initdb.log" 2>&1 ||
-      { cat "$dir/initdb.log" >&2; exit 1; }
-    as_owner "$bindir/pg_ctl" -D "$dir/data" -l "$dir/server.log" -w \
-      -o "-k $dir -h 127.0.0.1 -p $port -c fsync=off -c max_connections=200" start >/dev/null ||
-      { cat "$dir/server.log" >&2; exit 1; }
+    remove
+    private=$(mktemp -d /tmp/kevo-pg.XXXXXX)
+    # The server's socket, DIR/.s.PGSQL.PORT: refused here, named, where it cannot fit.
+    socket=$private/.s.PGSQL.$port
+    if [ ${#socket} -gt 107 ]; then
+      echo "postgres_server.sh: the server's Unix socket $socket is ${#socket} bytes, over the 107 that a socket path holds (sun_path, 108 bytes with its NUL)" >&2
+      rm -rf "$private"
+      exit 1
+    fi
+    mkdir -p "$(dirname "$dir")"
+    ln -s "$private" "$dir"
+    if [ "$(id -u)" = 0 ]; then chown postgres: "$private"; fi
+    as_owner "$bindir/initdb" -D "$private/data" -U postgres -A trust --no-sync -E UTF8 --locale=C >"$private/initdb.log" 2>&1 ||
+      { cat "$private/initdb.log" >&2; exit 1; }
+    as_owner "$bindir/pg_ctl" -D "$private/data" -l "$private/server.log" -w \
+      -o "-k $private -h 127.0.0.1 -p $port -c fsync=off -c max_connections=200" start >/dev/null ||
+      { cat "$private/server.log" >&2; exit 1; }
     "$bindir/createdb" -h 127.0.0.1 -p "$port" -U postgres kevo_test
-    echo "PostgreSQL on 127.0.0.1:$port (database kevo_test, data in $dir/data)"
+    echo "PostgreSQL on 127.0.0.1:$port and $socket (database kevo_test, data in $private/data; $dir links there)"
     ;;
   stop)
     stop
-    rm -rf "$dir"
+    remove
     ;;
   *)
     echo "usage: postgres_server.sh start|stop DIR PORT" >&2

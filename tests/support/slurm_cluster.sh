@@ -2,14 +2,22 @@
 # tests/support/slurm_cluster.sh start|stop|kill-slurmd|start-slurmd DIR: a throwaway single-node
 # Slurm for the Slurm executor's tests (ctest's slurm fixture; ../shared/design/ops-notes.md). munged,
 # slurmctld and slurmd run in the foreground, in the background of this script, with their state,
-# logs, PIDs and munge socket all in DIR, and DIR/slurm.conf is what SLURM_CONF must name. The node is
-# `localhost` (127.0.0.1, 2 CPUs) in one default partition `kevo`. The ports come from DIR, so that
-# two build trees' clusters do not collide. kill-slurmd and start-slurmd let a test fail the node.
-# Missing binaries are an error, never a skip: CI must not pass without Slurm.
+# logs, PIDs and sockets (munge's, slurmd's steps') all in a short private directory that `start`
+# makes under /tmp (mktemp), never under DIR: a socket's path must fit in sun_path (108 bytes, its
+# NUL included), which a build tree in a clone at a long path does not. DIR (in the build tree) is a
+# link to that directory, so DIR/slurm.conf is what SLURM_CONF must name; `stop` removes both. The
+# node is `localhost` (127.0.0.1, 2 CPUs) in one default partition `kevo`. The ports come from DIR,
+# so that two build trees' clusters do not collide. kill-slurmd and start-slurmd let a test fail the
+# node. Missing binaries are an error, never a skip: CI must not pass without Slurm.
 set -euo pipefail
 usage="usage: slurm_cluster.sh start|stop|kill-slurmd|start-slurmd DIR"
 action=${1:?$usage}
 dir=${2:?$usage}
+
+# The private directory DIR links to (DIR itself where an older run made it a directory); empty: none.
+private_dir() {
+  if [ -L "$dir" ]; then readlink "$dir"; elif [ -d "$dir" ]; then printf %s "$dir"; fi
+}
 
 for program in munged slurmctld slurmd srun scontrol sinfo; do
   if ! PATH=$PATH:/usr/sbin command -v "$program" >/dev/null; then
@@ -18,6 +26,8 @@ for program in munged slurmctld slurmd srun scontrol sinfo; do
   fi
 done
 export PATH=$PATH:/usr/sbin
+link=$dir
+dir=$(private_dir)  # where everything below lives; empty before `start`
 export SLURM_CONF=$dir/slurm.conf
 
 # Signals the processes whose PIDs the files DIR/NAME.pid hold (SIGNAL, default TERM), all at once,
@@ -58,12 +68,26 @@ wait_for_idle_node() {
 
 case $action in
   start)
-    if [ -d "$dir" ]; then "$0" stop "$dir" || true; fi  # a cluster left by a run that was killed
-    rm -rf "$dir"
+    if [ -n "$dir" ]; then "$0" stop "$link" || true; fi  # a cluster left by a run that was killed
+    rm -rf "$link"
+    dir=$(mktemp -d /tmp/kevo-slurm.XXXXXX)
+    export SLURM_CONF=$dir/slurm.conf
+    # The sockets: munge's, and slurmd's for each step (spool/localhost_JOB.STEP, 40 bytes allowed for
+    # the name). Refused here, named, where they cannot fit.
+    for socket in "$dir/munge/munge.socket" "$dir/spool/$(printf '%040d' 0)"; do
+      if [ ${#socket} -gt 107 ]; then
+        echo "slurm_cluster.sh: the Unix socket $socket is ${#socket} bytes, over the 107 that a socket path holds (sun_path, 108 bytes with its NUL)" >&2
+        rm -rf "$dir"
+        exit 1
+      fi
+    done
+    mkdir -p "$(dirname "$link")"
+    ln -s "$dir" "$link"
+    chmod 0755 "$dir"  # munged, as the munge user, reaches its directory through it
     mkdir -p "$dir/state" "$dir/spool" "$dir/munge"
     if [ "$(id -u)" = 0 ]; then chown munge: "$dir/munge"; fi
     chmod 0700 "$dir/munge"
-    port=$((20000 + $(printf %s "$dir" | cksum | cut -d' ' -f1) % 20000))
+    port=$((20000 + $(printf %s "$link" | cksum | cut -d' ' -f1) % 20000))
     cat >"$SLURM_CONF" <<EOF
 ClusterName=kevotest
 SlurmctldHost=localhost
@@ -107,18 +131,23 @@ EOF
     start_slurmd
     wait_for_idle_node
     timeout 20 srun -t 1 true || { echo "slurm_cluster.sh: a first srun failed" >&2; tail -20 "$dir/slurmctld.log" "$dir/slurmd.log" >&2; exit 1; }
-    echo "Slurm on localhost (SLURM_CONF=$SLURM_CONF, ports $port and $((port + 1)))"
+    echo "Slurm on localhost (SLURM_CONF=$SLURM_CONF, ports $port and $((port + 1)); $link links to $dir)"
     ;;
   stop)
-    if [ -f "$SLURM_CONF" ]; then timeout 5 scancel --full --user="$(id -un)" 2>/dev/null || true; fi
-    stop_these TERM slurmd slurmctld
-    stop_these KILL munge/munged munged  # it keeps nothing worth a graceful stop (seconds) here
-    rm -rf "$dir"
+    if [ -n "$dir" ]; then
+      if [ -f "$SLURM_CONF" ]; then timeout 5 scancel --full --user="$(id -un)" 2>/dev/null || true; fi
+      stop_these TERM slurmd slurmctld
+      stop_these KILL munge/munged munged  # it keeps nothing worth a graceful stop (seconds) here
+      case $dir in /tmp/kevo-slurm.*) rm -rf "$dir" ;; esac
+    fi
+    rm -rf "$link"
     ;;
   kill-slurmd)
+    [ -n "$dir" ] || { echo "slurm_cluster.sh: no cluster at $link (start one first)" >&2; exit 1; }
     stop_these KILL slurmd
     ;;
   start-slurmd)
+    [ -n "$dir" ] || { echo "slurm_cluster.sh: no cluster at $link (start one first)" >&2; exit 1; }
     stop_these TERM slurmd
     start_slurmd
     wait_for_idle_node
