@@ -16,6 +16,9 @@
 //   root ignores NPROC), no core files, PR_SET_NO_NEW_PRIVS;
 // - stdin is /dev/null, the environment is rebuilt from scratch (nothing of the parent's), the
 //   program is opened before privileges drop and started with fexecve;
+// - the child's first act is to close every descriptor it inherited but its own, and no other run
+//   forks until it has (the fork gate): a file that another thread was writing is never held open
+//   by a child of a run, so a program written and then started never fails with ETXTBSY;
 // - stdout and stderr are read through pipes with a cap; past it the group is killed;
 // - a wall-clock timeout kills the whole group; the child is always reaped.
 //
@@ -44,6 +47,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -137,8 +141,9 @@ inline std::optional<std::filesystem::path> find_program(std::string_view name) 
 
 namespace detail {
 
-// Records the reaper writes on the status pipe: {kind, value}.
-enum : int { status_record_wait = 0, status_record_setup = 1, status_record_isolated = 2 };
+// Records the children write on the status pipe: {kind, value}. The first child's first record
+// says that it holds no descriptor but its own any more (status_record_inherited_closed).
+enum : int { status_record_wait = 0, status_record_setup = 1, status_record_isolated = 2, status_record_inherited_closed = 3 };
 struct StatusRecord {
   int kind;
   int value;   // a wait status, or an errno
@@ -181,6 +186,30 @@ inline void close_other_descriptors(int* keep, std::size_t count) {
     next = static_cast<unsigned>(keep[i]) + 1;
   }
   close_range_or_loop(next, ~0u);
+}
+
+// The fork gate. A child holds a copy of every descriptor of this process, close-on-exec or not,
+// from fork until it closes it: a file that another thread is writing (a program it then starts, as
+// a test or a caller writes one) stays open for writing in that child meanwhile, and exec of that
+// file fails with ETXTBSY ("Text file busy"). So each run holds this gate from its fork until its
+// child has closed every inherited descriptor: a program whose writer closed it before starting
+// it is then held open by no child of any run, whichever thread forked it and when.
+inline std::mutex& fork_gate() {
+  static std::mutex gate;
+  return gate;
+}
+
+// Reads from `fd` until `size` bytes or end-of-file; what was read.
+inline std::size_t read_fully(int fd, void* data, std::size_t size) {
+  char* p = static_cast<char*>(data);
+  std::size_t done = 0;
+  while (done < size) {
+    const ssize_t n = ::read(fd, p + done, size - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    done += static_cast<std::size_t>(n);
+  }
+  return done;
 }
 
 // Everything the child needs, prepared before fork so that the child only makes system calls.
@@ -277,8 +306,22 @@ inline void kill_own_group(int) {
   ::_exit(137);
 }
 
-// The first child: its own process group, takes the group down when kevo dies, tries the namespaces.
+// The first child: first of all closes what it inherited but its own descriptors (the fork gate
+// waits for that), then its own process group, takes the group down when kevo dies, tries the namespaces.
 [[noreturn]] inline void run_first_child(ChildPlan& plan, bool try_isolate) {
+  ::dup2(plan.stdin_fd, 0);
+  ::dup2(plan.stdout_fd, 1);
+  ::dup2(plan.stderr_fd, 2);
+  int keep[18] = {plan.status_fd, plan.program_fd};
+  std::size_t kept = 2;
+  for (int fd : plan.limits->handed_over_fds) {
+    if (kept == 18) break;
+    ::fcntl(fd, F_SETFD, 0);  // created close-on-exec for thread safety; the program inherits it
+    keep[kept++] = fd;
+  }
+  close_other_descriptors(keep, kept);
+  const StatusRecord closed{status_record_inherited_closed, 0, 0};
+  write_all(plan.status_fd, &closed, sizeof closed);
   if (::setpgid(0, 0) == 0) own_group() = ::getpid();
   if (plan.limits->unprivileged_uid == 0) plan.run_uid = static_cast<uid_t>(plan.limits->per_run_uid_base + static_cast<unsigned>(::getpid()));
   struct sigaction on_parent_death {};
@@ -291,17 +334,6 @@ inline void kill_own_group(int) {
   ::sigprocmask(SIG_SETMASK, &none, nullptr);
   ::prctl(PR_SET_PDEATHSIG, parent_death_signal);
   if (::getppid() != plan.parent) kill_own_group(0);  // kevo died before the line above
-  ::dup2(plan.stdin_fd, 0);
-  ::dup2(plan.stdout_fd, 1);
-  ::dup2(plan.stderr_fd, 2);
-  int keep[18] = {plan.status_fd, plan.program_fd};
-  std::size_t kept = 2;
-  for (int fd : plan.limits->handed_over_fds) {
-    if (kept == 18) break;
-    ::fcntl(fd, F_SETFD, 0);  // created close-on-exec for thread safety; the program inherits it
-    keep[kept++] = fd;
-  }
-  close_other_descriptors(keep, kept);
   // Root may unshare directly; anyone else may where unprivileged user namespaces are allowed.
   if (try_isolate && (::unshare(CLONE_NEWPID | CLONE_NEWNET) == 0 ||
                       (!plan.drop_uid && ::unshare(CLONE_NEWUSER | CLONE_NEWPID | CLONE_NEWNET) == 0))) {
@@ -394,8 +426,10 @@ inline SandboxResult run_sandboxed(const std::vector<std::string>& argv, const S
   // Output this process has buffered but not written would otherwise be copied into the child,
   // and written into its pipes should anything there flush on exit (sanitizer runtimes do).
   std::fflush(nullptr);
+  std::unique_lock forking(detail::fork_gate());
   const pid_t child = ::fork();
   if (child < 0) {
+    forking.unlock();
     result.setup_error = fmt::format("fork: {}", std::strerror(errno));
     close_all();
     return result;
@@ -404,6 +438,10 @@ inline SandboxResult run_sandboxed(const std::vector<std::string>& argv, const S
   ::setpgid(child, child);  // also here, so killpg below can never hit our own group
   hand_over.close_all();
   for (int fd : {program_fd, devnull, out_pipe[1], err_pipe[1], status_pipe[1]}) ::close(fd);
+  // The gate opens once the child holds nothing it inherited (its first record), or is gone.
+  std::string status_bytes(sizeof(detail::StatusRecord), '\0');
+  status_bytes.resize(detail::read_fully(status_pipe[0], status_bytes.data(), status_bytes.size()));
+  forking.unlock();
 
   const auto deadline = started_at + limits.wall_time;
   bool killed = false;
@@ -412,7 +450,6 @@ inline SandboxResult run_sandboxed(const std::vector<std::string>& argv, const S
     killed = true;
   };
 
-  std::string status_bytes;
   struct Stream {
     int fd;
     std::string* text;
