@@ -155,7 +155,7 @@ int search_main(int argc, char** argv) {
   auto problem = kevo_examples::load_problem_argument(o.problem);
   if (!problem) return fail(problem.error().message);
   if (problem->torch && problem->torch->family.empty())
-    return fail(fmt::format("{}: {}; kevo-llm-search takes it", problem->torch->file.string(), problem->description), 2);
+    return fail(fmt::format("{}; kevo-llm-search takes it", problem->description), 2);
   if (o.store.empty()) o.store = fs::path("kevo-runs") / (problem->name + ".db");
   if (o.out.empty()) o.out = fs::path("kevo-runs") / (problem->name + ".best.cpp");
   if (o.report.empty()) o.report = fs::path("kevo-runs") / (problem->name + ".html");

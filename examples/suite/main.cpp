@@ -88,7 +88,7 @@ int run_child(const std::vector<std::string>& argv) {
 }
 
 /// A finished search's row, from the --json summary it wrote; none where it is missing or of another problem.
-std::optional<kevo::report::SuiteRow> read_summary(const fs::path& path, const std::string& identity) {
+std::optional<kevo::report::SuiteRow> read_summary(const fs::path& path, const std::string& identity, const std::string& problem) {
   std::error_code ec;
   if (!fs::exists(path, ec)) return std::nullopt;
   simdjson::dom::parser parser;
@@ -97,6 +97,7 @@ std::optional<kevo::report::SuiteRow> read_summary(const fs::path& path, const s
   std::string_view id, stopped, family;
   if (doc["problem_identity"].get(id) || id != identity) return std::nullopt;
   kevo::report::SuiteRow row;
+  row.problem = problem;
   bool verified = false;
   double over_eager = 0, seconds = 0;
   std::uint64_t evaluations = 0;
@@ -166,7 +167,7 @@ int suite_main(int argc, char** argv) {
       continue;
     }
     const fs::path summary = o.out / "searches" / (problem->name + ".json");
-    if (auto done = read_summary(summary, problem->identity())) {
+    if (auto done = read_summary(summary, problem->identity(), row.problem)) {
       fmt::print("kevo-suite: finished earlier: {} (read back from {})\n", done->stopped_because, summary.string());
       rows.push_back(*done);
       continue;
@@ -194,7 +195,7 @@ int suite_main(int argc, char** argv) {
     const auto started = std::chrono::steady_clock::now();
     const int code = run_child(args);
     if (code == 130) return fail("interrupted; run the same command again to continue", 130);
-    if (auto done = read_summary(summary, problem->identity())) {
+    if (auto done = read_summary(summary, problem->identity(), row.problem)) {
       rows.push_back(*done);
       continue;
     }

@@ -247,7 +247,7 @@ void kernel(const Shape& shape{}) {{ (void)shape; }}
   if (simdjson::dom::array a; !root["ops"].get(a))
     for (simdjson::dom::element op : a) ops += fmt::format("{}{}", ops.empty() ? "" : ", ", std::string_view(op.get_string().value_unsafe()));
   p.description = torch.family.empty()
-                      ? fmt::format("KernelBench-format problem {} ({}; its forward calls {}): search it with an LLM", where, family_note,
+                      ? fmt::format("KernelBench-format problem {}: {} (its forward calls {}), so an LLM writes its kernels", where, family_note,
                                     ops.empty() ? "what torch.fx cannot trace" : ops)
                       : fmt::format("KernelBench-format problem {}, the {} family, PyTorch {} as the reference", where, torch.family, torch.torch_version);
   if (options.size_scale != 1.0) p.description += fmt::format(", sizes scaled by {:g}", options.size_scale);
