@@ -3,13 +3,17 @@
 // descriptor, and every child that another thread forks meanwhile inherits a copy of it, whether
 // or not it is close-on-exec, until that child closes it: started in that window, the freshly
 // written program failed. Here 8 threads each write fresh programs and start them at once, while
-// the others fork for theirs, thousands of times; no start may fail.
+// the others fork for theirs, thousands of times; no start may fail. And evaluators that prepare one
+// problem in one cache at once (ctest -j's test processes) each link their own checker.
+#include <kevo/problem_loader.hpp>
+#include <kevo/eval/cpu_evaluator.hpp>
 #include <kevo/eval/sandbox.hpp>
 
 #include <catch2/catch.hpp>
 #include <fmt/format.h>
 
 #include <atomic>
+#include <barrier>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
@@ -94,4 +98,41 @@ TEST_CASE("run_sandboxed: programs written by 8 threads start at once, thousands
   INFO(failed.load() << " of " << started.load() << " starts failed; the first: " << first_failure);
   CHECK(failed.load() == 0);
   CHECK(started.load() >= 1000);
+}
+
+// The race that ctest -j 2 hit (issue 50): two test processes preparing one problem in one shared
+// cache linked its checker under one shared name, checker.tmp, at once. The linker (GNU ld) unlinks
+// and recreates its output: the first process renamed the second's half-written checker into place
+// and started it while the second's linker still held it open for writing: "the reference failed
+// while the tolerance was checked: sandbox fexecve failed: Text file busy". Evaluators in threads
+// stand for the processes (the names were per process at best, so threads collide as they did).
+TEST_CASE("evaluators preparing one problem in one fresh cache at once all prepare, none Text file busy", "[eval][race]") {
+  const PrivateDirectory cache;
+  REQUIRE(!cache.path.empty());
+  auto problem = kevo::load_problem(fs::path(KEVO_TEST_DATA_DIR) / "problems" / "axpy");
+  REQUIRE(problem);
+  constexpr int evaluators = 4;
+  std::barrier start(evaluators);
+  std::mutex failure_mutex;
+  int failed = 0;
+  std::string first_failure;
+  std::vector<std::thread> threads;
+  for (int t = 0; t < evaluators; ++t)
+    threads.emplace_back([&] {
+      kevo::eval::CpuEvaluatorOptions options;
+      options.cache_dir = cache.path;
+      options.warmup = 1;
+      options.reference_repetitions = 3;
+      kevo::eval::CpuEvaluator evaluator(*problem, options);
+      start.arrive_and_wait();
+      const auto ready = evaluator.prepare();
+      if (!ready) {
+        std::lock_guard lock(failure_mutex);
+        ++failed;
+        if (first_failure.empty()) first_failure = ready.error().message;
+      }
+    });
+  for (auto& t : threads) t.join();
+  INFO(failed << " of " << evaluators << " prepares failed; the first: " << first_failure);
+  CHECK(failed == 0);
 }

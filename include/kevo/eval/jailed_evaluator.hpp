@@ -514,9 +514,14 @@ class JailedEvaluator {
     }
     std::vector<std::string> base = compile_flags();
     base.insert(base.end(), {"-I", problem_dir_.string()});
+    // Each output is first written under a name of this process's and thread's own, then renamed: the
+    // cache is shared (ctest -j runs two test processes on one problem; a search may run two evaluators),
+    // and under one shared name a second linker recreated the file while the first's was renamed into
+    // place and started, still open for writing in that linker: ETXTBSY ("Text file busy"), or a torn file.
+    const std::string own = fmt::format(".tmp-{}-{}", ::getpid(), std::hash<std::thread::id>{}(std::this_thread::get_id()));
     auto compile_object = [&](const std::string& source, const std::string& object) -> std::optional<std::string> {
       if (fs::exists(problem_dir_ / object)) return std::nullopt;
-      const std::string temporary = object + fmt::format(".tmp-{}", ::getpid());
+      const std::string temporary = object + own;
       std::vector<std::string> args = base;
       args.insert(args.end(), {"-c", source, "-o", temporary});
       const SandboxResult r = run_compiler(args, problem_dir_);
@@ -535,9 +540,13 @@ class JailedEvaluator {
     if (auto error = compile_object("checker" + ext, "checker.o"))
       return make_error(fmt::format("{}: the tensor sizes or the bytes/FLOPs model do not compile as C++: {}", manifest, *error));
     if (!fs::exists(problem_dir_ / "checker")) {
-      const SandboxResult r = run_compiler(link_command({"checker.o", "reference.o"}, "checker.tmp"), problem_dir_);
-      if (!r.ok()) return make_error(fmt::format("{}: the checker does not link with the reference: {}", manifest, trim_compiler_output(r.stderr_text + r.setup_error)));
-      fs::rename(problem_dir_ / "checker.tmp", problem_dir_ / "checker", ec);
+      const std::string temporary = "checker" + own;
+      const SandboxResult r = run_compiler(link_command({"checker.o", "reference.o"}, temporary), problem_dir_);
+      if (!r.ok()) {
+        fs::remove(problem_dir_ / temporary, ec);
+        return make_error(fmt::format("{}: the checker does not link with the reference: {}", manifest, trim_compiler_output(r.stderr_text + r.setup_error)));
+      }
+      fs::rename(problem_dir_ / temporary, problem_dir_ / "checker", ec);
     }
     builds_ready_ = true;
     return {};
