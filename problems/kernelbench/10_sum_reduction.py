@@ -13,9 +13,9 @@ class Model(nn.Module):
         return torch.sum(x, dim=self.dim, keepdim=True)
 
 
-batch_size = 128
-dim1 = 4096
-dim2 = 4095
+batch_size = 64
+dim1 = 1024
+dim2 = 1023
 reduce_dim = 1
 
 

@@ -13,9 +13,9 @@ class Model(nn.Module):
         return torch.max(x, dim=self.dim)[0]
 
 
-batch_size = 128
-dim1 = 4096
-dim2 = 4095
+batch_size = 64
+dim1 = 1024
+dim2 = 1023
 
 
 def get_inputs():
