@@ -22,11 +22,17 @@
 #include <fmt/format.h>
 #include <simdjson.h>
 
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cctype>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <string_view>
 
 namespace kevo::eval {
 
