@@ -2,6 +2,7 @@
 // problem's name, or a KernelBench-format file (`19_ReLU.py`), whose reference and peers PyTorch runs.
 #pragma once
 
+#include <kevo/detail/json_text.hpp>
 #include <kevo/eval/torch_problem.hpp>
 #include <kevo/problem_loader.hpp>
 
@@ -41,6 +42,22 @@ inline kevo::expected<kevo::Problem, kevo::Error> load_problem_argument(const Pr
                                                     .size_scale = a.size_scale,
                                                     .target = a.device == "cuda" ? kevo::Target::cuda : kevo::Target::cpu});
   return kevo::load_problem(resolve_problem(a.given));
+}
+
+/// torch.compile's time over the best's, where it was timed (else 0): the verified speedup over eager, rescaled by
+/// the two peers' times from the evaluator's prepare().
+template <class Evaluator>
+double speedup_over_compile(const kevo::Problem& p, const Evaluator& evaluator, double verified_speedup) {
+  if (!p.torch || evaluator.torch_peers().compile_seconds <= 0 || evaluator.reference_seconds() <= 0) return 0;
+  return verified_speedup * evaluator.torch_peers().compile_seconds / evaluator.reference_seconds();
+}
+
+/// A KernelBench-format problem's fields of a --json summary (each after a comma), or nothing for another problem.
+inline std::string torch_summary_fields(const kevo::Problem& p, double verified_speedup, double over_compile) {
+  if (!p.torch) return {};
+  return fmt::format(R"(,"reference":"pytorch_eager","speedup_over_eager":{:.4f},"speedup_over_compile":{},"size_scale":{:.6g},"family":{})",
+                     verified_speedup, over_compile > 0 ? fmt::format("{:.4f}", over_compile) : "null", p.torch->size_scale,
+                     kevo::detail::json_quote(p.torch->family));
 }
 
 /// What the verified speedup means: over the problem's own reference, or PyTorch eager's.

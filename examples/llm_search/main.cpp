@@ -207,19 +207,14 @@ int search(const Options& o, const kevo::Problem& problem, Synth synth, Retrieve
   if constexpr (requires { loop.synthesizer().completer().usage(); })
     fmt::print("LLM usage: {}\n", kevo::net::to_string(loop.synthesizer().completer().usage()));
   if (!o.json.empty()) {
-    double over_compile = 0;
-    if (problem.torch && evaluator.torch_peers().compile_seconds > 0 && evaluator.reference_seconds() > 0)
-      over_compile = result->verified_speedup * evaluator.torch_peers().compile_seconds / evaluator.reference_seconds();
     std::ofstream json(o.json);
     json << fmt::format(R"({{"problem":{},"problem_identity":"{}","evaluations":{},"best_speedup":{:.4f},"verified":{},"stopped_because":"{}",)"
                         R"("elapsed_seconds":{:.2f},"store":{},"run_id":{}{}}})"
                         "\n",
                         kevo::detail::json_quote(problem.name), problem.identity(), evaluated, result->verified_speedup, result->verified,
                         kevo::to_string(result->stopped_because), result->elapsed_seconds, kevo::detail::json_quote(store_path.string()), result->run_id,
-                        problem.torch ? fmt::format(R"(,"reference":"pytorch_eager","speedup_over_eager":{:.4f},"speedup_over_compile":{},"size_scale":{:.6g},"family":{})",
-                                                    result->verified_speedup, over_compile > 0 ? fmt::format("{:.4f}", over_compile) : "null",
-                                                    problem.torch->size_scale, kevo::detail::json_quote(problem.torch->family))
-                                      : std::string());
+                        kevo_examples::torch_summary_fields(problem, result->verified_speedup,
+                                                            kevo_examples::speedup_over_compile(problem, evaluator, result->verified_speedup)));
     if (!json) fmt::print(stderr, "kevo-llm-search: {}: cannot be written\n", o.json.string());
   }
   fmt::print("best: {:.2f}x over {}, node {} ({})\n", result->verified ? result->verified_speedup : result->best_speedup,

@@ -252,9 +252,7 @@ int search_main(int argc, char** argv) {
     if (!result) return fail(result.error().message);
 
     // torch.compile's time over the best's, where it was timed: the verified speedup rescaled by the peers' times.
-    double over_compile = 0;
-    if (problem->torch && evaluator.torch_peers().compile_seconds > 0 && evaluator.reference_seconds() > 0)
-      over_compile = result->verified_speedup * evaluator.torch_peers().compile_seconds / evaluator.reference_seconds();
+    const double over_compile = kevo_examples::speedup_over_compile(*problem, evaluator, result->verified_speedup);
     const std::string over = kevo_examples::reference_name(*problem);
     {
       std::ofstream out(o.out);
@@ -281,10 +279,7 @@ int search_main(int argc, char** argv) {
               f += fmt::format("{}\"{}\":{}", f.empty() ? "" : ",", kevo::to_string(kind), count);
             return f;
           }(),
-          problem->torch ? fmt::format(R"(,"reference":"pytorch_eager","speedup_over_eager":{:.4f},"speedup_over_compile":{},"size_scale":{:.6g},"family":{})",
-                                       result->verified_speedup, over_compile > 0 ? fmt::format("{:.4f}", over_compile) : "null",
-                                       problem->torch->size_scale, kevo::detail::json_quote(problem->torch->family))
-                         : std::string());
+          kevo_examples::torch_summary_fields(*problem, result->verified_speedup, over_compile));
     }
     if (auto ok = kevo::report::write_html(*store, result->run_id, o.report); !ok) fmt::print(stderr, "kevo-search: {}\n", ok.error().message);
     if (!o.quiet)

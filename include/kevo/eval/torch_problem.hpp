@@ -15,6 +15,7 @@
 
 #include <kevo/eval/checked_run.hpp>
 #include <kevo/eval/harness/embedded_sources.hpp>
+#include <kevo/eval/jailed_evaluator.hpp>
 #include <kevo/eval/sandbox.hpp>
 #include <kevo/eval/torch_families.hpp>
 #include <kevo/problem.hpp>
@@ -40,25 +41,17 @@ struct TorchProblemOptions {
   std::string python = {};          ///< empty: $KEVO_PYTHON, else /usr/bin/python3 (Debian's python3-torch), else python3 on PATH
   double size_scale = 1.0;          ///< shrinks the module's size constants (integers of 64 or more), for small machines and tests
   Target target = Target::cpu;
-  std::filesystem::path cache_dir = {};  ///< where the helper is written; empty: $XDG_CACHE_HOME/kevo, else ~/.cache/kevo
+  std::filesystem::path cache_dir = {};  ///< where the helper is written; empty: default_cache_dir(), the evaluators' cache
   std::size_t memory_limit_bytes = std::size_t{2} << 30;  ///< the tensors of one call (twice: two slots) must fit
   std::chrono::seconds timeout{300};
 };
 
 namespace detail {
 
-/// An executable's absolute path: `name` itself when it holds a '/', else the first match on PATH.
+/// An executable's absolute path, found as the sandbox finds programs (on PATH where the name has no '/'); empty: none.
 inline std::string resolve_executable(const std::string& name) {
-  if (name.find('/') != std::string::npos) return std::filesystem::absolute(name).string();
-  const char* path = std::getenv("PATH");
-  std::string_view dirs = path ? path : "/usr/local/bin:/usr/bin:/bin";
-  while (!dirs.empty()) {
-    const auto colon = dirs.find(':');
-    const std::filesystem::path candidate = std::filesystem::path(dirs.substr(0, colon)) / name;
-    if (::access(candidate.c_str(), X_OK) == 0) return candidate.string();
-    dirs = colon == std::string_view::npos ? std::string_view() : dirs.substr(colon + 1);
-  }
-  return {};
+  auto found = find_program(name);
+  return found ? std::filesystem::absolute(*found).string() : std::string();
 }
 
 /// The Python that runs PyTorch: the one named, else $KEVO_PYTHON, else Debian's, else python3 on PATH.
@@ -124,11 +117,7 @@ inline expected<Problem, Error> load_torch_problem(const std::filesystem::path& 
   if (python.empty() || ::access(python.c_str(), X_OK) != 0)
     return unusable(fmt::format("no Python to run PyTorch ('{}'): install python3-torch, or name one with --python or KEVO_PYTHON",
                                 options.python.empty() ? "python3" : options.python));
-  if (options.cache_dir.empty()) {
-    const char* xdg = std::getenv("XDG_CACHE_HOME");
-    const char* home = std::getenv("HOME");
-    options.cache_dir = xdg && *xdg ? fs::path(xdg) / "kevo" : home && *home ? fs::path(home) / ".cache" / "kevo" : fs::path("/tmp/kevo-cache");
-  }
+  if (options.cache_dir.empty()) options.cache_dir = default_cache_dir();
   auto helper = detail::write_torch_helper(options.cache_dir);
   if (!helper) return unexpected(helper.error());
   const std::string device = options.target == Target::cpu ? "cpu" : "cuda";
