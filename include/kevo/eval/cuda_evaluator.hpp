@@ -84,9 +84,6 @@ struct CudaToolchain {
     if (problem.target != Target::cuda)
       return make_error(fmt::format("{}: target is {}, but CudaEvaluator runs cuda problems only", (problem.directory / "problem.json").string(),
                                     to_string(problem.target)));
-    if (problem.torch)
-      return make_error(fmt::format("{}: a KernelBench-format problem on a GPU needs the CUDA checker's PyTorch reference, which is not written yet",
-                                    problem.torch->file.string()));
     return {};
   }
   /// Measured by the checker in every run, beside the candidate.

@@ -187,29 +187,45 @@ std::vector<std::size_t> layout(const Shape& shape, int slot, int shift) {
 }
 unsigned char* in_arena(std::size_t offset) { return reinterpret_cast<unsigned char*>(arena.base + offset); }
 
-// The arena: device memory the runner maps too, exported as a file descriptor (the driver's
-// virtual memory API works across the jail's namespaces, where legacy CUDA IPC may not).
-void make_arena(std::size_t slot_bytes, int slots) {
+// Device memory that another process can map, exported as a file descriptor (the driver's virtual
+// memory API works across the jail's namespaces, where legacy CUDA IPC may not).
+CUmemAllocationProp exportable() {
   CUmemAllocationProp prop{};
   prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
   prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
   prop.location.id = 0;
   prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+  return prop;
+}
+std::size_t rounded_to_granularity(std::size_t bytes) {
+  const CUmemAllocationProp prop = exportable();
   std::size_t granularity = 0;
   KEVO_CU_OK(KEVO_DRIVER(cuMemGetAllocationGranularity)(&granularity, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
-  arena.slot_bytes = (slot_bytes + granularity - 1) / granularity * granularity;
-  arena.slots = slots;
-  const std::size_t bytes = arena.slot_bytes * static_cast<std::size_t>(slots);
+  return (bytes + granularity - 1) / granularity * granularity;
+}
+// `bytes` (a multiple of the granularity) mapped here at the returned address; its descriptor in `fd`.
+CUdeviceptr exported_memory(std::size_t bytes, int& fd) {
+  const CUmemAllocationProp prop = exportable();
   CUmemGenericAllocationHandle handle;
+  CUdeviceptr base = 0;
   KEVO_CU_OK(KEVO_DRIVER(cuMemCreate)(&handle, bytes, &prop, 0));
-  KEVO_CU_OK(KEVO_DRIVER(cuMemAddressReserve)(&arena.base, bytes, 0, 0, 0));
-  KEVO_CU_OK(KEVO_DRIVER(cuMemMap)(arena.base, bytes, 0, handle, 0));
+  KEVO_CU_OK(KEVO_DRIVER(cuMemAddressReserve)(&base, bytes, 0, 0, 0));
+  KEVO_CU_OK(KEVO_DRIVER(cuMemMap)(base, bytes, 0, handle, 0));
   CUmemAccessDesc access{};
   access.location = prop.location;
   access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-  KEVO_CU_OK(KEVO_DRIVER(cuMemSetAccess)(arena.base, bytes, &access, 1));
-  int fd = -1;
+  KEVO_CU_OK(KEVO_DRIVER(cuMemSetAccess)(base, bytes, &access, 1));
   KEVO_CU_OK(KEVO_DRIVER(cuMemExportToShareableHandle)(&fd, handle, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0));
+  return base;
+}
+
+// The arena: every call's tensors, in device memory the runner maps too (sent to it as a descriptor).
+void make_arena(std::size_t slot_bytes, int slots) {
+  arena.slot_bytes = rounded_to_granularity(slot_bytes);
+  arena.slots = slots;
+  const std::size_t bytes = arena.slot_bytes * static_cast<std::size_t>(slots);
+  int fd = -1;
+  arena.base = exported_memory(bytes, fd);
   send_descriptor(fd, bytes);
   ::close(fd);
 }
@@ -238,8 +254,72 @@ Tensors allocate(long extra = 0) {
 
 void poison(unsigned char* p, long n, const TensorInfo& t) { fill_kernel<<<grid_for(n), 256>>>(p, n, element_bytes(t), poison_of(t)); }
 
+// The timing pool is this many elements longer than each input: each timed call reads its own window.
+constexpr long pool_window = 4099;
+
+// ---- a KernelBench-format problem's reference: PyTorch, in kevo's helper beside this checker ----
+// The helper maps the exchange (device memory of this checker's, inherited as a descriptor) and reads and
+// writes the tensors there: a call's tensors cross at device speed, not through pipes and the host.
+struct TorchExchange {
+  CUdeviceptr base = 0;
+  std::vector<std::size_t> offset;  // tensor i's slot: room for its largest size, and the pool's window for an input
+} torch_exchange;
+
+void open_torch_exchange() {
+  if (torch_exchange.base) return;
+  std::size_t bytes = 0;
+  std::string request = "exchange";
+  for (std::size_t i = 0; i < tensor_count; ++i) {
+    torch_exchange.offset.push_back(bytes);
+    request += " " + std::to_string(bytes);
+    const long n = max_elements(i) + (tensors[i].output ? 0 : pool_window);
+    bytes += (static_cast<std::size_t>(n) * element_bytes(tensors[i]) + 4095) / 4096 * 4096;
+  }
+  bytes = rounded_to_granularity(bytes);
+  int fd = -1;
+  torch_exchange.base = exported_memory(bytes, fd);
+  // Above the helper's 0-3 (dup2 onto 3 then clears close-on-exec, as it would not for a descriptor already 3).
+  torch_inherited_fd = ::fcntl(fd, F_DUPFD_CLOEXEC, 10);
+  ::close(fd);
+  torch_shared_request(request + " " + std::to_string(bytes) + "\n", TorchCounts::none);
+  ::close(torch_inherited_fd);
+}
+unsigned char* in_exchange(std::size_t i) { return reinterpret_cast<unsigned char*>(torch_exchange.base + torch_exchange.offset[i]); }
+
+// Inputs as the module's get_inputs() and __init__ draw them under `seed`, each `extra` elements longer
+// (from another draw), into `t`.
+void torch_draw_into(Tensors& t, const Shape& shape, std::uint64_t seed, long extra) {
+  open_torch_exchange();
+  const auto counts = torch_shared_request("draw_shared " + std::to_string(seed) + " " + std::to_string(extra) + "\n", TorchCounts::of_inputs);
+  for (std::size_t i = 0; i < tensor_count; ++i) {
+    if (tensors[i].output) continue;
+    const long n = tensors[i].size(shape) + extra;
+    if (static_cast<long>(counts[i]) != n)
+      report_status("sandbox_error", "the PyTorch reference drew " + std::to_string(counts[i]) + " elements of " + tensors[i].name + ", not " + std::to_string(n));
+    KEVO_CUDA_OK(cudaMemcpy(t.data[i], in_exchange(i), static_cast<std::size_t>(n) * element_bytes(tensors[i]), cudaMemcpyDeviceToDevice));
+  }
+}
+
+// PyTorch's outputs for the inputs at p[...] (device memory), written to the outputs' p[...].
+void torch_forward_on_device(const Shape& shape, void* const* p) {
+  open_torch_exchange();
+  for (std::size_t i = 0; i < tensor_count; ++i)
+    if (!tensors[i].output)
+      KEVO_CUDA_OK(cudaMemcpy(in_exchange(i), p[i], static_cast<std::size_t>(tensors[i].size(shape)) * element_bytes(tensors[i]), cudaMemcpyDeviceToDevice));
+  KEVO_CUDA_OK(cudaDeviceSynchronize());  // a device-to-device copy returns before it is done; the helper reads next
+  const auto counts = torch_shared_request("forward_shared\n", TorchCounts::of_outputs);
+  for (std::size_t i = 0; i < tensor_count; ++i) {
+    if (!tensors[i].output) continue;
+    const long n = tensors[i].size(shape);
+    if (static_cast<long>(counts[i]) != n)
+      report_status("sandbox_error", "the PyTorch reference returned " + std::to_string(counts[i]) + " elements of " + tensors[i].name + ", not " + std::to_string(n));
+    KEVO_CUDA_OK(cudaMemcpy(p[i], in_exchange(i), static_cast<std::size_t>(n) * element_bytes(tensors[i]), cudaMemcpyDeviceToDevice));
+  }
+}
+
 // Inputs `from` the pool at element `at` (or drawn afresh), outputs and guards poisoned.
 void fill_inputs(Tensors& t, const Shape& shape, const Tensors* pool, long at, std::uint64_t seed) {
+  if (inputs_from_torch && !pool) torch_draw_into(t, shape, seed, 0);
   for (std::size_t i = 0; i < tensor_count; ++i) {
     const TensorInfo& info = tensors[i];
     const long n = info.size(shape);
@@ -249,7 +329,7 @@ void fill_inputs(Tensors& t, const Shape& shape, const Tensors* pool, long at, s
       continue;
     }
     if (pool) KEVO_CUDA_OK(cudaMemcpy(t.data[i], pool->data[i] + at * bytes, static_cast<std::size_t>(n) * bytes, cudaMemcpyDeviceToDevice));
-    else draw_kernel<<<grid_for(n), 256>>>(t.data[i], n, info.kind, info.uniform, info.scale, info.low, info.high, info.step, seed * 131 + i);
+    else if (!inputs_from_torch) draw_kernel<<<grid_for(n), 256>>>(t.data[i], n, info.kind, info.uniform, info.scale, info.low, info.high, info.step, seed * 131 + i);
     poison(t.data[i] + static_cast<std::size_t>(n) * bytes, guard_elements, info);
   }
   KEVO_CUDA_OK(cudaGetLastError());
@@ -273,7 +353,8 @@ void run_reference(const Shape& shape, const Tensors& inputs, Tensors& out, doub
   const std::vector<void*> pointers = reference_arguments(shape, inputs, out);
   KEVO_CUDA_OK(cudaDeviceSynchronize());
   const double t0 = now();
-  call_reference(shape, pointers.data());
+  if (inputs_from_torch) torch_forward_on_device(shape, pointers.data());
+  else call_reference(shape, pointers.data());
   const cudaError_t status = cudaDeviceSynchronize();
   if (seconds) *seconds = now() - t0;
   if (status != cudaSuccess) report_status("sandbox_error", std::string("the reference failed on the device: ") + cudaGetErrorString(status));
@@ -434,6 +515,7 @@ double checked_batch(const Shape& shape, std::vector<Case*>& cases, const std::s
 // no runner, no socket, no batch. Reported beside the checked figure so that a reader can see
 // what kevo's own clock adds (it judges nothing).
 double reference_in_process_seconds(const Shape& shape, const Tensors& inputs, Tensors& out) {
+  if (inputs_from_torch) return 0;  // PyTorch's own time is taken by the helper's timer, beside the checker
   const std::vector<void*> pointers = reference_arguments(shape, inputs, out);
   cudaEvent_t start, stop;
   KEVO_CUDA_OK(cudaEventCreate(&start));
@@ -556,7 +638,7 @@ int main(int argc, char** argv) {
     if (options.flush) KEVO_CUDA_OK(cudaMalloc(&flush_buffer, flush_bytes));
     double roofline_gbytes_per_s = 0, roofline_gflops = 0;
     measure_roofline(roofline_gbytes_per_s, roofline_gflops);
-    constexpr long window = 4099;
+    constexpr long window = pool_window;
     Tensors pool = allocate(window);
     std::vector<Case> cases(static_cast<std::size_t>(batch) + 1);
     for (Case& c : cases) {
@@ -598,7 +680,8 @@ int main(int argc, char** argv) {
 
     // The timing shape: a pool `window` elements longer than each tensor; each call reads the
     // window at its own offset, so no two calls see the same inputs.
-    for (std::size_t i = 0; i < tensor_count; ++i) {
+    if (inputs_from_torch) torch_draw_into(pool, timing_shape, seed * 131 + 7, window);
+    for (std::size_t i = 0; i < tensor_count && !inputs_from_torch; ++i) {
       const TensorInfo& t = tensors[i];
       if (t.output) continue;
       const long n = t.size(timing_shape) + window;

@@ -894,29 +894,45 @@ std::vector<std::size_t> layout(const Shape& shape, int slot, int shift) {
 }
 unsigned char* in_arena(std::size_t offset) { return reinterpret_cast<unsigned char*>(arena.base + offset); }
 
-// The arena: device memory the runner maps too, exported as a file descriptor (the driver's
-// virtual memory API works across the jail's namespaces, where legacy CUDA IPC may not).
-void make_arena(std::size_t slot_bytes, int slots) {
+// Device memory that another process can map, exported as a file descriptor (the driver's virtual
+// memory API works across the jail's namespaces, where legacy CUDA IPC may not).
+CUmemAllocationProp exportable() {
   CUmemAllocationProp prop{};
   prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
   prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
   prop.location.id = 0;
   prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+  return prop;
+}
+std::size_t rounded_to_granularity(std::size_t bytes) {
+  const CUmemAllocationProp prop = exportable();
   std::size_t granularity = 0;
   KEVO_CU_OK(KEVO_DRIVER(cuMemGetAllocationGranularity)(&granularity, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
-  arena.slot_bytes = (slot_bytes + granularity - 1) / granularity * granularity;
-  arena.slots = slots;
-  const std::size_t bytes = arena.slot_bytes * static_cast<std::size_t>(slots);
+  return (bytes + granularity - 1) / granularity * granularity;
+}
+// `bytes` (a multiple of the granularity) mapped here at the returned address; its descriptor in `fd`.
+CUdeviceptr exported_memory(std::size_t bytes, int& fd) {
+  const CUmemAllocationProp prop = exportable();
   CUmemGenericAllocationHandle handle;
+  CUdeviceptr base = 0;
   KEVO_CU_OK(KEVO_DRIVER(cuMemCreate)(&handle, bytes, &prop, 0));
-  KEVO_CU_OK(KEVO_DRIVER(cuMemAddressReserve)(&arena.base, bytes, 0, 0, 0));
-  KEVO_CU_OK(KEVO_DRIVER(cuMemMap)(arena.base, bytes, 0, handle, 0));
+  KEVO_CU_OK(KEVO_DRIVER(cuMemAddressReserve)(&base, bytes, 0, 0, 0));
+  KEVO_CU_OK(KEVO_DRIVER(cuMemMap)(base, bytes, 0, handle, 0));
   CUmemAccessDesc access{};
   access.location = prop.location;
   access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-  KEVO_CU_OK(KEVO_DRIVER(cuMemSetAccess)(arena.base, bytes, &access, 1));
-  int fd = -1;
+  KEVO_CU_OK(KEVO_DRIVER(cuMemSetAccess)(base, bytes, &access, 1));
   KEVO_CU_OK(KEVO_DRIVER(cuMemExportToShareableHandle)(&fd, handle, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0));
+  return base;
+}
+
+// The arena: every call's tensors, in device memory the runner maps too (sent to it as a descriptor).
+void make_arena(std::size_t slot_bytes, int slots) {
+  arena.slot_bytes = rounded_to_granularity(slot_bytes);
+  arena.slots = slots;
+  const std::size_t bytes = arena.slot_bytes * static_cast<std::size_t>(slots);
+  int fd = -1;
+  arena.base = exported_memory(bytes, fd);
   send_descriptor(fd, bytes);
   ::close(fd);
 }
@@ -945,8 +961,72 @@ Tensors allocate(long extra = 0) {
 
 void poison(unsigned char* p, long n, const TensorInfo& t) { fill_kernel<<<grid_for(n), 256>>>(p, n, element_bytes(t), poison_of(t)); }
 
+// The timing pool is this many elements longer than each input: each timed call reads its own window.
+constexpr long pool_window = 4099;
+
+// ---- a KernelBench-format problem's reference: PyTorch, in kevo's helper beside this checker ----
+// The helper maps the exchange (device memory of this checker's, inherited as a descriptor) and reads and
+// writes the tensors there: a call's tensors cross at device speed, not through pipes and the host.
+struct TorchExchange {
+  CUdeviceptr base = 0;
+  std::vector<std::size_t> offset;  // tensor i's slot: room for its largest size, and the pool's window for an input
+} torch_exchange;
+
+void open_torch_exchange() {
+  if (torch_exchange.base) return;
+  std::size_t bytes = 0;
+  std::string request = "exchange";
+  for (std::size_t i = 0; i < tensor_count; ++i) {
+    torch_exchange.offset.push_back(bytes);
+    request += " " + std::to_string(bytes);
+    const long n = max_elements(i) + (tensors[i].output ? 0 : pool_window);
+    bytes += (static_cast<std::size_t>(n) * element_bytes(tensors[i]) + 4095) / 4096 * 4096;
+  }
+  bytes = rounded_to_granularity(bytes);
+  int fd = -1;
+  torch_exchange.base = exported_memory(bytes, fd);
+  // Above the helper's 0-3 (dup2 onto 3 then clears close-on-exec, as it would not for a descriptor already 3).
+  torch_inherited_fd = ::fcntl(fd, F_DUPFD_CLOEXEC, 10);
+  ::close(fd);
+  torch_shared_request(request + " " + std::to_string(bytes) + "\n", TorchCounts::none);
+  ::close(torch_inherited_fd);
+}
+unsigned char* in_exchange(std::size_t i) { return reinterpret_cast<unsigned char*>(torch_exchange.base + torch_exchange.offset[i]); }
+
+// Inputs as the module's get_inputs() and __init__ draw them under `seed`, each `extra` elements longer
+// (from another draw), into `t`.
+void torch_draw_into(Tensors& t, const Shape& shape, std::uint64_t seed, long extra) {
+  open_torch_exchange();
+  const auto counts = torch_shared_request("draw_shared " + std::to_string(seed) + " " + std::to_string(extra) + "\n", TorchCounts::of_inputs);
+  for (std::size_t i = 0; i < tensor_count; ++i) {
+    if (tensors[i].output) continue;
+    const long n = tensors[i].size(shape) + extra;
+    if (static_cast<long>(counts[i]) != n)
+      report_status("sandbox_error", "the PyTorch reference drew " + std::to_string(counts[i]) + " elements of " + tensors[i].name + ", not " + std::to_string(n));
+    KEVO_CUDA_OK(cudaMemcpy(t.data[i], in_exchange(i), static_cast<std::size_t>(n) * element_bytes(tensors[i]), cudaMemcpyDeviceToDevice));
+  }
+}
+
+// PyTorch's outputs for the inputs at p[...] (device memory), written to the outputs' p[...].
+void torch_forward_on_device(const Shape& shape, void* const* p) {
+  open_torch_exchange();
+  for (std::size_t i = 0; i < tensor_count; ++i)
+    if (!tensors[i].output)
+      KEVO_CUDA_OK(cudaMemcpy(in_exchange(i), p[i], static_cast<std::size_t>(tensors[i].size(shape)) * element_bytes(tensors[i]), cudaMemcpyDeviceToDevice));
+  KEVO_CUDA_OK(cudaDeviceSynchronize());  // a device-to-device copy returns before it is done; the helper reads next
+  const auto counts = torch_shared_request("forward_shared\n", TorchCounts::of_outputs);
+  for (std::size_t i = 0; i < tensor_count; ++i) {
+    if (!tensors[i].output) continue;
+    const long n = tensors[i].size(shape);
+    if (static_cast<long>(counts[i]) != n)
+      report_status("sandbox_error", "the PyTorch reference returned " + std::to_string(counts[i]) + " elements of " + tensors[i].name + ", not " + std::to_string(n));
+    KEVO_CUDA_OK(cudaMemcpy(p[i], in_exchange(i), static_cast<std::size_t>(n) * element_bytes(tensors[i]), cudaMemcpyDeviceToDevice));
+  }
+}
+
 // Inputs `from` the pool at element `at` (or drawn afresh), outputs and guards poisoned.
 void fill_inputs(Tensors& t, const Shape& shape, const Tensors* pool, long at, std::uint64_t seed) {
+  if (inputs_from_torch && !pool) torch_draw_into(t, shape, seed, 0);
   for (std::size_t i = 0; i < tensor_count; ++i) {
     const TensorInfo& info = tensors[i];
     const long n = info.size(shape);
@@ -956,7 +1036,7 @@ void fill_inputs(Tensors& t, const Shape& shape, const Tensors* pool, long at, s
       continue;
     }
     if (pool) KEVO_CUDA_OK(cudaMemcpy(t.data[i], pool->data[i] + at * bytes, static_cast<std::size_t>(n) * bytes, cudaMemcpyDeviceToDevice));
-    else draw_kernel<<<grid_for(n), 256>>>(t.data[i], n, info.kind, info.uniform, info.scale, info.low, info.high, info.step, seed * 131 + i);
+    else if (!inputs_from_torch) draw_kernel<<<grid_for(n), 256>>>(t.data[i], n, info.kind, info.uniform, info.scale, info.low, info.high, info.step, seed * 131 + i);
     poison(t.data[i] + static_cast<std::size_t>(n) * bytes, guard_elements, info);
   }
   KEVO_CUDA_OK(cudaGetLastError());
@@ -980,7 +1060,8 @@ void run_reference(const Shape& shape, const Tensors& inputs, Tensors& out, doub
   const std::vector<void*> pointers = reference_arguments(shape, inputs, out);
   KEVO_CUDA_OK(cudaDeviceSynchronize());
   const double t0 = now();
-  call_reference(shape, pointers.data());
+  if (inputs_from_torch) torch_forward_on_device(shape, pointers.data());
+  else call_reference(shape, pointers.data());
   const cudaError_t status = cudaDeviceSynchronize();
   if (seconds) *seconds = now() - t0;
   if (status != cudaSuccess) report_status("sandbox_error", std::string("the reference failed on the device: ") + cudaGetErrorString(status));
@@ -1141,6 +1222,7 @@ double checked_batch(const Shape& shape, std::vector<Case*>& cases, const std::s
 // no runner, no socket, no batch. Reported beside the checked figure so that a reader can see
 // what kevo's own clock adds (it judges nothing).
 double reference_in_process_seconds(const Shape& shape, const Tensors& inputs, Tensors& out) {
+  if (inputs_from_torch) return 0;  // PyTorch's own time is taken by the helper's timer, beside the checker
   const std::vector<void*> pointers = reference_arguments(shape, inputs, out);
   cudaEvent_t start, stop;
   KEVO_CUDA_OK(cudaEventCreate(&start));
@@ -1263,7 +1345,7 @@ int main(int argc, char** argv) {
     if (options.flush) KEVO_CUDA_OK(cudaMalloc(&flush_buffer, flush_bytes));
     double roofline_gbytes_per_s = 0, roofline_gflops = 0;
     measure_roofline(roofline_gbytes_per_s, roofline_gflops);
-    constexpr long window = 4099;
+    constexpr long window = pool_window;
     Tensors pool = allocate(window);
     std::vector<Case> cases(static_cast<std::size_t>(batch) + 1);
     for (Case& c : cases) {
@@ -1305,7 +1387,8 @@ int main(int argc, char** argv) {
 
     // The timing shape: a pool `window` elements longer than each tensor; each call reads the
     // window at its own offset, so no two calls see the same inputs.
-    for (std::size_t i = 0; i < tensor_count; ++i) {
+    if (inputs_from_torch) torch_draw_into(pool, timing_shape, seed * 131 + 7, window);
+    for (std::size_t i = 0; i < tensor_count && !inputs_from_torch; ++i) {
       const TensorInfo& t = tensors[i];
       if (t.output) continue;
       const long n = t.size(timing_shape) + window;
@@ -1861,12 +1944,8 @@ def to_words(t):
     """A tensor as 4-byte words, flattened."""
     import torch
 
-    t = t.detach().contiguous().cpu().reshape(-1)
-    if t.dtype == torch.int64:
-        if t.numel() and (t.max().item() > 2**31 - 1 or t.min().item() < -(2**31)):
-            raise ValueError("an int64 value does not fit int32, kevo's integer kernel type")
-        t = t.to(torch.int32)
-    elif t.dtype == torch.float16:
+    t = kernel_view(t).contiguous().cpu()
+    if t.dtype == torch.float16:
         t = t.view(torch.int16).to(torch.int32) & 0xFFFF
     return t.numpy().tobytes()
 
@@ -1885,12 +1964,66 @@ def from_words(data, spec, device):
     return t.reshape(spec["shape"]).to(device)
 
 
+def map_exchange(fd, size):
+    """The CUDA checker's exchange: its device memory, exported as descriptor `fd`, mapped here through the
+    driver's virtual memory API (as kevo's runner maps its arena) and seen as one uint8 CUDA tensor."""
+    import ctypes
+
+    import torch
+
+    torch.zeros(1, device="cuda")  # the primary context, current on this thread
+    cuda = ctypes.CDLL("libcuda.so.1")
+    u64, size_t, ptr = ctypes.c_uint64, ctypes.c_size_t, ctypes.c_void_p
+
+    class Location(ctypes.Structure):
+        _fields_ = [("type", ctypes.c_int), ("id", ctypes.c_int)]
+
+    class AccessDesc(ctypes.Structure):
+        _fields_ = [("location", Location), ("flags", ctypes.c_int)]
+
+    def call(name, argtypes, *values):
+        fn = getattr(cuda, name)
+        fn.argtypes, fn.restype = argtypes, ctypes.c_int
+        status = fn(*values)
+        if status != 0:
+            raise RuntimeError(f"{name} failed with CUresult {status} (mapping the checker's exchange)")
+
+    handle, base = u64(), u64()
+    posix_fd, device_location, read_write = 1, 1, 3  # CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, ..._LOCATION_TYPE_DEVICE, ..._PROT_READWRITE
+    call("cuMemImportFromShareableHandle", [ctypes.POINTER(u64), ptr, ctypes.c_int], ctypes.byref(handle), ptr(fd), posix_fd)
+    call("cuMemAddressReserve", [ctypes.POINTER(u64), size_t, size_t, u64, u64], ctypes.byref(base), size, 0, 0, 0)
+    call("cuMemMap", [u64, size_t, size_t, u64, u64], base, size, 0, handle, 0)
+    access = AccessDesc(Location(device_location, torch.cuda.current_device()), read_write)
+    call("cuMemSetAccess", [u64, size_t, ctypes.POINTER(AccessDesc), size_t], base, size, ctypes.byref(access), 1)
+
+    class Memory:  # what torch.as_tensor reads to wrap device memory without a copy
+        __cuda_array_interface__ = {"shape": (size,), "typestr": "|u1", "data": (base.value, False), "version": 3}
+
+    return torch.as_tensor(Memory(), device="cuda")
+
+
+def kernel_view(t):
+    """A tensor as its kernel type sees it, flattened: int64 narrowed to int32, where every value fits."""
+    import torch
+
+    t = t.detach().reshape(-1)
+    if t.dtype == torch.int64:
+        if t.numel() and (t.max().item() > 2**31 - 1 or t.min().item() < -(2**31)):
+            raise ValueError("an int64 value does not fit int32, kevo's integer kernel type")
+        t = t.to(torch.int32)
+    return t
+
+
 def serve(args):
     """Requests on stdin, one line each, then binary payloads; answers on stdout.
       draw SEED EXTRA   -> for each kernel input: u64 count, count words (the module's get_inputs() and fresh
                            parameters under SEED, each tensor followed by EXTRA more elements of another draw)
       forward           <- for each kernel input: u64 count, count words
                         -> "ok\n" then for each output: u64 count, count words; or "error MESSAGE\n"
+    The CUDA checker's requests, whose tensors cross in its device memory (inherited as fd 3) instead:
+      exchange OFFSET... BYTES  map it; tensor i's slot starts at OFFSET i           -> "ok\n"
+      draw_shared SEED EXTRA    as draw, into the inputs' slots (kernel types)       -> "ok\n", a u64 count an input
+      forward_shared            the inputs from their slots, outputs into theirs     -> "ok\n", a u64 count an output
     """
     import torch
 
@@ -1898,7 +2031,7 @@ def serve(args):
     module, _ = load_module(args.file, args.scale)
     spec = json.loads(sys.stdin.readline())
     kernel_inputs = [t for t in spec if t["role"] == "input"]
-    model, _ = instantiate(module, 1, args.device)
+    model, first_inputs = instantiate(module, 1, args.device)
     params = [t for _, t in state_tensors(model)]
     out = sys.stdout.buffer
     inp = sys.stdin.buffer
@@ -1906,6 +2039,19 @@ def serve(args):
     def draw(seed):
         m, xs = instantiate(module, seed, args.device)
         return xs + [t for _, t in state_tensors(m)]
+
+    # The dtypes the module draws (an int64 input crosses as int32 and is widened back).
+    natural = [t.dtype for t in first_inputs + params]
+    shared = None
+    slots = []
+
+    def slot(i, count):
+        kernel_dtype = getattr(torch, spec[i]["dtype"])
+        begin = slots[i]
+        return shared[begin : begin + count * torch.empty(0, dtype=kernel_dtype).element_size()].view(kernel_dtype)
+
+    input_slots = [i for i, t in enumerate(spec) if t["role"] == "input"]
+    output_slots = [i for i, t in enumerate(spec) if t["role"] == "output"]
 
     out.write(b"ready\n")
     out.flush()
@@ -1928,11 +2074,49 @@ def serve(args):
                     words = to_words(t) + more[i][: 4 * extra]
                     payload += struct.pack("<Q", len(words) // 4) + words
                 out.write(b"ok\n" + payload)
+            elif line[0] == "exchange":
+                slots = [int(v) for v in line[1:-1]]
+                shared = map_exchange(3, int(line[-1]))
+                out.write(b"ok\n")
+            elif line[0] == "draw_shared":
+                seed, extra = int(line[1]), int(line[2])
+                flats = [kernel_view(t) for t in draw(seed)]
+                targets = [slot(input_slots[k], f.numel() + extra) for k, f in enumerate(flats)]
+                filled = [f.numel() for f in flats]
+                for target, f in zip(targets, flats):
+                    target[: f.numel()].copy_(f)
+                more = 1
+                while any(f < t.numel() for f, t in zip(filled, targets)):  # the window past the end: further draws
+                    for k, t in enumerate(draw(seed + (more << 32))):
+                        again = kernel_view(t)
+                        take = min(again.numel(), targets[k].numel() - filled[k])
+                        if take == 0 and filled[k] < targets[k].numel():
+                            raise ValueError(f"input {k} is empty: its timing pool cannot be filled")
+                        targets[k][filled[k] : filled[k] + take].copy_(again[:take])
+                        filled[k] += take
+                    more += 1
+                torch.cuda.synchronize()
+                out.write(b"ok\n" + b"".join(struct.pack("<Q", t.numel()) for t in targets))
+            elif line[0] == "forward_shared":
+                given = []
+                for k, i in enumerate(input_slots):
+                    shape = spec[i]["shape"]
+                    given.append(slot(i, _prod(shape)).reshape(shape).to(natural[k]).clone())
+                xs, ps = given[: len(given) - len(params)], given[len(given) - len(params):]
+                for p, v in zip(params, ps):
+                    p.copy_(v)
+                counts = []
+                for i, r in zip(output_slots, outputs_of(model(*xs))):
+                    flat = kernel_view(r)
+                    slot(i, flat.numel()).copy_(flat)
+                    counts.append(flat.numel())
+                torch.cuda.synchronize()  # done before the checker reads them
+                out.write(b"ok\n" + b"".join(struct.pack("<Q", c) for c in counts))
             elif line[0] == "forward":
                 given = []
-                for t in kernel_inputs:
+                for k, t in enumerate(kernel_inputs):
                     (count,) = struct.unpack("<Q", read_exact(inp, 8))
-                    given.append(from_words(read_exact(inp, 4 * count), t, args.device))
+                    given.append(from_words(read_exact(inp, 4 * count), t, args.device).to(natural[k]))
                 xs, ps = given[: len(given) - len(params)], given[len(given) - len(params):]
                 for p, v in zip(params, ps):
                     p.copy_(v)
@@ -2044,7 +2228,11 @@ if __name__ == "__main__":
 inline constexpr std::string_view plain_reference_cpp = R"kevo_harness(// The reference is C++, linked into this checker; the inputs are drawn here, as problem.json says.
 constexpr bool inputs_from_torch = false;
 
+// The PyTorch client's names, which the target's part calls only where inputs_from_torch.
 std::vector<std::vector<std::uint32_t>> torch_draw(const Shape&, std::uint64_t, long) { return {}; }
+[[maybe_unused]] int torch_inherited_fd = -1;
+enum class TorchCounts { none, of_inputs, of_outputs };
+std::vector<std::uint64_t> torch_shared_request(const std::string&, TorchCounts) { return {}; }
 )kevo_harness";
 
 /// runner.cpp.in
@@ -2131,6 +2319,11 @@ int main(int argc, char** argv) {
 inline constexpr std::string_view torch_reference_cpp = R"kevo_harness(// The reference runs in PyTorch, in kevo's helper process beside this checker (never in the candidate's jail).
 constexpr bool inputs_from_torch = true;
 
+// A descriptor the helper inherits as its fd 3, where the target's checker shares memory with it (the CUDA
+// checker's device memory: tensors then cross at device speed, not through the pipes); -1 for none.
+int torch_inherited_fd = -1;
+enum class TorchCounts { none, of_inputs, of_outputs };
+
 struct TorchHelper {
   pid_t pid = -1;
   int to = -1, from = -1;  // its stdin, its stdout
@@ -2188,6 +2381,7 @@ TorchHelper start_torch_helper() {
   posix_spawn_file_actions_init(&actions);
   posix_spawn_file_actions_adddup2(&actions, in[0], 0);
   posix_spawn_file_actions_adddup2(&actions, out[1], 1);
+  if (torch_inherited_fd >= 0) posix_spawn_file_actions_adddup2(&actions, torch_inherited_fd, 3);
   std::string python = "@python@", scale = "@scale@", device = "@device@";
   std::string serve = "serve", scale_flag = "--scale", device_flag = "--device";
   char* argv[] = {python.data(), const_cast<char*>(helper.c_str()), serve.data(), const_cast<char*>(module.c_str()), scale_flag.data(),
@@ -2195,9 +2389,15 @@ TorchHelper start_torch_helper() {
   // Idle OpenMP threads sleep rather than spin: the helper waits while the candidate is timed.
   std::string path = "PATH=/usr/local/bin:/usr/bin:/bin", wait = "OMP_WAIT_POLICY=PASSIVE", bytecode = "PYTHONDONTWRITEBYTECODE=1",
               home = "HOME=/tmp", lang = "LANG=C";
-  char* envp[] = {path.data(), wait.data(), bytecode.data(), home.data(), lang.data(), nullptr};
+  std::vector<std::string> environment{path, wait, bytecode, home, lang};
+  // Which GPU is "device 0", and where the CUDA driver is found, as this checker sees them.
+  for (const char* name : {"CUDA_VISIBLE_DEVICES", "LD_LIBRARY_PATH"})
+    if (const char* value = std::getenv(name)) environment.push_back(std::string(name) + "=" + value);
+  std::vector<char*> envp;
+  for (std::string& e : environment) envp.push_back(e.data());
+  envp.push_back(nullptr);
   TorchHelper h;
-  if (::posix_spawn(&h.pid, python.c_str(), &actions, nullptr, argv, envp) != 0) torch_failed("cannot start: " + python + " does not run");
+  if (::posix_spawn(&h.pid, python.c_str(), &actions, nullptr, argv, envp.data()) != 0) torch_failed("cannot start: " + python + " does not run");
   posix_spawn_file_actions_destroy(&actions);
   ::close(in[0]);
   ::close(out[1]);
@@ -2254,6 +2454,18 @@ void torch_forward(const Shape& shape, void* const* p) {
       torch_failed("returned " + std::to_string(count) + " elements of " + tensors[i].name + ", not " + std::to_string(tensors[i].size(shape)));
     torch_read(h, p[i], count * 4);
   }
+}
+
+// A request whose tensors cross in the memory shared through torch_inherited_fd: "ok", then a count for each
+// input or each output, as asked (the other tensors' counts are left 0).
+std::vector<std::uint64_t> torch_shared_request(const std::string& request, TorchCounts counts_of) {
+  const TorchHelper& h = torch_helper();
+  torch_write(h, request.data(), request.size());
+  torch_expect_ok(h, request.substr(0, request.find(' ')).c_str());
+  std::vector<std::uint64_t> counts(tensor_count, 0);
+  for (std::size_t i = 0; i < tensor_count; ++i)
+    if (counts_of != TorchCounts::none && tensors[i].output == (counts_of == TorchCounts::of_outputs)) torch_read(h, &counts[i], sizeof counts[i]);
+  return counts;
 }
 )kevo_harness";
 

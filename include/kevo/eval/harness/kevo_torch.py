@@ -404,12 +404,8 @@ def to_words(t):
     """A tensor as 4-byte words, flattened."""
     import torch
 
-    t = t.detach().contiguous().cpu().reshape(-1)
-    if t.dtype == torch.int64:
-        if t.numel() and (t.max().item() > 2**31 - 1 or t.min().item() < -(2**31)):
-            raise ValueError("an int64 value does not fit int32, kevo's integer kernel type")
-        t = t.to(torch.int32)
-    elif t.dtype == torch.float16:
+    t = kernel_view(t).contiguous().cpu()
+    if t.dtype == torch.float16:
         t = t.view(torch.int16).to(torch.int32) & 0xFFFF
     return t.numpy().tobytes()
 
@@ -428,12 +424,66 @@ def from_words(data, spec, device):
     return t.reshape(spec["shape"]).to(device)
 
 
+def map_exchange(fd, size):
+    """The CUDA checker's exchange: its device memory, exported as descriptor `fd`, mapped here through the
+    driver's virtual memory API (as kevo's runner maps its arena) and seen as one uint8 CUDA tensor."""
+    import ctypes
+
+    import torch
+
+    torch.zeros(1, device="cuda")  # the primary context, current on this thread
+    cuda = ctypes.CDLL("libcuda.so.1")
+    u64, size_t, ptr = ctypes.c_uint64, ctypes.c_size_t, ctypes.c_void_p
+
+    class Location(ctypes.Structure):
+        _fields_ = [("type", ctypes.c_int), ("id", ctypes.c_int)]
+
+    class AccessDesc(ctypes.Structure):
+        _fields_ = [("location", Location), ("flags", ctypes.c_int)]
+
+    def call(name, argtypes, *values):
+        fn = getattr(cuda, name)
+        fn.argtypes, fn.restype = argtypes, ctypes.c_int
+        status = fn(*values)
+        if status != 0:
+            raise RuntimeError(f"{name} failed with CUresult {status} (mapping the checker's exchange)")
+
+    handle, base = u64(), u64()
+    posix_fd, device_location, read_write = 1, 1, 3  # CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, ..._LOCATION_TYPE_DEVICE, ..._PROT_READWRITE
+    call("cuMemImportFromShareableHandle", [ctypes.POINTER(u64), ptr, ctypes.c_int], ctypes.byref(handle), ptr(fd), posix_fd)
+    call("cuMemAddressReserve", [ctypes.POINTER(u64), size_t, size_t, u64, u64], ctypes.byref(base), size, 0, 0, 0)
+    call("cuMemMap", [u64, size_t, size_t, u64, u64], base, size, 0, handle, 0)
+    access = AccessDesc(Location(device_location, torch.cuda.current_device()), read_write)
+    call("cuMemSetAccess", [u64, size_t, ctypes.POINTER(AccessDesc), size_t], base, size, ctypes.byref(access), 1)
+
+    class Memory:  # what torch.as_tensor reads to wrap device memory without a copy
+        __cuda_array_interface__ = {"shape": (size,), "typestr": "|u1", "data": (base.value, False), "version": 3}
+
+    return torch.as_tensor(Memory(), device="cuda")
+
+
+def kernel_view(t):
+    """A tensor as its kernel type sees it, flattened: int64 narrowed to int32, where every value fits."""
+    import torch
+
+    t = t.detach().reshape(-1)
+    if t.dtype == torch.int64:
+        if t.numel() and (t.max().item() > 2**31 - 1 or t.min().item() < -(2**31)):
+            raise ValueError("an int64 value does not fit int32, kevo's integer kernel type")
+        t = t.to(torch.int32)
+    return t
+
+
 def serve(args):
     """Requests on stdin, one line each, then binary payloads; answers on stdout.
       draw SEED EXTRA   -> for each kernel input: u64 count, count words (the module's get_inputs() and fresh
                            parameters under SEED, each tensor followed by EXTRA more elements of another draw)
       forward           <- for each kernel input: u64 count, count words
                         -> "ok\n" then for each output: u64 count, count words; or "error MESSAGE\n"
+    The CUDA checker's requests, whose tensors cross in its device memory (inherited as fd 3) instead:
+      exchange OFFSET... BYTES  map it; tensor i's slot starts at OFFSET i           -> "ok\n"
+      draw_shared SEED EXTRA    as draw, into the inputs' slots (kernel types)       -> "ok\n", a u64 count an input
+      forward_shared            the inputs from their slots, outputs into theirs     -> "ok\n", a u64 count an output
     """
     import torch
 
@@ -441,7 +491,7 @@ def serve(args):
     module, _ = load_module(args.file, args.scale)
     spec = json.loads(sys.stdin.readline())
     kernel_inputs = [t for t in spec if t["role"] == "input"]
-    model, _ = instantiate(module, 1, args.device)
+    model, first_inputs = instantiate(module, 1, args.device)
     params = [t for _, t in state_tensors(model)]
     out = sys.stdout.buffer
     inp = sys.stdin.buffer
@@ -449,6 +499,19 @@ def serve(args):
     def draw(seed):
         m, xs = instantiate(module, seed, args.device)
         return xs + [t for _, t in state_tensors(m)]
+
+    # The dtypes the module draws (an int64 input crosses as int32 and is widened back).
+    natural = [t.dtype for t in first_inputs + params]
+    shared = None
+    slots = []
+
+    def slot(i, count):
+        kernel_dtype = getattr(torch, spec[i]["dtype"])
+        begin = slots[i]
+        return shared[begin : begin + count * torch.empty(0, dtype=kernel_dtype).element_size()].view(kernel_dtype)
+
+    input_slots = [i for i, t in enumerate(spec) if t["role"] == "input"]
+    output_slots = [i for i, t in enumerate(spec) if t["role"] == "output"]
 
     out.write(b"ready\n")
     out.flush()
@@ -471,11 +534,49 @@ def serve(args):
                     words = to_words(t) + more[i][: 4 * extra]
                     payload += struct.pack("<Q", len(words) // 4) + words
                 out.write(b"ok\n" + payload)
+            elif line[0] == "exchange":
+                slots = [int(v) for v in line[1:-1]]
+                shared = map_exchange(3, int(line[-1]))
+                out.write(b"ok\n")
+            elif line[0] == "draw_shared":
+                seed, extra = int(line[1]), int(line[2])
+                flats = [kernel_view(t) for t in draw(seed)]
+                targets = [slot(input_slots[k], f.numel() + extra) for k, f in enumerate(flats)]
+                filled = [f.numel() for f in flats]
+                for target, f in zip(targets, flats):
+                    target[: f.numel()].copy_(f)
+                more = 1
+                while any(f < t.numel() for f, t in zip(filled, targets)):  # the window past the end: further draws
+                    for k, t in enumerate(draw(seed + (more << 32))):
+                        again = kernel_view(t)
+                        take = min(again.numel(), targets[k].numel() - filled[k])
+                        if take == 0 and filled[k] < targets[k].numel():
+                            raise ValueError(f"input {k} is empty: its timing pool cannot be filled")
+                        targets[k][filled[k] : filled[k] + take].copy_(again[:take])
+                        filled[k] += take
+                    more += 1
+                torch.cuda.synchronize()
+                out.write(b"ok\n" + b"".join(struct.pack("<Q", t.numel()) for t in targets))
+            elif line[0] == "forward_shared":
+                given = []
+                for k, i in enumerate(input_slots):
+                    shape = spec[i]["shape"]
+                    given.append(slot(i, _prod(shape)).reshape(shape).to(natural[k]).clone())
+                xs, ps = given[: len(given) - len(params)], given[len(given) - len(params):]
+                for p, v in zip(params, ps):
+                    p.copy_(v)
+                counts = []
+                for i, r in zip(output_slots, outputs_of(model(*xs))):
+                    flat = kernel_view(r)
+                    slot(i, flat.numel()).copy_(flat)
+                    counts.append(flat.numel())
+                torch.cuda.synchronize()  # done before the checker reads them
+                out.write(b"ok\n" + b"".join(struct.pack("<Q", c) for c in counts))
             elif line[0] == "forward":
                 given = []
-                for t in kernel_inputs:
+                for k, t in enumerate(kernel_inputs):
                     (count,) = struct.unpack("<Q", read_exact(inp, 8))
-                    given.append(from_words(read_exact(inp, 4 * count), t, args.device))
+                    given.append(from_words(read_exact(inp, 4 * count), t, args.device).to(natural[k]))
                 xs, ps = given[: len(given) - len(params)], given[len(given) - len(params):]
                 for p, v in zip(params, ps):
                     p.copy_(v)

@@ -4,4 +4,8 @@
 // The reference is C++, linked into this checker; the inputs are drawn here, as problem.json says.
 constexpr bool inputs_from_torch = false;
 
+// The PyTorch client's names, which the target's part calls only where inputs_from_torch.
 std::vector<std::vector<std::uint32_t>> torch_draw(const Shape&, std::uint64_t, long) { return {}; }
+[[maybe_unused]] int torch_inherited_fd = -1;
+enum class TorchCounts { none, of_inputs, of_outputs };
+std::vector<std::uint64_t> torch_shared_request(const std::string&, TorchCounts) { return {}; }

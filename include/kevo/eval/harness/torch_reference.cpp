@@ -5,6 +5,11 @@
 // The reference runs in PyTorch, in kevo's helper process beside this checker (never in the candidate's jail).
 constexpr bool inputs_from_torch = true;
 
+// A descriptor the helper inherits as its fd 3, where the target's checker shares memory with it (the CUDA
+// checker's device memory: tensors then cross at device speed, not through the pipes); -1 for none.
+int torch_inherited_fd = -1;
+enum class TorchCounts { none, of_inputs, of_outputs };
+
 struct TorchHelper {
   pid_t pid = -1;
   int to = -1, from = -1;  // its stdin, its stdout
@@ -62,6 +67,7 @@ TorchHelper start_torch_helper() {
   posix_spawn_file_actions_init(&actions);
   posix_spawn_file_actions_adddup2(&actions, in[0], 0);
   posix_spawn_file_actions_adddup2(&actions, out[1], 1);
+  if (torch_inherited_fd >= 0) posix_spawn_file_actions_adddup2(&actions, torch_inherited_fd, 3);
   std::string python = "@python@", scale = "@scale@", device = "@device@";
   std::string serve = "serve", scale_flag = "--scale", device_flag = "--device";
   char* argv[] = {python.data(), const_cast<char*>(helper.c_str()), serve.data(), const_cast<char*>(module.c_str()), scale_flag.data(),
@@ -69,9 +75,15 @@ TorchHelper start_torch_helper() {
   // Idle OpenMP threads sleep rather than spin: the helper waits while the candidate is timed.
   std::string path = "PATH=/usr/local/bin:/usr/bin:/bin", wait = "OMP_WAIT_POLICY=PASSIVE", bytecode = "PYTHONDONTWRITEBYTECODE=1",
               home = "HOME=/tmp", lang = "LANG=C";
-  char* envp[] = {path.data(), wait.data(), bytecode.data(), home.data(), lang.data(), nullptr};
+  std::vector<std::string> environment{path, wait, bytecode, home, lang};
+  // Which GPU is "device 0", and where the CUDA driver is found, as this checker sees them.
+  for (const char* name : {"CUDA_VISIBLE_DEVICES", "LD_LIBRARY_PATH"})
+    if (const char* value = std::getenv(name)) environment.push_back(std::string(name) + "=" + value);
+  std::vector<char*> envp;
+  for (std::string& e : environment) envp.push_back(e.data());
+  envp.push_back(nullptr);
   TorchHelper h;
-  if (::posix_spawn(&h.pid, python.c_str(), &actions, nullptr, argv, envp) != 0) torch_failed("cannot start: " + python + " does not run");
+  if (::posix_spawn(&h.pid, python.c_str(), &actions, nullptr, argv, envp.data()) != 0) torch_failed("cannot start: " + python + " does not run");
   posix_spawn_file_actions_destroy(&actions);
   ::close(in[0]);
   ::close(out[1]);
@@ -128,4 +140,16 @@ void torch_forward(const Shape& shape, void* const* p) {
       torch_failed("returned " + std::to_string(count) + " elements of " + tensors[i].name + ", not " + std::to_string(tensors[i].size(shape)));
     torch_read(h, p[i], count * 4);
   }
+}
+
+// A request whose tensors cross in the memory shared through torch_inherited_fd: "ok", then a count for each
+// input or each output, as asked (the other tensors' counts are left 0).
+std::vector<std::uint64_t> torch_shared_request(const std::string& request, TorchCounts counts_of) {
+  const TorchHelper& h = torch_helper();
+  torch_write(h, request.data(), request.size());
+  torch_expect_ok(h, request.substr(0, request.find(' ')).c_str());
+  std::vector<std::uint64_t> counts(tensor_count, 0);
+  for (std::size_t i = 0; i < tensor_count; ++i)
+    if (counts_of != TorchCounts::none && tensors[i].output == (counts_of == TorchCounts::of_outputs)) torch_read(h, &counts[i], sizeof counts[i]);
+  return counts;
 }
