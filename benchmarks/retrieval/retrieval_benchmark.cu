@@ -19,6 +19,7 @@
 #include <thread>
 #include <vector>
 
+#include "kevo/eval/gpu_presence.hpp"
 #include "kevo/retrieval/dispatch/cuda_backend.cuh"
 #include "kevo/retrieval/dispatch/fused_retrieval_pipeline.cuh"
 #include "kevo/retrieval/retrieval.hpp"
@@ -1293,9 +1294,10 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  if (gpu_device_count() == 0) {
-    std::puts("retrieval_benchmark: no GPU here");
-    return 77;
+  // No driver or device here: a named stop, exit 2, before any work (as kevo's other GPU programs).
+  if (auto here = kevo::eval::nvidia_device_present(); !here) {
+    std::fprintf(stderr, "retrieval_benchmark: %s\n", here.error().message.c_str());
+    return 2;
   }
   cudaDeviceProp prop;
   cudaGetDeviceProperties(&prop, 0);

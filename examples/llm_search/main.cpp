@@ -13,6 +13,8 @@
 // Without an LLM configured it says so in one line and runs the offline template synthesizer.
 #include <kevo/problem_loader.hpp>
 #include <kevo/eval/cpu_evaluator.hpp>
+#include <kevo/eval/cuda_evaluator.hpp>
+#include <kevo/eval/gpu_presence.hpp>
 #include <kevo/detail/json_text.hpp>
 #include <kevo/knowledge/knowledge_base.hpp>
 #include <kevo/knowledge/llm_skill_writer.hpp>
@@ -154,11 +156,10 @@ std::optional<int> make_parent(std::string_view flag, const fs::path& path) {
               2);
 }
 
-/// Runs one search with the given synthesizer and retriever, and prints how it went. `redact`
-/// takes the API key out of every line printed.
-template <class Synth, class Retriever>
-int search(const Options& o, const kevo::Problem& problem, Synth synth, Retriever retriever,
-           std::function<std::string(std::string)> redact = [](std::string s) { return s; }) {
+/// Runs one search with the given evaluator type, synthesizer and retriever, and prints how it went.
+/// `redact` takes the API key out of every line printed.
+template <class Evaluator, class Synth, class Retriever>
+int search_with(const Options& o, const kevo::Problem& problem, Synth synth, Retriever retriever, std::function<std::string(std::string)> redact) {
   auto policy = kevo::search::make_policy(o.policy, o.repair_share);
   if (!policy) return fail(policy.error().message);
   auto memory = kevo::memory::make_memory(o.memory);
@@ -168,7 +169,7 @@ int search(const Options& o, const kevo::Problem& problem, Synth synth, Retrieve
   auto store = kevo::store::SqliteStore::open(store_path);
   if (!store) return fail(store.error().message, 2);
 
-  kevo::eval::CpuEvaluator evaluator(problem);
+  Evaluator evaluator(problem);
   if (auto ready = evaluator.prepare(); !ready) return fail(ready.error().message);
   fmt::print("reference: {:.3f} ms on the timing shape; budget {}, {} jobs, store {}\n", evaluator.reference_seconds() * 1e3,
              o.budget, o.jobs, store_path.string());
@@ -184,7 +185,7 @@ int search(const Options& o, const kevo::Problem& problem, Synth synth, Retrieve
     std::fflush(stdout);
   };
   const kevo::Candidate seed = kevo::synth::TemplateSynthesizer(problem).seed();
-  kevo::SearchLoop<Synth, kevo::search::AnyPolicy, kevo::memory::AnyMemory, kevo::eval::CpuEvaluator, Retriever,
+  kevo::SearchLoop<Synth, kevo::search::AnyPolicy, kevo::memory::AnyMemory, Evaluator, Retriever,
                    kevo::store::SqliteStore>
       loop(problem, std::move(synth), *policy, *memory, evaluator, retriever, *store, args);
   auto result = loop.run(seed);
@@ -221,6 +222,16 @@ int search(const Options& o, const kevo::Problem& problem, Synth synth, Retrieve
              kevo_examples::reference_name(problem),
              result->best_key, result->verified ? "verified" : "NOT verified: " + result->verification_message);
   return result->verified ? 0 : 3;
+}
+
+/// search_with() on the problem's target: a cuda problem's kernels are checked and timed on this machine's GPU.
+template <class Synth, class Retriever>
+int search(const Options& o, const kevo::Problem& problem, Synth synth, Retriever retriever,
+           std::function<std::string(std::string)> redact = [](std::string s) { return s; }) {
+  if (problem.target != kevo::Target::cuda)
+    return search_with<kevo::eval::CpuEvaluator>(o, problem, std::move(synth), std::move(retriever), std::move(redact));
+  if (auto here = kevo::eval::nvidia_device_present(); !here) return fail(here.error().message, 2);
+  return search_with<kevo::eval::CudaEvaluator>(o, problem, std::move(synth), std::move(retriever), std::move(redact));
 }
 
 }  // namespace

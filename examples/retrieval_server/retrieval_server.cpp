@@ -14,6 +14,7 @@
 //   retrieval_server --port 8080 --backend cpu --shards 4      # one pool over four CPU engines
 //   retrieval_server --help   # every flag, its default and its range
 //   curl -s localhost:8080/search -d '{"features":[...256 floats...],"query":[{"category":0,"values":[1]}],"k":10}'
+#include <kevo/eval/gpu_presence.hpp>
 #include <kevo/retrieval/retrieval.hpp>
 #include <kevo/retrieval/serving.hpp>
 #include <kevo/retrieval/sharded_backend.hpp>
@@ -292,6 +293,13 @@ int main(int argc, char** argv) {
   boost::asio::ip::tcp::acceptor acceptor(io);
   if (auto why = listen(acceptor, o.host, o.port))
     return std::fprintf(stderr, "retrieval_server: cannot listen on %s:%u: %s\n", o.host.c_str(), o.port, why->c_str()), 2;
+#if defined(KEVO_RETRIEVAL_SERVER_CUDA)
+  // A GPU asked for where no driver or device is: a named stop, exit 2, before any work.
+  if (o.backend == "gpu" || !o.gpus.empty())
+    if (auto here = kevo::eval::nvidia_device_present(); !here)
+      return std::fprintf(stderr, "retrieval_server: %s: %s\n", o.backend == "gpu" ? "--backend gpu" : ("--gpus " + o.gpus).c_str(),
+                          here.error().message.c_str()), 2;
+#endif
   if (o.gpus == "all" || !o.devices.empty()) {  // the devices, against this machine's
 #if defined(KEVO_RETRIEVAL_SERVER_CUDA)
     const int count = cuda_device_count();

@@ -5,6 +5,7 @@
 //   kevo-tune-pipeline --ads 100000000 --budget 40 --out kevo-tuning.json
 #include "device_timer.hpp"
 
+#include <kevo/eval/gpu_presence.hpp>
 #include <kevo/eval/pipeline_tuning.hpp>
 
 #include "../common/command_line.hpp"
@@ -75,7 +76,7 @@ int main(int argc, char** argv) {
   if (auto stop = kevo_examples::parse_command_line(app, argc, argv)) return *stop;
   o.device.dtype = *kevo::retrieval::embedding_type_named(o.dtype);
   std::string error;
-  if (!kevo_tune::device_present(error)) return fail(error);
+  if (auto here = kevo::eval::nvidia_device_present(); !here) return fail(here.error().message);  // exit 2, before any work
   if (const std::filesystem::path store = o.store; store.has_parent_path()) {
     std::error_code ec;
     std::filesystem::create_directories(store.parent_path(), ec);

@@ -20,6 +20,7 @@
 #include <kevo/candidate.hpp>
 #include <kevo/eval/checked_run.hpp>
 #include <kevo/eval/executor.hpp>
+#include <kevo/eval/gpu_presence.hpp>
 #include <kevo/eval/harness.hpp>
 #include <kevo/eval/jail.hpp>
 #include <kevo/eval/library_headers.hpp>
@@ -53,6 +54,7 @@
 #include <string>
 #include <string_view>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 namespace kevo::eval {
@@ -554,6 +556,9 @@ class JailedEvaluator {
 
   expected<void, Error> prepare_locked() {
     namespace fs = std::filesystem;
+    // No GPU here, where the runs would be: said before any compile (compile() alone still builds).
+    if constexpr (Toolchain::uses_gpu && std::is_same_v<RunExecutor, LocalExecutor>)
+      if (auto here = nvidia_device_present(); !here) return make_error(fmt::format("{}: {}", problem_.name, here.error().message), here.error().kind);
     if (auto built = prepare_builds_locked(); !built) return built;
     const std::string manifest = problem_.torch ? problem_.torch->file.string() : (problem_.directory / "problem.json").string();
     const std::string reference_path = (problem_.directory / problem_.reference_file).string();
