@@ -4,6 +4,7 @@
 // PyTorch reference. Sizes are scaled down (--size-scale), as CI's two cores need.
 #include <kevo/default_search_loop.hpp>
 #include <kevo/eval/cpu_evaluator.hpp>
+#include <kevo/eval/cuda_evaluator.hpp>
 #include <kevo/eval/torch_problem.hpp>
 #include <kevo/memory/operators.hpp>
 #include <kevo/net/llm_client.hpp>
@@ -278,4 +279,29 @@ TEST_CASE("kernelbench: the LLM path sees the PyTorch source, and a wrong kernel
   CHECK(prompt.find("```python") != std::string::npos);
   CHECK(prompt.find("return x * torch.sigmoid(gate) + x") != std::string::npos);
   CHECK(prompt.find("void kernel(const Shape& shape, const float* x, const float* gate, float* out)") != std::string::npos);
+}
+
+TEST_CASE("kernelbench: on a cuda target each family's kernels pass the screen and compile with nvcc, the checker too, with no GPU here") {
+  // One problem a family, learned on the CPU (a machine with no GPU can load a cuda problem); its first starting
+  // point (the vectorized, tiled one) compiled in the jail. The device run checks and times them (benchmarks/RESULTS.md).
+  for (const char* file : {"03_leaky_relu.py", "05_log_softmax.py", "06_layer_norm.py", "11_argmax.py", "17_linear.py"}) {
+    INFO(file);
+    auto p = kevo::eval::load_torch_problem(shipped / file, {.size_scale = scale, .target = kevo::Target::cuda, .cache_dir = test_options().cache_dir});
+    REQUIRE(p);
+    CHECK(p->target == kevo::Target::cuda);
+    REQUIRE(p->torch);
+    CHECK(p->torch->device == "cuda");
+    REQUIRE_FALSE(p->torch->family.empty());
+    REQUIRE_FALSE(p->starting_points.empty());
+    if (!kevo::eval::find_program(kevo::eval::CudaToolchain::default_compiler())) {
+      WARN("no nvcc here: the CUDA family kernels are not compiled");
+      continue;
+    }
+    kevo::Knobs knobs = p->default_knobs();
+    for (const auto& [knob, value] : p->starting_points.front().knobs) knobs[knob] = value;
+    kevo::eval::CudaEvaluator evaluator(*p, test_options());
+    const kevo::Evaluation e = evaluator.compile({.source = p->render(knobs), .knobs = knobs, .origin = "starting point"});
+    INFO(kevo::to_string(knobs) << ": " << kevo::to_string(e.failure) << ": " << e.diagnostics.message << "\n" << e.diagnostics.detail);
+    CHECK(e.failure == kevo::FailureKind::none);
+  }
 }

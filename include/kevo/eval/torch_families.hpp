@@ -10,11 +10,15 @@
 // A tensor of (outer, reduce, inner) elements is reduced over its middle extent: line (o, i) holds elements
 // o * reduce * inner + r * inner + i. The defaults are the plain loop, as the shipped problems' are.
 //
+// A CUDA problem gets the family's CUDA template (torch_families_cuda.hpp, which also holds what both sides share:
+// FamilyDescription, FamilyTemplate, the activations).
+//
 //   auto t = kevo::eval::family_template(description, problem);   // description: the helper's JSON "family"
-//   if (t) { problem.template_source = t->source; problem.knobs = t->knobs; }
+//   if (t) { problem.template_source = t->source; problem.knobs = t->knobs; problem.starting_points = t->starting_points; }
 #pragma once
 
 #include <kevo/eval/harness.hpp>
+#include <kevo/eval/torch_families_cuda.hpp>
 #include <kevo/expected.hpp>
 #include <kevo/problem.hpp>
 
@@ -27,62 +31,7 @@
 
 namespace kevo::eval {
 
-/// What the helper learned of a problem's family (the JSON object "family" of `kevo_torch.py describe`).
-struct FamilyDescription {
-  std::string family;                     ///< "elementwise", "softmax", "norm", "reduction", "matmul"
-  std::string op;                         ///< elementwise: "relu", ...; reduction: "sum", ...; norm: its kind
-  std::map<std::string, double> numbers;  ///< sizes (n, outer, reduce, inner, batch, m, n, k) and parameters (eps, slopes)
-  std::map<std::string, std::string> words;  ///< text parameters (gelu's "approximate")
-  std::map<std::string, bool> flags;      ///< log, affine, keepdim, trans_a, trans_b, bias
-
-  double number(const std::string& key, double fallback = 0) const {
-    auto it = numbers.find(key);
-    return it == numbers.end() ? fallback : it->second;
-  }
-  bool flag(const std::string& key) const {
-    auto it = flags.find(key);
-    return it != flags.end() && it->second;
-  }
-  long size(const std::string& key) const { return static_cast<long>(number(key, 1)); }
-};
-
-/// A family's template for one problem: C++ with ${knob} placeholders, its knobs, and the useful FLOPs.
-struct FamilyTemplate {
-  std::string source;
-  std::vector<KnobSpec> knobs;
-  double flops = 0;
-};
-
 namespace detail {
-
-inline std::string float_literal(double v) { return fmt::format("{:#.9g}f", v); }  // "#": 0 is "0.00000000f", a float literal
-
-/// One activation as a C++ expression of `v` (a float), matching PyTorch's definition.
-inline expected<std::string, Error> activation_expression(const FamilyDescription& d) {
-  const std::string& op = d.op;
-  auto p = [&](const char* key, double fallback) { return float_literal(d.number(key, fallback)); };
-  if (op == "relu") return std::string("v > 0.0f ? v : 0.0f");
-  if (op == "leaky_relu") return fmt::format("v > 0.0f ? v : {} * v", p("negative_slope", 0.01));
-  if (op == "sigmoid") return std::string("1.0f / (1.0f + std::exp(-v))");
-  if (op == "tanh") return std::string("std::tanh(v)");
-  if (op == "gelu") {
-    auto it = d.words.find("approximate");
-    if (it != d.words.end() && it->second == "tanh")
-      return std::string("0.5f * v * (1.0f + std::tanh(0.7978845608f * (v + 0.044715f * v * v * v)))");
-    return std::string("0.5f * v * (1.0f + std::erf(v * 0.70710678118f))");
-  }
-  if (op == "elu") return fmt::format("v > 0.0f ? v : {} * std::expm1(v)", p("alpha", 1.0));
-  if (op == "selu") return std::string("1.0507009873554805f * (v > 0.0f ? v : 1.6732632423543772f * std::expm1(v))");
-  if (op == "softplus")
-    return fmt::format("v * {0} > {1} ? v : std::log1p(std::exp(v * {0})) / {0}", p("beta", 1.0), p("threshold", 20.0));
-  if (op == "softsign") return std::string("v / (1.0f + std::fabs(v))");
-  if (op == "hardtanh") return fmt::format("v < {0} ? {0} : (v > {1} ? {1} : v)", p("min_val", -1.0), p("max_val", 1.0));
-  if (op == "hardsigmoid") return std::string("v <= -3.0f ? 0.0f : (v >= 3.0f ? 1.0f : v / 6.0f + 0.5f)");
-  if (op == "silu") return std::string("v / (1.0f + std::exp(-v))");
-  if (op == "mish") return std::string("v * std::tanh(v > 20.0f ? v : std::log1p(std::exp(v)))");
-  if (op == "hardswish") return std::string("v <= -3.0f ? 0.0f : (v >= 3.0f ? v : v * (v + 3.0f) / 6.0f)");
-  return make_error(fmt::format("no elementwise template for the activation '{}'", op));
-}
 
 /// What every CPU family template shares: includes, the thread split, and small vector helpers.
 inline constexpr std::string_view cpu_family_prelude = R"(#include "kevo_problem.hpp"
@@ -445,19 +394,14 @@ void kernel(const Shape&{7}) {{
                                                          tensor_parameters(p), a, b, c, bias);
 }
 
-inline KnobSpec knob(std::string name, std::vector<std::string> domain, KnobSide side) {
-  KnobSpec k{.name = std::move(name), .domain = std::move(domain), .side = side};
-  k.default_value = k.domain.front();
-  return k;
-}
-
 }  // namespace detail
 
 /// The family's kernel template for `p` (its tensors named and typed already), with knobs and FLOPs.
 inline expected<FamilyTemplate, Error> family_template(const FamilyDescription& d, const Problem& p) {
   using detail::knob;
+  if (p.target == Target::cuda) return detail::cuda_family_template(d, p);
   if (p.target != Target::cpu)
-    return make_error(fmt::format("the {} family has no {} template yet: search it with --llm", d.family, to_string(p.target)));
+    return make_error(fmt::format("the {} family has no {} template: search it with --llm", d.family, to_string(p.target)));
   const KnobSpec threads = knob("threads", {"1", "2", "3", "4"}, KnobSide::parallel);
   FamilyTemplate t;
   const double elements = d.number("n", d.number("outer", 1) * d.number("reduce", 1) * d.number("inner", 1));

@@ -122,8 +122,10 @@ inline expected<Problem, Error> load_torch_problem(const std::filesystem::path& 
   if (!helper) return unexpected(helper.error());
   const std::string device = options.target == Target::cpu ? "cpu" : "cuda";
   const fs::path absolute = fs::absolute(file);
+  // Described on the CPU whatever the target: the tensors and the family are the same there, and a machine with
+  // no GPU (CI's) can still load a cuda problem and compile its kernels. The checker and the timer use `device`.
   const SandboxResult r = run_sandboxed({python, helper->string(), "describe", absolute.string(), "--scale", fmt::format("{:.9g}", options.size_scale),
-                                         "--device", device, "--max-bytes", std::to_string(options.memory_limit_bytes)},
+                                         "--device", "cpu", "--max-bytes", std::to_string(options.memory_limit_bytes)},
                                         detail::torch_helper_limits(options.timeout));
   if (!r.started) return unusable("its PyTorch helper could not start: " + r.setup_error);
   if (r.timed_out) return unusable(fmt::format("PyTorch took over {} s to describe it", options.timeout.count()));
@@ -223,6 +225,7 @@ inline expected<Problem, Error> load_torch_problem(const std::filesystem::path& 
       torch.family = d.family + (d.op.empty() ? "" : " (" + d.op + ")");
       p.template_source = std::move(t->source);
       p.knobs = std::move(t->knobs);
+      p.starting_points = std::move(t->starting_points);
       p.flops_model = fmt::format("{:.17g}", t->flops);
     } else {
       family_note = t.error().message;

@@ -257,7 +257,10 @@ def family_hypotheses(model, inputs, params, out):
             yield {"family": "softmax", "log": log, "outer": o, "reduce": r, "inner": i}, f
 
     if len(inputs) == 1 and out.shape == x.shape and x.is_floating_point():
-        eps_guesses = sorted({float(v) for v in vars(model).values() if isinstance(v, float) and 0 < v < 0.1} | {1e-5, 1e-6, 1e-8, 1e-12})
+        # The module's own small floats first (its eps), then the usual defaults: a tiny eps also passes the
+        # numeric confirmation, so the first that does must be the module's where it has one.
+        own = [float(v) for v in vars(model).values() if isinstance(v, float) and 0 < v < 0.1]
+        eps_guesses = list(dict.fromkeys(own + [1e-5, 1e-6, 1e-8, 1e-12]))
         if "LayerNorm" in names or "layer_norm" in names:
             ln = next((c[4] for c in ops if c[1] == "LayerNorm"), None)
             k = len(ln.normalized_shape) if ln is not None else 1
