@@ -2043,6 +2043,23 @@ def serve(args):
         m, xs = instantiate(module, seed, args.device)
         return xs + [t for _, t in state_tensors(m)]
 
+    def draw_with_window(seed, extra):
+        """Each kernel input under `seed`, flattened to its kernel type and followed by `extra` elements of further
+        draws (the timing pool's window past the end)."""
+        parts = [[kernel_view(t)] for t in draw(seed)]
+        have = [p[0].numel() for p in parts]
+        more = 1
+        while any(h < p[0].numel() + extra for h, p in zip(have, parts)):
+            for k, t in enumerate(draw(seed + (more << 32))):
+                again = kernel_view(t)
+                take = min(again.numel(), parts[k][0].numel() + extra - have[k])
+                if take == 0 and have[k] < parts[k][0].numel() + extra:
+                    raise ValueError(f"input {k} is empty: its timing pool cannot be filled")
+                parts[k].append(again[:take])
+                have[k] += take
+            more += 1
+        return [torch.cat(p) if len(p) > 1 else p[0] for p in parts]
+
     # The dtypes the module draws (an int64 input crosses as int32 and is widened back).
     natural = [t.dtype for t in first_inputs + params]
     shared = None
@@ -2064,17 +2081,9 @@ def serve(args):
             return
         try:
             if line[0] == "draw":
-                seed, extra = int(line[1]), int(line[2])
-                tensors = draw(seed)
-                more = [b"" for _ in tensors]
-                k = 1
-                while extra > 0 and any(len(m) < 4 * extra for m in more):
-                    for i, t in enumerate(draw(seed + (k << 32))):
-                        more[i] += to_words(t)
-                    k += 1
                 payload = b""
-                for i, t in enumerate(tensors):
-                    words = to_words(t) + more[i][: 4 * extra]
+                for t in draw_with_window(int(line[1]), int(line[2])):
+                    words = to_words(t)
                     payload += struct.pack("<Q", len(words) // 4) + words
                 out.write(b"ok\n" + payload)
             elif line[0] == "exchange":
@@ -2082,24 +2091,12 @@ def serve(args):
                 shared = map_exchange(3, int(line[-1]))
                 out.write(b"ok\n")
             elif line[0] == "draw_shared":
-                seed, extra = int(line[1]), int(line[2])
-                flats = [kernel_view(t) for t in draw(seed)]
-                targets = [slot(input_slots[k], f.numel() + extra) for k, f in enumerate(flats)]
-                filled = [f.numel() for f in flats]
-                for target, f in zip(targets, flats):
-                    target[: f.numel()].copy_(f)
-                more = 1
-                while any(f < t.numel() for f, t in zip(filled, targets)):  # the window past the end: further draws
-                    for k, t in enumerate(draw(seed + (more << 32))):
-                        again = kernel_view(t)
-                        take = min(again.numel(), targets[k].numel() - filled[k])
-                        if take == 0 and filled[k] < targets[k].numel():
-                            raise ValueError(f"input {k} is empty: its timing pool cannot be filled")
-                        targets[k][filled[k] : filled[k] + take].copy_(again[:take])
-                        filled[k] += take
-                    more += 1
+                counts = []
+                for k, t in enumerate(draw_with_window(int(line[1]), int(line[2]))):
+                    slot(input_slots[k], t.numel()).copy_(t)
+                    counts.append(t.numel())
                 torch.cuda.synchronize()
-                out.write(b"ok\n" + b"".join(struct.pack("<Q", t.numel()) for t in targets))
+                out.write(b"ok\n" + b"".join(struct.pack("<Q", c) for c in counts))
             elif line[0] == "forward_shared":
                 given = []
                 for k, i in enumerate(input_slots):
