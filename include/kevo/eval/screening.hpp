@@ -18,10 +18,16 @@
 // precompiled header shrinks the dump as well, but clang-15 reads a CUDA one back as ODR violations
 // (host and device overloads), and it needs a cache. A candidate that closes the namespace to escape
 // the dump fails the sentinel after it, and is refused.
-// Where clang cannot parse the candidate, the screen does not refuse for that alone: the verdict's
-// note says so, and the sandbox is relied on.
+// CUDA is parsed as nvcc compiles it: once for each of nvcc's passes (the host's, and each device
+// architecture's, as `nvcc --dryrun` with the evaluator's flags lists them), the candidate's code seeing
+// the macros nvcc defines there (__NVCC__, __CUDACC_VER_MAJOR__, __CUDA_ARCH__), so that code under
+// `#ifdef __NVCC__` or `#ifdef __CUDA_ARCH__` is screened too. A finding of any pass counts. A pass
+// whose preprocessed candidate equals the host's is not parsed again.
+// Where clang cannot parse the candidate (in any pass), the screen does not refuse for that alone: the
+// verdict's note says so, and the sandbox is relied on. clang-15 cannot parse CUB, cooperative groups
+// or libcu++ of CUDA 13 in any pass.
 //
-// Why one file of about 1030 lines: the rules, the text scan and the AST walk that enforces them sit
+// Why one file of about 1330 lines: the rules, the text scan and the AST walk that enforces them sit
 // together, so that a reader checks each rule against its enforcement in one place.
 #pragma once
 
@@ -1263,32 +1269,8 @@ inline ScreeningVerdict screen_candidate(std::string_view source, Target target,
                              .drop_privileges = false,
                              .isolate = false,
                              .working_directory = dir.path()};
-  // Runs `work(i)` for every pass, side by side: a CUDA screen takes about one pass's time, not three.
-  auto for_each_pass = [&](auto work) {
-    std::vector<std::jthread> others;
-    for (std::size_t i = 1; i < passes.size(); ++i) others.emplace_back([&, i] { work(i); });
-    work(0);
-  };
-  // A pass whose preprocessed candidate (everything after the prelude's namespace line) is the same as
-  // an earlier pass's holds the same code, so its AST would hold the same calls and asm: it is not
-  // parsed again. A device pass differs where the candidate has #if __CUDA_ARCH__ or the like; a
-  // preprocessing takes about a quarter of a parse.
-  std::vector<bool> parse(passes.size(), true);
-  if (passes.size() > 1) {
-    std::vector<std::optional<std::string>> candidate_text(passes.size());
-    for_each_pass([&](std::size_t i) {
-      SandboxResult r = run_sandboxed(detail::clang_command(language, rules, include_dir, *in, passes[i], preludes[i], true), limits);
-      const std::size_t at = r.stdout_text.find(fmt::format("namespace {} {{", in->nonce));
-      if (r.ok() && at != std::string::npos) candidate_text[i] = r.stdout_text.substr(at);
-    });
-    for (std::size_t i = 1; i < passes.size(); ++i)
-      for (std::size_t j = 0; j < i && candidate_text[i]; ++j)
-        if (parse[j] && candidate_text[j] == candidate_text[i]) parse[i] = false;
-  }
-
   auto screen_pass = [&](std::size_t index) {
     PassOutcome out;
-    if (!parse[index]) return out;
     const detail::CompilePass& pass = passes[index];
     const std::string in_pass = pass.name.empty() ? "" : " in " + pass.name;
     SandboxResult r = run_sandboxed(detail::clang_command(language, rules, include_dir, *in, pass, preludes[index]), limits);
@@ -1309,8 +1291,35 @@ inline ScreeningVerdict screen_candidate(std::string_view source, Target target,
     else if (ast.main_nodes() == 0 && text.has_code) out.note = fmt::format("{}'s AST held none of the candidate's code{}", clang_name, in_pass);
     return out;
   };
+  // Runs `work(0 .. n-1)` side by side.
+  auto side_by_side = [](std::size_t n, auto work) {
+    std::vector<std::jthread> threads;
+    for (std::size_t i = 0; i < n; ++i) threads.emplace_back([&, i] { work(i); });
+  };
+  // The first pass (the host's) is always parsed, and starts at once. A later pass whose preprocessed
+  // candidate (everything after the prelude's namespace line) is the same as a parsed pass's holds the
+  // same code, so its AST would hold the same calls and asm: it is not parsed again. A device pass
+  // differs where the candidate has #if __CUDA_ARCH__ or the like. A preprocessing takes about a
+  // quarter of a parse, and runs beside the host's parse: a CUDA screen without such #ifs takes about
+  // one parse's time.
   std::vector<PassOutcome> outcomes(passes.size());
-  for_each_pass([&](std::size_t i) { outcomes[i] = screen_pass(i); });
+  {
+    std::jthread first([&] { outcomes[0] = screen_pass(0); });
+    if (passes.size() > 1) {
+      std::vector<std::optional<std::string>> candidate_text(passes.size());
+      side_by_side(passes.size(), [&](std::size_t i) {
+        SandboxResult r = run_sandboxed(detail::clang_command(language, rules, include_dir, *in, passes[i], preludes[i], true), limits);
+        const std::size_t at = r.stdout_text.find(fmt::format("namespace {} {{", in->nonce));
+        if (r.ok() && at != std::string::npos) candidate_text[i] = r.stdout_text.substr(at);
+      });
+      std::vector<std::size_t> to_parse;
+      for (std::size_t i = 1; i < passes.size(); ++i) {
+        auto same = [&](std::size_t j) { return candidate_text[i] && candidate_text[j] == candidate_text[i]; };
+        if (!same(0) && std::none_of(to_parse.begin(), to_parse.end(), same)) to_parse.push_back(i);
+      }
+      side_by_side(to_parse.size(), [&](std::size_t k) { outcomes[to_parse[k]] = screen_pass(to_parse[k]); });
+    }
+  }
   // A finding of any pass counts; the first pass that could not be screened whole is the note's.
   std::string note = passes_note;
   for (auto& o : outcomes) {
