@@ -605,39 +605,43 @@ class SearchLoop {
     const bool challenges = args_.retime_new_best && e.ok() && id != tree_.root() && incumbent != id &&
                             tree_[incumbent].state == NodeState::evaluated && e.speedup > tree_.best_speedup();
     if (!challenges) return finish_node(id, std::move(e));
-    // The race takes a dozen runs: the first measurement is stored now, marked unsettled, so that
+    // The race takes several runs: the first measurement is stored now, marked unsettled, so that
     // a kill during it loses nothing finished (resume then races the node again rather than trust
     // that figure); settling it replaces the row.
     if (auto ok = store_evaluation(id, e, false); !ok) return abandon(ok.error());
-    // A new best is only accepted once it beats the old best side by side: noise must not pick it.
-    // Its recorded speedup is then re-timed side by side with the reference where the evaluator
-    // can, rather than chained through the incumbent's (itself noisy) figure.
+    // A new best is only accepted once it wins side by side: noise must not pick it. Where the
+    // evaluator can race a candidate against the reference itself, that one race (half the runs of
+    // two) settles it: the reference is the yardstick that every best was raced against, so drift
+    // between races cancels, and the figure recorded is a side-by-side one, not chained through the
+    // incumbent's. Else the challenger races the incumbent.
     // The worker gets its own references to both candidates: candidates_ may grow meanwhile.
     boost::asio::post(*workers_, [this, id, incumbent, e = std::move(e), challenger = candidates_[id],
                                   holder = candidates_[incumbent], seed = detail::mix(args_.seed, ~keys_[id])]() mutable {
       expected<Comparison, Error> race = make_error("the evaluator threw");
-      std::optional<expected<Comparison, Error>> against_reference;
+      bool against_reference = false;
       try {
-        race = evaluator_->compare(*challenger, *holder, seed);
-        if constexpr (requires { evaluator_->compare_with_reference(*challenger, seed); })
-          if (race) against_reference = evaluator_->compare_with_reference(*challenger, seed);
+        if constexpr (requires { evaluator_->compare_with_reference(*challenger, seed); }) {
+          race = evaluator_->compare_with_reference(*challenger, seed);
+          against_reference = true;
+        } else {
+          race = evaluator_->compare(*challenger, *holder, seed);
+        }
       } catch (const std::exception& ex) {
         race = make_error(ex.what());
       }
-      boost::asio::post(*io_, [this, id, incumbent, e = std::move(e), race = std::move(race),
-                               against_reference = std::move(against_reference)]() mutable {
+      boost::asio::post(*io_, [this, id, incumbent, e = std::move(e), race = std::move(race), against_reference]() mutable {
         settle_challenge(id, incumbent, std::move(e), race, against_reference);
       });
     });
   }
 
-  void settle_challenge(NodeId id, NodeId incumbent, Evaluation e, const expected<Comparison, Error>& race,
-                        const std::optional<expected<Comparison, Error>>& against_reference) {
+  void settle_challenge(NodeId id, NodeId incumbent, Evaluation e, const expected<Comparison, Error>& race, bool against_reference) {
     auto note = [&](const std::string& text) { e.diagnostics.message += (e.diagnostics.message.empty() ? "" : "; ") + text; };
+    const char* rival = against_reference ? "the reference" : "the best";
     if (race && race->challenger_failure != FailureKind::none) {  // correct once, wrong on other inputs: not correct
       e.failure = race->challenger_failure;
       e.speedup = 0;
-      note(fmt::format("failed when re-checked beside node {}: {}", incumbent, race->challenger_message));
+      note(fmt::format("failed when re-checked beside {}: {}", rival, race->challenger_message));
       return finish_node(id, std::move(e));
     }
     if (!race || race->challenger_seconds <= 0) {
@@ -645,15 +649,15 @@ class SearchLoop {
       return finish_node(id, std::move(e));
     }
     const double measured = e.speedup;
-    const double ratio = race->incumbent_seconds / race->challenger_seconds;
     const double incumbent_speedup = tree_[incumbent].speedup;
-    if (against_reference && *against_reference && (*against_reference)->challenger_seconds > 0)
-      e.speedup = (*against_reference)->incumbent_seconds / (*against_reference)->challenger_seconds;
+    const double ratio = race->incumbent_seconds / race->challenger_seconds;
+    e.speedup = against_reference ? ratio : incumbent_speedup * ratio;
+    if (against_reference)
+      note(fmt::format("re-timed: {:.2f}x over the reference side by side (first measured {:.2f}x; node {} holds {:.2f}x)", e.speedup,
+                       measured, incumbent, incumbent_speedup));
     else
-      e.speedup = incumbent_speedup * ratio;
-    if (ratio <= 1.0) e.speedup = std::min(e.speedup, incumbent_speedup);  // it lost side by side: not the best
-    note(fmt::format("re-timed: {:.3f}x of node {} side by side, {:.2f}x over the reference (first measured {:.2f}x)", ratio,
-                     incumbent, e.speedup, measured));
+      note(fmt::format("re-timed: {:.3f}x of node {} side by side, {:.2f}x over the reference (first measured {:.2f}x)", ratio, incumbent,
+                       e.speedup, measured));
     finish_node(id, std::move(e));
   }
 

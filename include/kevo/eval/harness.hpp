@@ -243,7 +243,7 @@ void reference(const Shape&{}) {{
 /// elements past them, has the runner call the kernel, freezes the runner (SIGSTOP: no thread of
 /// it runs on) and checks every output element and every input element (unchanged). Then it
 /// times warm-up and timed calls, each on inputs of its own (a window of a pool drawn for this
-/// evaluation) after flushing the caches, each checked too; the time of a call is the larger of
+/// evaluation) after evicting its data from every cache level, each checked too; the time of a call is the larger of
 /// its wall time and the runner's CPU time over its CPUs, so work on other threads counts. Last,
 /// the timed inputs again with one element in 256 changed, at other addresses: a kernel that
 /// replays outputs it keyed on sampled inputs is caught. Prints one JSON line on stdout.

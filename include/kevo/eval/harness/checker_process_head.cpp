@@ -27,4 +27,9 @@
 #include <string>
 #include <vector>
 
+#if defined(__x86_64__) && !defined(__CUDACC__)  // the CPU checker evicts a call's data (evict_call_data)
+#include <cpuid.h>
+#include <immintrin.h>
+#endif
+
 namespace {

@@ -123,8 +123,9 @@ Tensors reference_outputs(const Shape& shape, const Tensors& inputs, double* sec
   return t;
 }
 
-// Writing and reading a buffer twice the last-level cache, so that a timed call finds its data in
-// memory, as it would in a real pipeline, and the roofline bounds it.
+#if !defined(__x86_64__)
+// Writing and reading a buffer twice the last-level cache: where no instruction evicts a line
+// (see evict_call_data), this is how a timed call is made to find its data in memory.
 void flush_caches() {
   static std::vector<std::uint64_t> buffer = [] {
     std::size_t bytes = 64u << 20;
@@ -146,6 +147,41 @@ void flush_caches() {
   sink = sum;
   (void)sink;
 }
+#endif
+
+#if defined(__x86_64__)
+// clflushopt (most x86-64 CPUs since 2015) evicts lines without waiting for each, about 10x faster than clflush.
+__attribute__((target("clflushopt"))) void evict_lines_unordered(unsigned char* first, std::size_t bytes) {
+  for (std::size_t at = 0; at < bytes; at += 64) _mm_clflushopt(first + at);
+}
+void evict_lines_ordered(unsigned char* first, std::size_t bytes) {
+  for (std::size_t at = 0; at < bytes; at += 64) _mm_clflush(first + at);
+}
+bool cpu_has_clflushopt() {
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  return __get_cpuid_count(7, 0, &a, &b, &c, &d) && (b >> 23 & 1u);
+}
+#endif
+
+// So that a timed call finds its data in memory, as it would in a real pipeline, and the roofline
+// bounds it, the call's own bytes (inputs, outputs, guards) leave every cache level first. On
+// x86-64 an eviction instruction does that (written back, dropped from every core's caches) at a
+// cost that follows the call's data: writing a buffer twice the last-level cache instead cost about
+// 0.2 s a call, 60% of an evaluation, on a 2-core machine whose CPU reports a 260 MB L3.
+void evict_call_data(const Shape& shape, const std::vector<std::size_t>& offsets) {
+#if defined(__x86_64__)
+  static const bool unordered = cpu_has_clflushopt();
+  for (std::size_t i = 0; i < tensor_count; ++i) {
+    const std::size_t bytes = static_cast<std::size_t>(element_count(i, shape) + guard_elements) * 4;
+    if (unordered) evict_lines_unordered(arena.base + offsets[i], bytes);
+    else evict_lines_ordered(arena.base + offsets[i], bytes);
+  }
+  _mm_mfence();  // every eviction done before the clock starts
+#else
+  (void)shape, (void)offsets;
+  flush_caches();
+#endif
+}
 
 // ---- calls ----
 
@@ -159,7 +195,7 @@ CallTiming call(const Shape& shape, const Tensors& inputs, const std::vector<std
     else std::memcpy(words, inputs[i].data(), static_cast<std::size_t>(n) * 4);
     std::fill(words + n, words + n + guard_elements, poison);
   }
-  if (flush) flush_caches();
+  if (flush) evict_call_data(shape, offsets);
   return exchange(shape, {offsets}, what);
 }
 
