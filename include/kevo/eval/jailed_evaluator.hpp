@@ -266,6 +266,9 @@ class JailedEvaluator {
     ScreeningRules rules = ScreeningRules::for_target(problem_.target);
     rules.allow_asm = problem_.allow_asm;
     rules.allowed_includes.insert(rules.allowed_includes.end(), problem_.library_headers.begin(), problem_.library_headers.end());
+    // The screen parses each pass that nvcc makes with the flags that the build passes it: this GPU's
+    // architecture and the problem's own -D.
+    if constexpr (Toolchain::target == Target::cuda) rules.nvcc_flags = Toolchain::compile_flags(problem_);
     return rules;
   }
 
