@@ -21,6 +21,7 @@
 
 #include <unistd.h>
 
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -304,4 +305,39 @@ TEST_CASE("kernelbench: on a cuda target each family's kernels pass the screen a
     INFO(kevo::to_string(knobs) << ": " << kevo::to_string(e.failure) << ": " << e.diagnostics.message << "\n" << e.diagnostics.detail);
     CHECK(e.failure == kevo::FailureKind::none);
   }
+}
+
+TEST_CASE("kernelbench: the evaluator keeps one PyTorch helper for all its runs; a crashed candidate or a killed helper costs one run, no more") {
+  // A cache of its own: the helper's command line names it, so that only this test's helper is killed below.
+  kevo::eval::EvaluatorOptions options = test_options();
+  options.cache_dir = fs::temp_directory_path() / fmt::format("kevo-kept-helper-{}", ::getpid());
+  const kevo::Problem relu = load("01_relu.py");
+  kevo::eval::CpuEvaluator evaluator(relu, options);
+  REQUIRE_PREPARED(evaluator);  // PyTorch eager timed through the kept helper
+  CHECK(evaluator.stats().torch_helper_starts == 1);
+  for (std::uint64_t seed : {1, 2, 3}) {
+    const kevo::Evaluation e = evaluator.evaluate(evaluator.default_candidate(), seed);
+    INFO(kevo::to_string(e.failure) << ": " << e.diagnostics.message);
+    CHECK(e.ok());
+  }
+  CHECK(evaluator.stats().runs == 3);
+  CHECK(evaluator.stats().torch_helper_starts == 1);  // not one a run
+
+  // A candidate that crashes mid-run ends its checker while the helper serves it: the next run is served.
+  const std::string crash = "#include \"kevo_problem.hpp\"\nvoid kernel(const Shape&, const float*, float*) { *static_cast<volatile int*>(nullptr) = 1; }\n";
+  const kevo::Evaluation crashed = evaluator.evaluate(kevo::Candidate{.source = crash, .origin = "crash"}, 4);
+  CHECK(crashed.failure == kevo::FailureKind::crash);
+  const kevo::Evaluation after_crash = evaluator.evaluate(evaluator.default_candidate(), 5);
+  INFO(after_crash.diagnostics.message);
+  CHECK(after_crash.ok());
+  CHECK(evaluator.stats().torch_helper_starts == 1);
+
+  // A helper killed between runs is started again for the next one, which passes.
+  const std::string pattern = (options.cache_dir / "problems").string() + ".*[s]erve-runs";  // [s]: not the shell that runs pkill
+  REQUIRE(std::system(("pkill -KILL -f '" + pattern + "'").c_str()) == 0);
+  const kevo::Evaluation after_kill = evaluator.evaluate(evaluator.default_candidate(), 6);
+  INFO(after_kill.diagnostics.message);
+  CHECK(after_kill.ok());
+  CHECK(evaluator.stats().torch_helper_starts == 2);
+  fs::remove_all(options.cache_dir);
 }

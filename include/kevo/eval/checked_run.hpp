@@ -43,6 +43,9 @@ struct CheckedRunRequest {
   SandboxLimits checker_limits = {};
   JailOptions jail = {};                         ///< `program` and `info_pipe` are set here
   bool profile = false;                          ///< one checked call for a profiler (jail.launcher) to see, untimed
+  /// A connection to the PyTorch helper that the evaluator keeps running (KernelBench-format problems), which
+  /// the checker then uses rather than start one; run_checked owns and closes it. -1: none.
+  int torch_helper_fd = -1;
 };
 
 /// What a checked run found: a failure with its one-line message, or the timing.
@@ -171,6 +174,7 @@ inline RunReport interpret(const SandboxResult& checker, const SandboxResult& ru
 /// Runs the candidate's runner in its jail beside the problem's checker, joined by a socket, and
 /// returns the checker's verdict. Thread-safe; the caller keeps timed runs one at a time.
 inline RunReport run_checked(CheckedRunRequest request) {
+  OwnedFd torch_helper(request.torch_helper_fd);
   RunReport report;
   int control[2];
   if (::socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, control) != 0) {
@@ -199,13 +203,17 @@ inline RunReport run_checked(CheckedRunRequest request) {
   SandboxLimits checker_limits = request.checker_limits;
   checker_limits.isolate = false;  // it signals the runner and reads its CPU clock by pid
   checker_limits.drop_privileges = false;
-  const std::vector<std::string> checker_argv = {request.checker.string(), "--control", std::to_string(checker_end.get()), "--info",
+  std::vector<std::string> checker_argv = {request.checker.string(), "--control", std::to_string(checker_end.get()), "--info",
                                                  std::to_string(info.get()), "--seed", std::to_string(request.seed), "--warmup",
                                                  std::to_string(request.warmup), "--repetitions", std::to_string(request.repetitions),
                                                  "--call-timeout", std::to_string(request.call_timeout.count()), "--flush",
                                                  request.flush_caches ? "1" : "0", "--round-trip", fmt::format("{:.9g}", request.round_trip_seconds),
                                                  "--profile", request.profile ? "1" : "0"};
   checker_limits.handed_over_fds = {checker_end.release(), info.release()};
+  if (torch_helper.get() >= 0) {
+    checker_argv.insert(checker_argv.end(), {"--torch-helper", std::to_string(torch_helper.get())});
+    checker_limits.handed_over_fds.push_back(torch_helper.release());
+  }
   const SandboxResult checker = run_sandboxed(checker_argv, checker_limits);
   const SandboxResult runner_result = runner.get();
   RunReport verdict = detail::interpret(checker, runner_result, request);

@@ -29,6 +29,7 @@
 #include <kevo/eval/sandbox.hpp>
 #include <kevo/eval/screening.hpp>
 #include <kevo/eval/timing_gate.hpp>
+#include <kevo/eval/torch_helper.hpp>
 #include <kevo/evaluator.hpp>
 #include <kevo/expected.hpp>
 #include <kevo/problem.hpp>
@@ -36,7 +37,9 @@
 #include <fmt/format.h>
 #include <simdjson.h>
 
+#include <poll.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -48,7 +51,9 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <mutex>
+#include <optional>
 #include <shared_mutex>
 #include <sstream>
 #include <string>
@@ -123,6 +128,7 @@ struct EvaluatorStats {
   std::size_t compiles = 0;     ///< candidate builds actually compiled
   std::size_t cache_hits = 0;   ///< candidate builds found in the cache
   std::size_t runs = 0;         ///< checked runs (a checker beside a jailed runner)
+  std::size_t torch_helper_starts = 0;  ///< a KernelBench-format problem's kept PyTorch helper, started (again where one died)
 };
 
 /// A Toolchain provides, as static members: `target`; `source_extension` (".cpp", ".cu");
@@ -255,7 +261,10 @@ class JailedEvaluator {
   /// A kernel that calls the reference: its speedup is 1 up to noise.
   Candidate reference_candidate() const { return Candidate{.source = reference_kernel_source(problem_), .knobs = {}, .origin = "reference"}; }
 
-  EvaluatorStats stats() const { return EvaluatorStats{compiles_.load(), cache_hits_.load(), runs_.load()}; }
+  EvaluatorStats stats() const {
+    const TorchHelperServer* helper = kept_torch_helper_.load();
+    return EvaluatorStats{compiles_.load(), cache_hits_.load(), runs_.load(), helper ? helper->starts() : 0};
+  }
   /// Where this problem's generated sources and builds live.
   const std::filesystem::path& build_directory() const { return problem_dir_; }
 
@@ -718,6 +727,33 @@ class JailedEvaluator {
     return run_harness_locked(executable, seed, warmup, repetitions);
   }
 
+  // A KernelBench-format problem's PyTorch helper, kept running for this evaluator's runs (on this machine:
+  // a remote run's checker starts its own). Null where there is none to keep.
+  TorchHelperServer* torch_helper() {
+    if (!problem_.torch || executor_.remote()) return nullptr;
+    std::call_once(torch_helper_made_, [&] {
+      SandboxLimits limits = checker_limits();
+      limits.memory_bytes = 0;                           // PyTorch maps far more address space than it uses
+      limits.wall_time = std::chrono::hours(12);         // its whole life: one past that is started again
+      limits.environment.insert(limits.environment.end(), {"OMP_WAIT_POLICY=PASSIVE", "PYTHONDONTWRITEBYTECODE=1", "HOME=/tmp"});
+      torch_helper_ = std::make_unique<TorchHelperServer>(TorchHelperServer::Launch{
+          .argv = {problem_.torch->python, (problem_dir_ / "kevo_torch.py").string(), "serve-runs", (problem_dir_ / "reference_module.py").string(),
+                   "--scale", fmt::format("{:.9g}", problem_.torch->size_scale), "--device", problem_.torch->device},
+          .limits = std::move(limits)});
+      kept_torch_helper_.store(torch_helper_.get());
+    });
+    return torch_helper_.get();
+  }
+
+  // The checker's end of a connection to the kept helper, or -1: the checker then starts a helper of its own
+  // (where the kept one cannot start, that one's failure is the run's, with its words).
+  int torch_helper_connection() {
+    TorchHelperServer* helper = torch_helper();
+    if (!helper) return -1;
+    auto connection = helper->connect();
+    return connection ? connection->release() : -1;
+  }
+
   RunReport run_harness_locked(const std::filesystem::path& executable, std::uint64_t seed, int warmup, int repetitions) {
     ++runs_;
     return executor_.run(CheckedRunRequest{.checker = problem_dir_ / "checker",
@@ -730,7 +766,8 @@ class JailedEvaluator {
                                          .round_trip_seconds = round_trip_seconds_,
                                          .runner_limits = candidate_limits(),
                                          .checker_limits = checker_limits(),
-                                         .jail = candidate_jail()});
+                                         .jail = candidate_jail(),
+                                         .torch_helper_fd = torch_helper_connection()});
   }
 
   static double median(std::vector<double> v) {
@@ -797,6 +834,7 @@ class JailedEvaluator {
   /// clock), and torch.compile beside it where `peers`. The caller holds the timing gate.
   TorchTiming time_torch_locked(std::uint64_t seed, int repetitions, bool peers) {
     TorchTiming t;
+    if (auto line = time_torch_on_kept_helper(seed, std::max(3, repetitions), peers)) return torch_timing_of(*line, "", t, repetitions);
     SandboxLimits limits = checker_limits();
     limits.memory_bytes = 0;  // PyTorch maps far more address space than it uses
     limits.wall_time = std::chrono::seconds(600);
@@ -805,14 +843,43 @@ class JailedEvaluator {
                                      "--repetitions", std::to_string(std::max(3, repetitions)), "--seed", std::to_string(seed % (1ull << 40))};
     if (peers) argv.push_back("--peers");
     const SandboxResult r = run_sandboxed(argv, limits);
+    return torch_timing_of(detail::last_json_line(r.stdout_text), r.stderr_text + r.stdout_text + r.setup_error, t, repetitions);
+  }
+
+  // The kept helper's "time" request on a connection of its own: its JSON line, or nothing where there is no
+  // kept helper or it did not answer (the caller then starts one for the timing, as before).
+  std::optional<std::string> time_torch_on_kept_helper(std::uint64_t seed, int repetitions, bool peers) {
+    const int fd = torch_helper_connection();
+    if (fd < 0) return std::nullopt;
+    OwnedFd connection(fd);
+    const std::string request = detail::torch_tensor_spec(problem_) + "\n" +
+                                fmt::format("time {} {} {}\nquit\n", seed % (1ull << 40), repetitions, peers ? 1 : 0);
+    if (::send(fd, request.data(), request.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(request.size())) return std::nullopt;
+    std::string answer;  // "ready", then the JSON line
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(600);
+    char buffer[4096];
+    while (std::count(answer.begin(), answer.end(), '\n') < 2) {
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now()).count();
+      pollfd p{fd, POLLIN, 0};
+      if (left <= 0 || ::poll(&p, 1, static_cast<int>(left)) <= 0) return std::nullopt;
+      const ssize_t n = ::read(fd, buffer, sizeof buffer);
+      if (n <= 0) return std::nullopt;
+      answer.append(buffer, static_cast<std::size_t>(n));
+    }
+    if (!answer.starts_with("ready\n")) return std::nullopt;
+    return answer.substr(6, answer.find('\n', 6) - 6);
+  }
+
+  // PyTorch's timing from the helper's JSON line (`words`: what it said otherwise, for the failure).
+  TorchTiming torch_timing_of(const std::string& line, const std::string& words, TorchTiming& t, int repetitions) {
     simdjson::dom::parser parser;
     simdjson::dom::element verdict;
     bool ok = false;
-    if (parser.parse(detail::last_json_line(r.stdout_text)).get(verdict) || verdict["ok"].get(ok) || !ok) {
+    if (parser.parse(line).get(verdict) || verdict["ok"].get(ok) || !ok) {
       std::string_view why;
       t.report.failure = FailureKind::sandbox_error;
       t.report.message = !verdict["error"].get(why) ? "PyTorch eager failed while timed: " + std::string(why)
-                                                      : "PyTorch eager failed while timed: " + detail::tail(r.stderr_text + r.stdout_text + r.setup_error, 400);
+                                                      : "PyTorch eager failed while timed: " + detail::tail(words.empty() ? line : words, 400);
       return t;
     }
     if (verdict["eager_seconds"].get(t.report.seconds) || !(t.report.seconds > 0)) {
@@ -886,6 +953,9 @@ class JailedEvaluator {
   double best_profiled_speedup_ = 0;  ///< the fastest candidate profiled so far: only a faster one is profiled
   std::atomic<std::size_t> compiles_{0}, cache_hits_{0}, runs_{0};
   RunExecutor executor_;
+  std::once_flag torch_helper_made_;
+  std::unique_ptr<TorchHelperServer> torch_helper_;  // last: gone first, while what its runs used still stands
+  std::atomic<const TorchHelperServer*> kept_torch_helper_{nullptr};  // the same, for stats() from any thread
 };
 
 }  // namespace kevo::eval

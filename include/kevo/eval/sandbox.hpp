@@ -268,6 +268,14 @@ struct ChildPlan {
 }
 
 // Forks the workload, reaps every child until the workload is gone, reports its wait status.
+// Once the program is started, a process that only waits for it holds nothing of the program's: a socket
+// handed over to the program then ends when the program does (its peer sees it closed), not when the
+// waiting process gets round to exiting.
+inline void keep_only_status_pipe(const ChildPlan& plan) {
+  int keep[1] = {plan.status_fd};
+  close_other_descriptors(keep, 1);
+}
+
 [[noreturn]] inline void run_reaper(const ChildPlan& plan) {
   const pid_t workload = ::fork();
   if (workload < 0) fail_setup(plan.status_fd, 0);
@@ -275,6 +283,7 @@ struct ChildPlan {
     ::prctl(PR_SET_PDEATHSIG, SIGKILL);
     exec_workload(plan);
   }
+  keep_only_status_pipe(plan);
   int status = 0;
   for (;;) {
     int st = 0;
@@ -347,6 +356,7 @@ inline void kill_own_group(int) {
       ::prctl(PR_SET_PDEATHSIG, SIGKILL);
       run_reaper(plan);
     }
+    keep_only_status_pipe(plan);
     int st = 0;
     while (::waitpid(reaper, &st, 0) < 0 && errno == EINTR) {
     }

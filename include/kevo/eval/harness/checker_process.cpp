@@ -43,6 +43,7 @@ struct Options {
   bool validate_tolerance = false;
   double round_trip = -1;  // seconds; < 0: measure it here
   bool profile = false;    // one checked call on the timing shape, for a profiler that started the runner; no timing
+  int torch_helper_fd = -1;  // a connection to a PyTorch helper that kevo keeps running (KernelBench-format problems)
 } options;
 
 double now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
@@ -225,6 +226,7 @@ void parse_options(int argc, char** argv) {
     else if (flag == "--validate-tolerance") options.validate_tolerance = value != "0";
     else if (flag == "--round-trip") options.round_trip = std::atof(value.c_str());
     else if (flag == "--profile") options.profile = value != "0";
+    else if (flag == "--torch-helper") options.torch_helper_fd = std::atoi(value.c_str());
   }
   ::signal(SIGPIPE, SIG_IGN);
 }

@@ -5,6 +5,8 @@
 #
 #   python3 kevo_torch.py describe FILE [--scale F] [--device cpu|cuda]   one JSON line: the problem kevo learns
 #   python3 kevo_torch.py serve FILE [--scale F] [--device D]              the checker's reference (binary, stdin/stdout)
+#   python3 kevo_torch.py serve-runs FILE --control-fd N [...]             the same for one checker run after another, kept
+#                                                                         alive by kevo's evaluator: each run a connection
 #   python3 kevo_torch.py time FILE [--scale F] [--device D] [--repetitions N] [--peers]
 #                                                                         PyTorch eager (and torch.compile) timed
 #
@@ -16,6 +18,7 @@ import inspect
 import json
 import math
 import os
+import socket
 import struct
 import sys
 import time
@@ -429,7 +432,8 @@ def from_words(data, spec, device):
 
 def map_exchange(fd, size):
     """The CUDA checker's exchange: its device memory, exported as descriptor `fd`, mapped here through the
-    driver's virtual memory API (as kevo's runner maps its arena) and seen as one uint8 CUDA tensor."""
+    driver's virtual memory API (as kevo's runner maps its arena) and seen as one uint8 CUDA tensor; and the
+    function that unmaps it."""
     import ctypes
 
     import torch
@@ -462,7 +466,15 @@ def map_exchange(fd, size):
     class Memory:  # what torch.as_tensor reads to wrap device memory without a copy
         __cuda_array_interface__ = {"shape": (size,), "typestr": "|u1", "data": (base.value, False), "version": 3}
 
-    return torch.as_tensor(Memory(), device="cuda")
+    def release():
+        """Unmapped when the run ends: a helper that serves many runs would otherwise hold every run's memory."""
+        torch.cuda.synchronize()
+        call("cuMemUnmap", [u64, size_t], base, size)
+        call("cuMemAddressFree", [u64, size_t], base, size)
+        call("cuMemRelease", [u64], handle)
+        os.close(fd)
+
+    return torch.as_tensor(Memory(), device="cuda"), release
 
 
 def kernel_view(t):
@@ -477,40 +489,103 @@ def kernel_view(t):
     return t
 
 
-def serve(args):
-    """Requests on stdin, one line each, then binary payloads; answers on stdout.
-      draw SEED EXTRA   -> for each kernel input: u64 count, count words (the module's get_inputs() and fresh
-                           parameters under SEED, each tensor followed by EXTRA more elements of another draw)
-      forward           <- for each kernel input: u64 count, count words
-                        -> "ok\n" then for each output: u64 count, count words; or "error MESSAGE\n"
-    The CUDA checker's requests, whose tensors cross in its device memory (inherited as fd 3) instead:
-      exchange OFFSET... BYTES  map it; tensor i's slot starts at OFFSET i           -> "ok\n"
-      draw_shared SEED EXTRA    as draw, into the inputs' slots (kernel types)       -> "ok\n", a u64 count an input
-      forward_shared            the inputs from their slots, outputs into theirs     -> "ok\n", a u64 count an output
-    """
-    import torch
+class PipeStream:
+    """A checker's requests on stdin and the answers on stdout (serve: the checker started this helper); the
+    CUDA checker's exchange descriptor is inherited as fd 3."""
 
-    torch.set_grad_enabled(False)
-    module, _ = load_module(args.file, args.scale)
-    spec = json.loads(sys.stdin.readline())
-    kernel_inputs = [t for t in spec if t["role"] == "input"]
-    model, first_inputs = instantiate(module, 1, args.device)
-    params = [t for _, t in state_tensors(model)]
-    out = sys.stdout.buffer
-    inp = sys.stdin.buffer
+    def __init__(self):
+        self.inp, self.out = sys.stdin.buffer, sys.stdout.buffer
 
-    def draw(seed):
-        m, xs = instantiate(module, seed, args.device)
+    def readline(self):
+        return self.inp.readline()
+
+    def read(self, n):
+        return self.inp.read(n)
+
+    def write(self, data):
+        self.out.write(data)
+
+    def flush(self):
+        self.out.flush()
+
+    def take_fd(self):
+        return 3
+
+
+class SocketStream:
+    """One checker run's connection (serve-runs): requests and answers on one socket, on which the CUDA checker
+    also sends its exchange's descriptor (SCM_RIGHTS, with the request's bytes)."""
+
+    def __init__(self, sock):
+        self.sock, self.buffer, self.fds, self.pending = sock, bytearray(), [], bytearray()
+
+    def _fill(self):
+        data, fds, _, _ = socket.recv_fds(self.sock, 1 << 16, 4)
+        self.fds += fds
+        self.buffer += data
+        return bool(data)
+
+    def readline(self):
+        while b"\n" not in self.buffer:
+            if not self._fill():
+                line, self.buffer = bytes(self.buffer), bytearray()
+                return line
+        end = self.buffer.index(b"\n") + 1
+        line, self.buffer = bytes(self.buffer[:end]), self.buffer[end:]
+        return line
+
+    def read(self, n):
+        if not self.buffer:
+            self._fill()
+        chunk, self.buffer = bytes(self.buffer[:n]), self.buffer[n:]
+        return chunk
+
+    def write(self, data):
+        self.pending += data
+
+    def flush(self):
+        self.sock.sendall(self.pending)
+        self.pending = bytearray()
+
+    def take_fd(self):
+        if not self.fds:
+            raise ValueError("the exchange came without its descriptor")
+        return self.fds.pop(0)
+
+    def close(self):
+        for fd in self.fds:
+            os.close(fd)
+        self.sock.close()
+
+
+class Reference:
+    """The module, loaded and instantiated once; serves one checker run's requests at a time (serve_run)."""
+
+    def __init__(self, args):
+        import torch
+
+        torch.set_grad_enabled(False)
+        self.args = args
+        self.module, _ = load_module(args.file, args.scale)
+        self.model, first_inputs = instantiate(self.module, 1, args.device)
+        self.params = [t for _, t in state_tensors(self.model)]
+        # The dtypes the module draws (an int64 input crosses as int32 and is widened back).
+        self.natural = [t.dtype for t in first_inputs + self.params]
+
+    def draw(self, seed):
+        m, xs = instantiate(self.module, seed, self.args.device)
         return xs + [t for _, t in state_tensors(m)]
 
-    def draw_with_window(seed, extra):
+    def draw_with_window(self, seed, extra):
         """Each kernel input under `seed`, flattened to its kernel type and followed by `extra` elements of further
         draws (the timing pool's window past the end)."""
-        parts = [[kernel_view(t)] for t in draw(seed)]
+        import torch
+
+        parts = [[kernel_view(t)] for t in self.draw(seed)]
         have = [p[0].numel() for p in parts]
         more = 1
         while any(h < p[0].numel() + extra for h, p in zip(have, parts)):
-            for k, t in enumerate(draw(seed + (more << 32))):
+            for k, t in enumerate(self.draw(seed + (more << 32))):
                 again = kernel_view(t)
                 take = min(again.numel(), parts[k][0].numel() + extra - have[k])
                 if take == 0 and have[k] < parts[k][0].numel() + extra:
@@ -520,79 +595,136 @@ def serve(args):
             more += 1
         return [torch.cat(p) if len(p) > 1 else p[0] for p in parts]
 
-    # The dtypes the module draws (an int64 input crosses as int32 and is widened back).
-    natural = [t.dtype for t in first_inputs + params]
-    shared = None
-    slots = []
+    def forward(self, given):
+        """The module on the kernel's inputs (the module's own inputs, then its parameters and buffers)."""
+        xs, ps = given[: len(given) - len(self.params)], given[len(given) - len(self.params):]
+        for p, v in zip(self.params, ps):
+            p.copy_(v)
+        return outputs_of(self.model(*xs))
 
-    def slot(i, count):
-        kernel_dtype = getattr(torch, spec[i]["dtype"])
-        begin = slots[i]
-        return shared[begin : begin + count * torch.empty(0, dtype=kernel_dtype).element_size()].view(kernel_dtype)
+    def serve_run(self, stream):
+        """Requests, one line each, then binary payloads; answers on the stream. First the checker's spec (a JSON
+        line: each kernel tensor's role, dtype and shape), answered "ready".
+          draw SEED EXTRA   -> for each kernel input: u64 count, count words (the module's get_inputs() and fresh
+                               parameters under SEED, each tensor followed by EXTRA more elements of another draw)
+          forward           <- for each kernel input: u64 count, count words
+                            -> "ok\n" then for each output: u64 count, count words; or "error MESSAGE\n"
+          time SEED REPETITIONS PEERS  -> one JSON line: PyTorch eager (and torch.compile where PEERS is 1) timed
+        The CUDA checker's requests, whose tensors cross in its device memory (its descriptor: stream.take_fd())
+        instead:
+          exchange OFFSET... BYTES  map it; tensor i's slot starts at OFFSET i           -> "ok\n"
+          draw_shared SEED EXTRA    as draw, into the inputs' slots (kernel types)       -> "ok\n", a u64 count an input
+          forward_shared            the inputs from their slots, outputs into theirs     -> "ok\n", a u64 count an output
+        """
+        import torch
 
-    input_slots = [i for i, t in enumerate(spec) if t["role"] == "input"]
-    output_slots = [i for i, t in enumerate(spec) if t["role"] == "output"]
-
-    out.write(b"ready\n")
-    out.flush()
-    while True:
-        line = inp.readline().decode().split()
-        if not line or line[0] == "quit":
+        args = self.args
+        first = stream.readline()
+        if not first:
             return
+        spec = json.loads(first)
+        kernel_inputs = [t for t in spec if t["role"] == "input"]
+        input_slots = [i for i, t in enumerate(spec) if t["role"] == "input"]
+        output_slots = [i for i, t in enumerate(spec) if t["role"] == "output"]
+        shared, release, slots = None, None, []
+
+        def slot(i, count):
+            kernel_dtype = getattr(torch, spec[i]["dtype"])
+            begin = slots[i]
+            return shared[begin : begin + count * torch.empty(0, dtype=kernel_dtype).element_size()].view(kernel_dtype)
+
+        stream.write(b"ready\n")
+        stream.flush()
         try:
-            if line[0] == "draw":
-                payload = b""
-                for t in draw_with_window(int(line[1]), int(line[2])):
-                    words = to_words(t)
-                    payload += struct.pack("<Q", len(words) // 4) + words
-                out.write(b"ok\n" + payload)
-            elif line[0] == "exchange":
-                slots = [int(v) for v in line[1:-1]]
-                shared = map_exchange(3, int(line[-1]))
-                out.write(b"ok\n")
-            elif line[0] == "draw_shared":
-                counts = []
-                for k, t in enumerate(draw_with_window(int(line[1]), int(line[2]))):
-                    slot(input_slots[k], t.numel()).copy_(t)
-                    counts.append(t.numel())
-                torch.cuda.synchronize()
-                out.write(b"ok\n" + b"".join(struct.pack("<Q", c) for c in counts))
-            elif line[0] == "forward_shared":
-                given = []
-                for k, i in enumerate(input_slots):
-                    shape = spec[i]["shape"]
-                    given.append(slot(i, _prod(shape)).reshape(shape).to(natural[k]).clone())
-                xs, ps = given[: len(given) - len(params)], given[len(given) - len(params):]
-                for p, v in zip(params, ps):
-                    p.copy_(v)
-                counts = []
-                for i, r in zip(output_slots, outputs_of(model(*xs))):
-                    flat = kernel_view(r)
-                    slot(i, flat.numel()).copy_(flat)
-                    counts.append(flat.numel())
-                torch.cuda.synchronize()  # done before the checker reads them
-                out.write(b"ok\n" + b"".join(struct.pack("<Q", c) for c in counts))
-            elif line[0] == "forward":
-                given = []
-                for k, t in enumerate(kernel_inputs):
-                    (count,) = struct.unpack("<Q", read_exact(inp, 8))
-                    given.append(from_words(read_exact(inp, 4 * count), t, args.device).to(natural[k]))
-                xs, ps = given[: len(given) - len(params)], given[len(given) - len(params):]
-                for p, v in zip(params, ps):
-                    p.copy_(v)
-                results = outputs_of(model(*xs))
-                payload = b""
-                for r in results:
-                    words = to_words(r)
-                    payload += struct.pack("<Q", len(words) // 4) + words
-                out.write(b"ok\n" + payload)
-            else:
-                out.write(f"error unknown request {line[0]}\n".encode())
-        except EOFError:
+            while True:
+                line = stream.readline().decode().split()
+                if not line or line[0] == "quit":
+                    return
+                try:
+                    if line[0] == "draw":
+                        payload = b""
+                        for t in self.draw_with_window(int(line[1]), int(line[2])):
+                            words = to_words(t)
+                            payload += struct.pack("<Q", len(words) // 4) + words
+                        stream.write(b"ok\n" + payload)
+                    elif line[0] == "exchange":
+                        slots = [int(v) for v in line[1:-1]]
+                        shared, release = map_exchange(stream.take_fd(), int(line[-1]))
+                        stream.write(b"ok\n")
+                    elif line[0] == "draw_shared":
+                        counts = []
+                        for k, t in enumerate(self.draw_with_window(int(line[1]), int(line[2]))):
+                            slot(input_slots[k], t.numel()).copy_(t)
+                            counts.append(t.numel())
+                        torch.cuda.synchronize()
+                        stream.write(b"ok\n" + b"".join(struct.pack("<Q", c) for c in counts))
+                    elif line[0] == "forward_shared":
+                        given = []
+                        for k, i in enumerate(input_slots):
+                            shape = spec[i]["shape"]
+                            given.append(slot(i, _prod(shape)).reshape(shape).to(self.natural[k]).clone())
+                        counts = []
+                        for i, r in zip(output_slots, self.forward(given)):
+                            flat = kernel_view(r)
+                            slot(i, flat.numel()).copy_(flat)
+                            counts.append(flat.numel())
+                        torch.cuda.synchronize()  # done before the checker reads them
+                        stream.write(b"ok\n" + b"".join(struct.pack("<Q", c) for c in counts))
+                    elif line[0] == "forward":
+                        given = []
+                        for k, t in enumerate(kernel_inputs):
+                            (count,) = struct.unpack("<Q", read_exact(stream, 8))
+                            given.append(from_words(read_exact(stream, 4 * count), t, args.device).to(self.natural[k]))
+                        payload = b""
+                        for r in self.forward(given):
+                            words = to_words(r)
+                            payload += struct.pack("<Q", len(words) // 4) + words
+                        stream.write(b"ok\n" + payload)
+                    elif line[0] == "time":
+                        result = timed(self.module, args.device, int(line[1]), int(line[2]), line[3] == "1")
+                        stream.write((json.dumps(result) + "\n").encode())
+                    else:
+                        stream.write(f"error unknown request {line[0]}\n".encode())
+                except EOFError:
+                    return
+                except Exception as e:
+                    stream.write(("error " + f"{type(e).__name__}: {e}".replace("\n", " ") + "\n").encode())
+                stream.flush()
+        finally:
+            shared = None
+            if release:
+                release()
+
+
+def serve(args):
+    """One checker run: the checker started this helper, and talks to it on stdin and stdout."""
+    Reference(args).serve_run(PipeStream())
+
+
+def serve_runs(args):
+    """One checker run after another, for as long as kevo's evaluator keeps the control socket open: each run is a
+    connection whose descriptor comes on the control socket (SCM_RIGHTS). The module is loaded, PyTorch imported
+    and the device's context made once, not once a run (about 6 s on the GPU machine, more than a run)."""
+    import torch
+
+    reference = Reference(args)
+    control = socket.socket(fileno=args.control_fd)
+    control.sendall(f"ready {os.getpid()}\n".encode())
+    while True:
+        data, fds, _, _ = socket.recv_fds(control, 16, 4)
+        if not data:
             return
-        except Exception as e:
-            out.write(("error " + f"{type(e).__name__}: {e}".replace("\n", " ") + "\n").encode())
-        out.flush()
+        for fd in fds:
+            control.sendall(b"a")  # taken: kevo knows this helper is alive and serves the run
+            stream = SocketStream(socket.socket(fileno=fd))
+            try:
+                reference.serve_run(stream)
+            except (OSError, EOFError):  # the checker went away mid-run: its run is over, not the helper
+                pass
+            finally:
+                stream.close()
+                if args.device.startswith("cuda"):
+                    torch.cuda.empty_cache()  # the device's memory back for the next candidate
 
 
 # ---- time: the peers, on kevo's clock ----
@@ -627,35 +759,43 @@ def time_calls(fn, input_sets, device, warmup, repetitions):
     return samples[len(samples) // 2]
 
 
-def time_peers(args):
+def timed(module, device, seed, repetitions, peers):
+    """PyTorch eager on fresh inputs (and torch.compile where `peers`), on kevo's clock: a dict for one JSON line."""
     import torch
 
-    torch.set_grad_enabled(False)
-    module, _ = load_module(args.file, args.scale)
-    model, _ = instantiate(module, args.seed, args.device)
-    input_sets = [instantiate(module, args.seed + 1000 * (k + 1), args.device)[1] for k in range(3)]
-    result = {"ok": True, "eager_seconds": time_calls(model, input_sets, args.device, 2, args.repetitions)}
-    if args.peers:
+    model, _ = instantiate(module, seed, device)
+    input_sets = [instantiate(module, seed + 1000 * (k + 1), device)[1] for k in range(3)]
+    result = {"ok": True, "eager_seconds": time_calls(model, input_sets, device, 2, repetitions)}
+    if peers:
         if not hasattr(torch, "compile"):
             result["compile_note"] = f"PyTorch {torch.__version__} has no torch.compile"
         else:
             try:
                 compiled = torch.compile(model)
-                result["compile_seconds"] = time_calls(compiled, input_sets, args.device, 3, args.repetitions)
+                result["compile_seconds"] = time_calls(compiled, input_sets, device, 3, repetitions)
             except Exception as e:
                 result["compile_note"] = f"torch.compile failed: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
-    print(json.dumps(result))
+    return result
+
+
+def time_peers(args):
+    import torch
+
+    torch.set_grad_enabled(False)
+    module, _ = load_module(args.file, args.scale)
+    print(json.dumps(timed(module, args.device, args.seed, args.repetitions, args.peers)))
 
 
 def main():
     parser = argparse.ArgumentParser(description="kevo's PyTorch helper for KernelBench-format problems")
-    parser.add_argument("mode", choices=["describe", "serve", "time"])
+    parser.add_argument("mode", choices=["describe", "serve", "serve-runs", "time"])
     parser.add_argument("file")
     parser.add_argument("--scale", type=float, default=1.0)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--repetitions", type=int, default=15)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--peers", action="store_true")
+    parser.add_argument("--control-fd", type=int, default=-1, help="serve-runs: the socket on which each run's connection comes")
     parser.add_argument("--max-bytes", type=int, default=0, help="describe: refuse inputs whose two calls' worth exceed this")
     args = parser.parse_args()
     try:
@@ -672,7 +812,7 @@ def main():
             # Full fp32 on both sides: no TF32 in the reference (a candidate of a fp32 problem gets none either).
             torch.backends.cuda.matmul.allow_tf32 = False
             torch.backends.cudnn.allow_tf32 = False
-        {"describe": describe, "serve": serve, "time": time_peers}[args.mode](args)
+        {"describe": describe, "serve": serve, "serve-runs": serve_runs, "time": time_peers}[args.mode](args)
     except Unusable as e:
         print(json.dumps({"ok": False, "error": str(e)}))
     except Exception as e:

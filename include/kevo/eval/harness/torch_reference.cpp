@@ -1,5 +1,6 @@
 //! checker.cpp, between parts 3 and 4, for a KernelBench-format problem: the reference is PyTorch's. The
-//! checker starts kevo's helper (kevo_torch.py serve, beside this checker) once, and asks it for fresh inputs
+//! checker talks to kevo's helper: one that kevo keeps running for its runs (--torch-helper, a connection), else
+//! one it starts itself (kevo_torch.py serve, beside this checker). It asks it for fresh inputs
 //! (the module's get_inputs() and parameters under a seed) and for the reference's outputs on given inputs.
 //! harness.hpp fills @python@, @scale@, @device@ and @spec@. Lines that start with //! are not embedded.
 // The reference runs in PyTorch, in kevo's helper process beside this checker (never in the candidate's jail).
@@ -12,7 +13,8 @@ enum class TorchCounts { none, of_inputs, of_outputs };
 
 struct TorchHelper {
   pid_t pid = -1;
-  int to = -1, from = -1;  // its stdin, its stdout
+  int to = -1, from = -1;  // its stdin, its stdout; or both the connection
+  bool connected = false;  // a helper kevo keeps running: descriptors cross the connection, not inheritance
 };
 
 [[noreturn]] void torch_failed(const std::string& what) { report_status("sandbox_error", "the PyTorch reference " + what); }
@@ -96,9 +98,43 @@ TorchHelper start_torch_helper() {
   return h;
 }
 
-const TorchHelper& torch_helper() {
-  static const TorchHelper h = start_torch_helper();
+// A helper that kevo keeps running for one run after another (the module loaded and PyTorch imported once):
+// this run is the connection it was handed.
+TorchHelper connect_torch_helper(int fd) {
+  TorchHelper h;
+  h.to = h.from = fd;
+  h.connected = true;
+  const std::string spec = R"kevo_spec(@spec@)kevo_spec" "\n";
+  torch_write(h, spec.data(), spec.size());
+  const std::string ready = torch_line(h);
+  if (ready != "ready") torch_failed("did not take this run: " + ready);
   return h;
+}
+
+const TorchHelper& torch_helper() {
+  static const TorchHelper h = options.torch_helper_fd >= 0 ? connect_torch_helper(options.torch_helper_fd) : start_torch_helper();
+  return h;
+}
+
+// A request that hands the helper a descriptor (the exchange's memory): inherited by a helper this checker
+// started, sent with the request's bytes (SCM_RIGHTS) to one that kevo keeps running.
+void torch_write_with_descriptor(const TorchHelper& h, const std::string& request, int fd) {
+  if (!h.connected) return torch_write(h, request.data(), request.size());
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+  iovec data{const_cast<char*>(request.data()), request.size()};
+  msghdr message{};
+  message.msg_iov = &data;
+  message.msg_iovlen = 1;
+  message.msg_control = control;
+  message.msg_controllen = sizeof control;
+  cmsghdr* header = CMSG_FIRSTHDR(&message);
+  header->cmsg_level = SOL_SOCKET;
+  header->cmsg_type = SCM_RIGHTS;
+  header->cmsg_len = CMSG_LEN(sizeof(int));
+  std::memcpy(CMSG_DATA(header), &fd, sizeof(int));
+  const ssize_t sent = ::sendmsg(h.to, &message, MSG_NOSIGNAL);
+  if (sent < 0) torch_failed("stopped reading its requests");
+  if (static_cast<std::size_t>(sent) < request.size()) torch_write(h, request.data() + sent, request.size() - static_cast<std::size_t>(sent));
 }
 
 // Fresh inputs under `seed`, as the module's get_inputs() and __init__ draw them, each `extra` elements longer
@@ -146,7 +182,8 @@ void torch_forward(const Shape& shape, void* const* p) {
 // input or each output, as asked (the other tensors' counts are left 0).
 std::vector<std::uint64_t> torch_shared_request(const std::string& request, TorchCounts counts_of) {
   const TorchHelper& h = torch_helper();
-  torch_write(h, request.data(), request.size());
+  if (request.compare(0, 8, "exchange") == 0) torch_write_with_descriptor(h, request, torch_inherited_fd);
+  else torch_write(h, request.data(), request.size());
   torch_expect_ok(h, request.substr(0, request.find(' ')).c_str());
   std::vector<std::uint64_t> counts(tensor_count, 0);
   for (std::size_t i = 0; i < tensor_count; ++i)
