@@ -307,7 +307,7 @@ TEST_CASE("kernelbench: on a cuda target each family's kernels pass the screen a
   }
 }
 
-TEST_CASE("kernelbench: the evaluator keeps one PyTorch helper for all its runs; a crashed candidate or a killed helper costs one run, no more") {
+TEST_CASE("kernelbench: the evaluator keeps one PyTorch helper for all its runs, and a crashed candidate or a killed helper costs one run, no more") {
   // A cache of its own: the helper's command line names it, so that only this test's helper is killed below.
   kevo::eval::EvaluatorOptions options = test_options();
   options.cache_dir = fs::temp_directory_path() / fmt::format("kevo-kept-helper-{}", ::getpid());
