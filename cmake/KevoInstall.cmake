@@ -2,6 +2,13 @@ include(CMakePackageConfigHelpers)
 set(KEVO_CMAKE_DIR ${CMAKE_INSTALL_DATADIR}/cmake/kevo)
 
 install(TARGETS kevo_core kevo kevo_cuda EXPORT kevoTargets)
+# kevo::postgres where libpq was found: a consumer's find_package(kevo) then looks for libpq too.
+if(TARGET kevo_postgres)
+  install(TARGETS kevo_postgres EXPORT kevoTargets)
+  set(KEVO_CONFIG_WITH_POSTGRES ON)
+else()
+  set(KEVO_CONFIG_WITH_POSTGRES OFF)
+endif()
 install(DIRECTORY include/kevo DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
 install(DIRECTORY knowledge DESTINATION ${CMAKE_INSTALL_DATADIR}/kevo OPTIONAL)
 install(DIRECTORY problems DESTINATION ${CMAKE_INSTALL_DATADIR}/kevo)
