@@ -637,7 +637,7 @@ class SearchLoop {
 
   void settle_challenge(NodeId id, NodeId incumbent, Evaluation e, const expected<Comparison, Error>& race, bool against_reference) {
     auto note = [&](const std::string& text) { e.diagnostics.message += (e.diagnostics.message.empty() ? "" : "; ") + text; };
-    const char* rival = against_reference ? "the reference" : "the best";
+    const std::string rival = against_reference ? "the reference" : fmt::format("node {}", incumbent);
     if (race && race->challenger_failure != FailureKind::none) {  // correct once, wrong on other inputs: not correct
       e.failure = race->challenger_failure;
       e.speedup = 0;

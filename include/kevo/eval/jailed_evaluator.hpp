@@ -37,9 +37,7 @@
 #include <fmt/format.h>
 #include <simdjson.h>
 
-#include <poll.h>
 #include <signal.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -727,6 +725,12 @@ class JailedEvaluator {
     return run_harness_locked(executable, seed, warmup, repetitions);
   }
 
+  // kevo_torch.py in `mode`, on this problem's copy of the module.
+  std::vector<std::string> torch_helper_argv(const char* mode) const {
+    return {problem_.torch->python, (problem_dir_ / "kevo_torch.py").string(), mode, (problem_dir_ / "reference_module.py").string(),
+            "--scale", fmt::format("{:.9g}", problem_.torch->size_scale), "--device", problem_.torch->device};
+  }
+
   // A KernelBench-format problem's PyTorch helper, kept running for this evaluator's runs (on this machine:
   // a remote run's checker starts its own). Null where there is none to keep.
   TorchHelperServer* torch_helper() {
@@ -736,10 +740,7 @@ class JailedEvaluator {
       limits.memory_bytes = 0;                           // PyTorch maps far more address space than it uses
       limits.wall_time = std::chrono::hours(12);         // its whole life: one past that is started again
       limits.environment.insert(limits.environment.end(), {"OMP_WAIT_POLICY=PASSIVE", "PYTHONDONTWRITEBYTECODE=1", "HOME=/tmp"});
-      torch_helper_ = std::make_unique<TorchHelperServer>(TorchHelperServer::Launch{
-          .argv = {problem_.torch->python, (problem_dir_ / "kevo_torch.py").string(), "serve-runs", (problem_dir_ / "reference_module.py").string(),
-                   "--scale", fmt::format("{:.9g}", problem_.torch->size_scale), "--device", problem_.torch->device},
-          .limits = std::move(limits)});
+      torch_helper_ = std::make_unique<TorchHelperServer>(TorchHelperServer::Launch{.argv = torch_helper_argv("serve-runs"), .limits = std::move(limits)});
       kept_torch_helper_.store(torch_helper_.get());
     });
     return torch_helper_.get();
@@ -833,45 +834,27 @@ class JailedEvaluator {
   /// call (CUDA events on a GPU; on the CPU the larger of wall time and CPU time over the CPUs, the checker's
   /// clock), and torch.compile beside it where `peers`. The caller holds the timing gate.
   TorchTiming time_torch_locked(std::uint64_t seed, int repetitions, bool peers) {
-    TorchTiming t;
-    if (auto line = time_torch_on_kept_helper(seed, std::max(3, repetitions), peers)) return torch_timing_of(*line, "", t, repetitions);
+    const std::uint64_t timing_seed = seed % (1ull << 40);
+    const int timed_calls = std::max(3, repetitions);
+    // The kept helper, where there is one: its answer is "ready", then the JSON line.
+    if (TorchHelperServer* helper = torch_helper()) {
+      const std::string request = fmt::format("{}\ntime {} {} {}\nquit\n", detail::torch_tensor_spec(problem_), timing_seed, timed_calls, peers ? 1 : 0);
+      if (auto answer = helper->converse(request, std::chrono::seconds(600)); answer && answer->starts_with("ready\n"))
+        return torch_timing_of(detail::last_json_line(*answer), *answer, repetitions);
+    }
     SandboxLimits limits = checker_limits();
     limits.memory_bytes = 0;  // PyTorch maps far more address space than it uses
     limits.wall_time = std::chrono::seconds(600);
-    std::vector<std::string> argv = {problem_.torch->python, (problem_dir_ / "kevo_torch.py").string(), "time", (problem_dir_ / "reference_module.py").string(),
-                                     "--scale", fmt::format("{:.9g}", problem_.torch->size_scale), "--device", problem_.torch->device,
-                                     "--repetitions", std::to_string(std::max(3, repetitions)), "--seed", std::to_string(seed % (1ull << 40))};
+    std::vector<std::string> argv = torch_helper_argv("time");
+    argv.insert(argv.end(), {"--repetitions", std::to_string(timed_calls), "--seed", std::to_string(timing_seed)});
     if (peers) argv.push_back("--peers");
     const SandboxResult r = run_sandboxed(argv, limits);
-    return torch_timing_of(detail::last_json_line(r.stdout_text), r.stderr_text + r.stdout_text + r.setup_error, t, repetitions);
+    return torch_timing_of(detail::last_json_line(r.stdout_text), r.stderr_text + r.stdout_text + r.setup_error, repetitions);
   }
 
-  // The kept helper's "time" request on a connection of its own: its JSON line, or nothing where there is no
-  // kept helper or it did not answer (the caller then starts one for the timing, as before).
-  std::optional<std::string> time_torch_on_kept_helper(std::uint64_t seed, int repetitions, bool peers) {
-    const int fd = torch_helper_connection();
-    if (fd < 0) return std::nullopt;
-    OwnedFd connection(fd);
-    const std::string request = detail::torch_tensor_spec(problem_) + "\n" +
-                                fmt::format("time {} {} {}\nquit\n", seed % (1ull << 40), repetitions, peers ? 1 : 0);
-    if (::send(fd, request.data(), request.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(request.size())) return std::nullopt;
-    std::string answer;  // "ready", then the JSON line
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(600);
-    char buffer[4096];
-    while (std::count(answer.begin(), answer.end(), '\n') < 2) {
-      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now()).count();
-      pollfd p{fd, POLLIN, 0};
-      if (left <= 0 || ::poll(&p, 1, static_cast<int>(left)) <= 0) return std::nullopt;
-      const ssize_t n = ::read(fd, buffer, sizeof buffer);
-      if (n <= 0) return std::nullopt;
-      answer.append(buffer, static_cast<std::size_t>(n));
-    }
-    if (!answer.starts_with("ready\n")) return std::nullopt;
-    return answer.substr(6, answer.find('\n', 6) - 6);
-  }
-
-  // PyTorch's timing from the helper's JSON line (`words`: what it said otherwise, for the failure).
-  TorchTiming torch_timing_of(const std::string& line, const std::string& words, TorchTiming& t, int repetitions) {
+  // PyTorch's timing from the helper's JSON line (`words`: all it said, for the failure).
+  static TorchTiming torch_timing_of(const std::string& line, const std::string& words, int repetitions) {
+    TorchTiming t;
     simdjson::dom::parser parser;
     simdjson::dom::element verdict;
     bool ok = false;
@@ -879,7 +862,7 @@ class JailedEvaluator {
       std::string_view why;
       t.report.failure = FailureKind::sandbox_error;
       t.report.message = !verdict["error"].get(why) ? "PyTorch eager failed while timed: " + std::string(why)
-                                                      : "PyTorch eager failed while timed: " + detail::tail(words.empty() ? line : words, 400);
+                                                      : "PyTorch eager failed while timed: " + detail::tail(words, 400);
       return t;
     }
     if (verdict["eager_seconds"].get(t.report.seconds) || !(t.report.seconds > 0)) {

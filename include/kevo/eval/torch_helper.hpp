@@ -66,10 +66,26 @@ class TorchHelperServer {
       // Taken once it says so: a helper that died (or is dying) since the last run is started again now, and
       // costs no run. It may still be finishing the last run's connection: it answers after that.
       char taken = 0;
-      if (send_descriptor(control_.get(), helper_end.get()) && read_within(control_.get(), &taken, launch_.start_timeout) && taken == 'a')
+      if (send_descriptor(control_.get(), helper_end.get()) && read_within(control_.get(), &taken, 1, launch_.start_timeout) == 1 && taken == 'a')
         return checker_end;
     }
     return make_error("the PyTorch helper stopped taking runs: " + last_words_);
+  }
+
+  /// A request of kevo's own on a connection of its own (`request` ends with "quit"): all the helper
+  /// answered, up to its closing the connection; nothing where it could not be reached or took past `timeout`.
+  std::optional<std::string> converse(const std::string& request, std::chrono::seconds timeout) {
+    auto connection = connect();
+    if (!connection) return std::nullopt;
+    const int fd = connection->get();
+    if (::send(fd, request.data(), request.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(request.size())) return std::nullopt;
+    std::string answer;
+    char buffer[4096];
+    for (ssize_t n = 0; (n = read_within(fd, buffer, sizeof buffer, timeout)) != 0;) {
+      if (n < 0) return std::nullopt;
+      answer.append(buffer, static_cast<std::size_t>(n));
+    }
+    return answer;
   }
 
  private:
@@ -86,7 +102,7 @@ class TorchHelperServer {
     control_ = std::move(ours);
     // "ready PID" once PyTorch is imported and the module loaded; anything else is the helper's last words.
     std::string line;
-    for (char c = 0; line.size() < 4096 && read_within(control_.get(), &c, launch_.start_timeout) && c != '\n';) line += c;
+    for (char c = 0; line.size() < 4096 && read_within(control_.get(), &c, 1, launch_.start_timeout) == 1 && c != '\n';) line += c;
     if (line.starts_with("ready ")) {
       pid_ = std::atoi(line.c_str() + 6);
       return {};
@@ -108,13 +124,13 @@ class TorchHelperServer {
     if (last_words_.empty()) last_words_ = r.setup_error;
   }
 
-  // One byte from `fd` within `timeout`.
-  static bool read_within(int fd, char* byte, std::chrono::seconds timeout) {
+  // Up to `size` bytes from `fd` once it has some within `timeout`: what read() returns (0 at its end), -1 past the timeout.
+  static ssize_t read_within(int fd, char* data, std::size_t size, std::chrono::seconds timeout) {
     pollfd p{fd, POLLIN, 0};
     int ready = 0;
     while ((ready = ::poll(&p, 1, static_cast<int>(std::chrono::milliseconds(timeout).count()))) < 0 && errno == EINTR) {
     }
-    return ready > 0 && ::read(fd, byte, 1) == 1;
+    return ready > 0 ? ::read(fd, data, size) : -1;
   }
 
   static bool send_descriptor(int socket, int fd) {

@@ -161,9 +161,9 @@ double median(std::vector<double> v) {
 
 std::uint64_t sequence = 0;
 
-// Sends `fd` (the shared memory) and its size to the runner.
-void send_descriptor(int fd, std::uint64_t size) {
-  iovec iov{&size, sizeof size};
+// Sends `bytes` of `data` on `socket` with `fd` riding along (SCM_RIGHTS): what sendmsg returns.
+ssize_t send_with_descriptor(int socket, const void* data, std::size_t bytes, int fd) {
+  iovec iov{const_cast<void*>(data), bytes};
   alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
   msghdr message{};
   message.msg_iov = &iov;
@@ -175,7 +175,12 @@ void send_descriptor(int fd, std::uint64_t size) {
   header->cmsg_type = SCM_RIGHTS;
   header->cmsg_len = CMSG_LEN(sizeof(int));
   std::memcpy(CMSG_DATA(header), &fd, sizeof fd);
-  if (::sendmsg(options.control_fd, &message, MSG_NOSIGNAL) < 0) runner_gone("before it received its memory");
+  return ::sendmsg(socket, &message, MSG_NOSIGNAL);
+}
+
+// Sends `fd` (the shared memory) and its size to the runner.
+void send_descriptor(int fd, std::uint64_t size) {
+  if (send_with_descriptor(options.control_fd, &size, sizeof size, fd) < 0) runner_gone("before it received its memory");
 }
 
 struct CallTiming {

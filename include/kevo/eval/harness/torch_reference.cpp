@@ -55,6 +55,14 @@ void torch_expect_ok(const TorchHelper& h, const char* request) {
   if (line != "ok") torch_failed(std::string("failed on ") + request + ": " + line);
 }
 
+// A run's first words to the helper: the kernel's tensors (the spec), answered "ready".
+void greet_torch_helper(const TorchHelper& h, const std::string& failure) {
+  const std::string spec = R"kevo_spec(@spec@)kevo_spec" "\n";
+  torch_write(h, spec.data(), spec.size());
+  const std::string ready = torch_line(h);
+  if (ready != "ready") torch_failed(failure + ready);
+}
+
 TorchHelper start_torch_helper() {
   char self[4096];
   const ssize_t n = ::readlink("/proc/self/exe", self, sizeof self - 1);
@@ -91,10 +99,7 @@ TorchHelper start_torch_helper() {
   ::close(out[1]);
   h.to = in[1];
   h.from = out[0];
-  const std::string spec = R"kevo_spec(@spec@)kevo_spec" "\n";
-  torch_write(h, spec.data(), spec.size());
-  const std::string ready = torch_line(h);
-  if (ready != "ready") torch_failed("did not start: " + ready);
+  greet_torch_helper(h, "did not start: ");
   return h;
 }
 
@@ -104,10 +109,7 @@ TorchHelper connect_torch_helper(int fd) {
   TorchHelper h;
   h.to = h.from = fd;
   h.connected = true;
-  const std::string spec = R"kevo_spec(@spec@)kevo_spec" "\n";
-  torch_write(h, spec.data(), spec.size());
-  const std::string ready = torch_line(h);
-  if (ready != "ready") torch_failed("did not take this run: " + ready);
+  greet_torch_helper(h, "did not take this run: ");
   return h;
 }
 
@@ -120,19 +122,7 @@ const TorchHelper& torch_helper() {
 // started, sent with the request's bytes (SCM_RIGHTS) to one that kevo keeps running.
 void torch_write_with_descriptor(const TorchHelper& h, const std::string& request, int fd) {
   if (!h.connected) return torch_write(h, request.data(), request.size());
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
-  iovec data{const_cast<char*>(request.data()), request.size()};
-  msghdr message{};
-  message.msg_iov = &data;
-  message.msg_iovlen = 1;
-  message.msg_control = control;
-  message.msg_controllen = sizeof control;
-  cmsghdr* header = CMSG_FIRSTHDR(&message);
-  header->cmsg_level = SOL_SOCKET;
-  header->cmsg_type = SCM_RIGHTS;
-  header->cmsg_len = CMSG_LEN(sizeof(int));
-  std::memcpy(CMSG_DATA(header), &fd, sizeof(int));
-  const ssize_t sent = ::sendmsg(h.to, &message, MSG_NOSIGNAL);
+  const ssize_t sent = send_with_descriptor(h.to, request.data(), request.size(), fd);
   if (sent < 0) torch_failed("stopped reading its requests");
   if (static_cast<std::size_t>(sent) < request.size()) torch_write(h, request.data() + sent, request.size() - static_cast<std::size_t>(sent));
 }
