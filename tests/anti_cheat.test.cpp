@@ -27,6 +27,8 @@ struct StringMaker<kevo::FailureKind> {
 };
 }  // namespace Catch
 
+namespace kevo_tests::anti_cheat_test {
+
 namespace {
 
 namespace fs = std::filesystem;
@@ -806,3 +808,5 @@ TEST_CASE("anti-cheat: after the hostile suite, correct candidates (one of them 
     CHECK(evaluator.stats().runs == runs + 1);
   }
 }
+
+}  // namespace kevo_tests::anti_cheat_test

@@ -20,6 +20,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+namespace kevo_tests::build_cache_faults_test {
+
 namespace {
 
 namespace fs = std::filesystem;
@@ -227,3 +229,5 @@ TEST_CASE("prepare sweeps the temporaries of dead runs, and spares those of live
   CHECK(fs::exists(kept_build / "candidate.cpp"));
   fs::remove_all(cache);
 }
+
+}  // namespace kevo_tests::build_cache_faults_test

@@ -17,6 +17,8 @@
 #include <string>
 
 
+namespace kevo_tests::eval_cpu_test {
+
 namespace {
 
 const std::filesystem::path shipped = std::filesystem::path(KEVO_SOURCE_DIR) / "problems";
@@ -306,3 +308,5 @@ TEST_CASE("a candidate the screen refuses costs one evaluation, is named, and is
   // Refusals are cached like compile errors.
   CHECK(evaluator.evaluate(forged, 2).failure == kevo::FailureKind::screened_out);
 }
+
+}  // namespace kevo_tests::eval_cpu_test

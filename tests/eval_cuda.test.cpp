@@ -13,6 +13,8 @@
 #include <random>
 #include <string>
 
+namespace kevo_tests::eval_cuda_test {
+
 namespace {
 
 const std::filesystem::path problems = std::filesystem::path(KEVO_TEST_DATA_DIR) / "problems";
@@ -172,3 +174,5 @@ TEST_CASE("the scoring problem's agent starting point includes kevo's own scorin
   CHECK(refused.failure == kevo::FailureKind::screened_out);
   CHECK_THAT(refused.diagnostics.message + refused.diagnostics.detail, Catch::Contains("kevo/retrieval/agent/scoring.cuh"));
 }
+
+}  // namespace kevo_tests::eval_cuda_test

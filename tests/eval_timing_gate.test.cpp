@@ -15,6 +15,8 @@
 
 #include <stdlib.h>
 
+namespace kevo_tests::eval_timing_gate_test {
+
 using namespace std::chrono_literals;
 
 TEST_CASE("compiles share the gate, a timed run holds it alone") {
@@ -94,3 +96,5 @@ TEST_CASE("with a lock file, two gates (two processes' worth) still exclude each
   std::error_code ec;
   std::filesystem::remove_all(private_dir, ec);
 }
+
+}  // namespace kevo_tests::eval_timing_gate_test

@@ -24,6 +24,8 @@
 #include <thread>
 #include <vector>
 
+namespace kevo_tests::exec_race_test {
+
 namespace {
 
 namespace fs = std::filesystem;
@@ -136,3 +138,5 @@ TEST_CASE("evaluators preparing one problem in one fresh cache at once all prepa
   INFO(failed << " of " << evaluators << " prepares failed; the first: " << first_failure);
   CHECK(failed == 0);
 }
+
+}  // namespace kevo_tests::exec_race_test

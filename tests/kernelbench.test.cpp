@@ -27,6 +27,8 @@
 #include <map>
 #include <string>
 
+namespace kevo_tests::kernelbench_test {
+
 namespace {
 
 namespace fs = std::filesystem;
@@ -341,3 +343,5 @@ TEST_CASE("kernelbench: the evaluator keeps one PyTorch helper for all its runs,
   CHECK(evaluator.stats().torch_helper_starts == 2);
   fs::remove_all(options.cache_dir);
 }
+
+}  // namespace kevo_tests::kernelbench_test

@@ -10,6 +10,8 @@
 #include <set>
 #include <unistd.h>
 
+namespace kevo_tests::knowledge_retriever_test {
+
 namespace fs = std::filesystem;
 using namespace kevo;
 using kevo::knowledge::KnowledgeBase;
@@ -259,3 +261,5 @@ TEST_CASE("a skill from free-form code quotes the changed lines") {
   CHECK(skill->summary.find("compile_error") != std::string::npos);
   CHECK(skill->summary.find("s1 += x[i+1]") != std::string::npos);
 }
+
+}  // namespace kevo_tests::knowledge_retriever_test

@@ -11,6 +11,8 @@
 #include <fstream>
 #include <string>
 
+namespace kevo_tests::library_headers_test {
+
 namespace {
 
 bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
@@ -93,3 +95,5 @@ TEST_CASE("kevo's include root: the configured one, else KEVO_INCLUDE_DIR, else 
   REQUIRE(closure);
   CHECK(closure->size() > 1);
 }
+
+}  // namespace kevo_tests::library_headers_test

@@ -27,6 +27,8 @@
 #include <thread>
 #include <unistd.h>
 
+namespace kevo_tests::llm_budget_test {
+
 using namespace kevo;
 using namespace std::chrono_literals;
 using kevo::testing::LoopbackServer;
@@ -271,3 +273,5 @@ TEST_CASE("Ctrl-C cancels a hung LLM request within a second, and the search sti
   CHECK(llm->cancelled());
   CHECK(server.received().size() >= 1);
 }
+
+}  // namespace kevo_tests::llm_budget_test

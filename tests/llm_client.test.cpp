@@ -39,6 +39,8 @@
 #include <thread>
 #include <unistd.h>
 
+namespace kevo_tests::llm_client_test {
+
 using namespace kevo;
 using namespace std::chrono_literals;
 namespace asio = boost::asio;
@@ -713,3 +715,5 @@ TEST_CASE("a spent token budget stops the search cleanly") {
   CHECK(server.received().size() == 3);  // not one request past the budget
   CHECK(llm->budget_exhausted());
 }
+
+}  // namespace kevo_tests::llm_client_test

@@ -10,6 +10,8 @@
 
 #include <deque>
 
+namespace kevo_tests::llm_synthesizer_test {
+
 using namespace kevo;
 using kevo::synth::build_prompt;
 using kevo::synth::extract_code;
@@ -377,3 +379,5 @@ TEST_CASE("messages are cut at word boundaries, never inside a number or a chara
   const std::string accents = std::string(99, 'a') + "\xc3\xa9\xc3\xa9";  // "é" straddles the cut at 100
   CHECK(one_line(accents, 100) == std::string(99, 'a') + "...");
 }
+
+}  // namespace kevo_tests::llm_synthesizer_test

@@ -3,6 +3,8 @@
 
 #include <catch2/catch.hpp>
 
+namespace kevo_tests::memory_operator_test {
+
 using namespace kevo;
 
 namespace {
@@ -67,3 +69,5 @@ TEST_CASE("adaptive switches to fresh starts while the search stagnates", "[memo
   add(f.tree, f.deep, 9.0);  // an improvement resets the count
   REQUIRE(adaptive.context(f.tree, f.deep).mode == MemoryMode::combined);
 }
+
+}  // namespace kevo_tests::memory_operator_test

@@ -11,6 +11,8 @@
 #include <string>
 #include <vector>
 
+namespace kevo_tests::ncu_profile_test {
+
 namespace {
 
 const std::filesystem::path fixtures = std::filesystem::path(KEVO_TEST_DATA_DIR) / "ncu";
@@ -273,3 +275,5 @@ TEST_CASE("the CSV splitter follows RFC 4180 quoting") {
   REQUIRE(crlf);
   CHECK(*crlf->front().dram_percent == Approx(1061.5));
 }
+
+}  // namespace kevo_tests::ncu_profile_test

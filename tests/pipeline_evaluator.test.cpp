@@ -15,6 +15,8 @@
 #include <cmath>
 #include <filesystem>
 
+namespace kevo_tests::pipeline_evaluator_test {
+
 using namespace kevo;
 using namespace kevo::retrieval;
 using kevo::eval::PipelineEvaluator;
@@ -153,3 +155,5 @@ TEST_CASE("tune_pipeline writes the verified best to a tuning file, and the pipe
   CHECK_THAT(failed.error().message, Catch::Contains("rank 3"));
   std::filesystem::remove_all(dir);
 }
+
+}  // namespace kevo_tests::pipeline_evaluator_test

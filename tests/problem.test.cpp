@@ -12,6 +12,8 @@
 #include <fstream>
 #include <string>
 
+namespace kevo_tests::problem_test {
+
 namespace {
 
 const std::filesystem::path shipped = std::filesystem::path(KEVO_SOURCE_DIR) / "problems";
@@ -237,3 +239,5 @@ TEST_CASE("the best kernel as kevo-search writes it compiles on its own, outside
   CHECK(compiles(standalone));
   std::filesystem::remove_all(dir);
 }
+
+}  // namespace kevo_tests::problem_test

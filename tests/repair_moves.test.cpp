@@ -21,6 +21,8 @@
 #include <cstdlib>
 #include <string>
 
+namespace kevo_tests::repair_moves_test {
+
 using namespace kevo;
 using namespace std::chrono_literals;
 using kevo::testing::BreakMode;
@@ -313,3 +315,5 @@ TEST_CASE("without a synthesizer that repairs, a broken seed ends the run as bef
   CHECK_FALSE(contains(r.error().message, "repair"));
   CHECK(loop.tree().size() == 1);
 }
+
+}  // namespace kevo_tests::repair_moves_test

@@ -9,6 +9,8 @@
 
 #include <catch2/catch.hpp>
 
+namespace kevo_tests::report_test {
+
 using namespace kevo;
 
 namespace {
@@ -130,3 +132,5 @@ TEST_CASE("the comparison of a problem the store has no run of is an error", "[r
   REQUIRE_FALSE(html);
   CHECK_THAT(html.error().message, Catch::Contains("no run of 'synthetic'"));
 }
+
+}  // namespace kevo_tests::report_test

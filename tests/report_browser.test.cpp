@@ -22,6 +22,8 @@
 #include <fstream>
 #include <sstream>
 
+namespace kevo_tests::report_browser_test {
+
 using namespace kevo;
 namespace fs = std::filesystem;
 
@@ -303,3 +305,5 @@ TEST_CASE("a browser draws one curve per run in the comparison of a problem's ru
   CHECK_THAT(page.layout.text, Catch::Contains(fmt::format("run {}, greedy: verified {:.2f}x", greedy.run_id, greedy.verified_speedup)));
   CHECK_THAT(page.layout.text, Catch::Contains(fmt::format("run {}, random: verified {:.2f}x", random.run_id, random.verified_speedup)));
 }
+
+}  // namespace kevo_tests::report_browser_test

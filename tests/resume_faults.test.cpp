@@ -19,6 +19,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+namespace kevo_tests::resume_faults_test {
+
 using namespace kevo;
 using kevo::testing::SyntheticEvaluator;
 
@@ -207,3 +209,5 @@ TEST_CASE("a resumed run keeps the reference time stored with it, unless asked t
   CHECK(store.find_run(made->run_id)->reference_seconds == 2.0);
   CHECK(later->verified_speedup == Approx(2.0 * SyntheticEvaluator::speedup_of(later->best_candidate->knobs)));
 }
+
+}  // namespace kevo_tests::resume_faults_test

@@ -14,6 +14,8 @@
 #include "kevo/retrieval/retrieval.hpp"
 #include "support/quantized_ads.hpp"
 
+namespace kevo_tests::retrieval_ad_file_test {
+
 using namespace kevo::retrieval;
 
 namespace {
@@ -336,3 +338,5 @@ TEST_CASE("an int8 pool's file keeps the ads handed in quantized, and reads back
   CHECK_THAT(read_error(path), Catch::Contains("finite and not negative"));
   std::filesystem::remove(path);
 }
+
+}  // namespace kevo_tests::retrieval_ad_file_test

@@ -16,6 +16,8 @@
 
 #include "kevo/retrieval/retrieval.hpp"
 
+namespace kevo_tests::retrieval_backend_updates_test {
+
 using namespace kevo::retrieval;
 
 namespace {
@@ -302,3 +304,5 @@ TEST_CASE("CPU backend: an update is seen by the very next search", "[retrieval]
       }
   }
 }
+
+}  // namespace kevo_tests::retrieval_backend_updates_test

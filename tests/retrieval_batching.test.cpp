@@ -12,6 +12,8 @@
 
 #include "kevo/retrieval/retrieval.hpp"
 
+namespace kevo_tests::retrieval_batching_test {
+
 using namespace kevo;
 using namespace kevo::retrieval;
 
@@ -229,3 +231,5 @@ TEST_CASE("FairMutex goes to its waiters in the order they asked for it", "[retr
   CHECK(order == std::vector<int>{0, 1, 2, 3, 4, 5, -1});
   CHECK(mutex.waiting() == 0);
 }
+
+}  // namespace kevo_tests::retrieval_batching_test

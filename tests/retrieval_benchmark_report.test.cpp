@@ -8,6 +8,8 @@
 
 #include "../benchmarks/retrieval/benchmark_report.hpp"
 
+namespace kevo_tests::retrieval_benchmark_report_test {
+
 using namespace kevo::bench;
 
 namespace {
@@ -210,3 +212,5 @@ TEST_CASE("int8_group32 lines parse as their own dtype and draw in their own col
   CHECK(bars_in("#ee7733") == 5);  // int8
   CHECK(bars_in("#009988") == 5);  // int8_group32
 }
+
+}  // namespace kevo_tests::retrieval_benchmark_report_test

@@ -9,6 +9,8 @@
 
 #include "kevo/retrieval/tuning/policies.hpp"
 
+namespace kevo_tests::retrieval_policies_test {
+
 using namespace kevo::retrieval;
 
 TEST_CASE("every scoring policy in the declared domains is legal and has its own key", "[retrieval][policy]") {
@@ -147,3 +149,5 @@ TEST_CASE("the kernel variants are the compile-time fields' domains, and a run-t
   for (const auto& f : PolicyDescription<ScoringPolicy>::fields)
     CHECK((f.binding == Binding::compile_time) == (f.name == "block_threads" || f.name == "tiles_in_flight" || f.name == "stages"));
 }
+
+}  // namespace kevo_tests::retrieval_policies_test

@@ -17,6 +17,8 @@
 #include "kevo/retrieval/retrieval.hpp"
 #include "support/quantized_ads.hpp"
 
+namespace kevo_tests::retrieval_reference_test {
+
 using namespace kevo::retrieval;
 
 namespace {
@@ -1390,3 +1392,5 @@ TEST_CASE("an ad's targeting order key ignores the order of its clauses and its 
   CHECK(targeting_order_key(std::vector<Clause>{{2, 6}}) < targeting_order_key(std::vector<Clause>{{3, 0}}));
   CHECK(targeting_order_key(std::vector<Clause>{{1, 2}, {1, 40}}) < targeting_order_key(std::vector<Clause>{{1, 2}, {3, 7}}));
 }
+
+}  // namespace kevo_tests::retrieval_reference_test

@@ -20,6 +20,8 @@
 #include "support/quantized_ads.hpp"
 #include "support/serving_client.hpp"
 
+namespace kevo_tests::retrieval_server_test {
+
 using namespace kevo::retrieval;
 using namespace kevo::test;
 namespace beast = boost::beast;
@@ -422,3 +424,5 @@ TEST_CASE("an int8 pool's server takes ads already quantized, and refuses a form
     CHECK_THAT(r.body, Catch::Contains(message));
   }
 }
+
+}  // namespace kevo_tests::retrieval_server_test

@@ -18,6 +18,8 @@
 #include "kevo/retrieval/serving.hpp"
 #include "support/serving_client.hpp"
 
+namespace kevo_tests::retrieval_server_fuzz_test {
+
 using namespace kevo::retrieval;
 using namespace kevo::test;
 
@@ -168,3 +170,5 @@ TEST_CASE("hostile requests are each answered 4xx or closed, never 5xx, and vali
   CHECK(call(port, boost::beast::http::verb::get, "/health", "").status == 200);
   CHECK(call(port, boost::beast::http::verb::post, "/search", valid).status == 200);
 }
+
+}  // namespace kevo_tests::retrieval_server_fuzz_test

@@ -36,6 +36,8 @@
 #include "kevo/retrieval/sharded_backend.hpp"
 #include "support/serving_client.hpp"
 
+namespace kevo_tests::retrieval_server_hardening_test {
+
 using namespace kevo::retrieval;
 using namespace kevo::test;
 namespace beast = boost::beast;
@@ -983,3 +985,5 @@ TEST_CASE("retrieval_server serves an ad file's pool at the embedding type the f
   CHECK_THAT(d48_output, Catch::Contains("int8_group32 needs d to be a multiple of 32, not 48"));
   std::filesystem::remove(model48);
 }
+
+}  // namespace kevo_tests::retrieval_server_hardening_test

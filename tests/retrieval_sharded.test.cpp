@@ -16,6 +16,8 @@
 #include "kevo/retrieval/retrieval.hpp"
 #include "kevo/retrieval/sharded_backend.hpp"
 
+namespace kevo_tests::retrieval_sharded_test {
+
 using namespace kevo;
 using namespace kevo::retrieval;
 
@@ -397,3 +399,5 @@ TEST_CASE("index upkeep (reindex, regroup) reaches every shard, and a shard's fa
   REQUIRE_FALSE(reindex_failed);
   CHECK(reindex_failed.error().message == "shard 2 of 3 failed: regroup needs device memory");
 }
+
+}  // namespace kevo_tests::retrieval_sharded_test

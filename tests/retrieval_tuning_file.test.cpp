@@ -10,6 +10,8 @@
 
 #include "kevo/retrieval/tuning/tuning_file.hpp"
 
+namespace kevo_tests::retrieval_tuning_file_test {
+
 using namespace kevo;
 using namespace kevo::retrieval;
 namespace fs = std::filesystem;
@@ -219,3 +221,5 @@ TEST_CASE("the tuning files this repository ships read back, each entry legal, w
   CHECK(files >= 3);
   CHECK(grouped >= 2);  // h200-100m-by-targeting.json: run 142's pools loaded by targeting
 }
+
+}  // namespace kevo_tests::retrieval_tuning_file_test

@@ -10,6 +10,8 @@
 
 #include "kevo/retrieval/retrieval.hpp"
 
+namespace kevo_tests::retrieval_validation_test {
+
 using namespace kevo::retrieval;
 
 namespace {
@@ -155,3 +157,5 @@ TEST_CASE("an update is not starved by searches that keep overlapping", "[retrie
   REQUIRE(!after->empty());
   CHECK(after->front().id == 777777u);  // and every search after it sees it
 }
+
+}  // namespace kevo_tests::retrieval_validation_test

@@ -11,6 +11,8 @@
 
 #include "kevo/retrieval/retrieval.hpp"
 
+namespace kevo_tests::retrieval_weighted_rounding_test {
+
 using namespace kevo::retrieval;
 
 namespace {
@@ -161,3 +163,5 @@ TEST_CASE("weighted rounding refuses what it cannot round, naming it", "[retriev
         "int8_group32 needs d to be a multiple of 32, not 48");
   CHECK(odd_rounding->quantize(EmbeddingType::int8, odd.ad(0).embedding));  // one scale a row fits any d
 }
+
+}  // namespace kevo_tests::retrieval_weighted_rounding_test

@@ -18,6 +18,8 @@
 #include <unistd.h>
 
 
+namespace kevo_tests::sandbox_test {
+
 namespace {
 
 using kevo::FailureKind;
@@ -351,3 +353,5 @@ TEST_CASE("the jail's layers are checked, not assumed: all of them here, and a c
   CHECK_THAT(line, Catch::StartsWith("refused isolation: MISSING, candidates cannot be jailed here ("));
   CHECK_THAT(line, Catch::Contains("kevo will not run them"));
 }
+
+}  // namespace kevo_tests::sandbox_test

@@ -21,6 +21,8 @@
 #include <utility>
 #include <vector>
 
+namespace kevo_tests::screening_test {
+
 namespace {
 
 namespace fs = std::filesystem;
@@ -723,3 +725,5 @@ TEST_CASE("screening a kernel with <cmath> and <vector> is quick") {
   fmt::print("screening: <cmath> + <vector> candidate, {:.3f} s per screen (mean of {})\n", total / runs, runs);
   CHECK(total / runs < 5.0);  // the target is 1.5 s on two cores; loose, for a loaded machine
 }
+
+}  // namespace kevo_tests::screening_test

@@ -19,6 +19,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+namespace kevo_tests::search_loop_test {
+
 using namespace kevo;
 using kevo::testing::SyntheticEvaluator;
 
@@ -410,3 +412,5 @@ TEST_CASE("a store that fails stops the search with its error, after in-flight w
   CHECK_THAT(r.error().message, Catch::Contains("disk is full"));
   CHECK(evaluator.evaluations.load() < 15);  // it stopped launching at once
 }
+
+}  // namespace kevo_tests::search_loop_test

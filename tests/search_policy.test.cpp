@@ -9,6 +9,8 @@
 #include <map>
 #include <set>
 
+namespace kevo_tests::search_policy_test {
+
 using namespace kevo;
 
 namespace {
@@ -194,3 +196,5 @@ TEST_CASE("MCTS replayed as a resume replays it (expansions first, then results)
   Rng c(1);
   CHECK(live.select(live_tree, c).parent == live_tree.root());  // the case above is the one that tells
 }
+
+}  // namespace kevo_tests::search_policy_test

@@ -18,6 +18,8 @@
 #include <filesystem>
 #include <unistd.h>
 
+namespace kevo_tests::skills_test {
+
 namespace fs = std::filesystem;
 using namespace kevo;
 using kevo::knowledge::KnowledgeBase;
@@ -309,3 +311,5 @@ TEST_CASE("a search withdraws the skill of a best that fails its final re-check"
   CHECK_FALSE(left.empty());  // the other improvements still teach
   for (const Skill& skill : left) CHECK(skill.node_key != result->best_key);
 }
+
+}  // namespace kevo_tests::skills_test

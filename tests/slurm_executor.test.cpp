@@ -31,6 +31,8 @@
 #define KEVO_RUN_CHECKED_BIN ""  // built without the examples: the cluster tests fail, naming it
 #endif
 
+namespace kevo_tests::slurm_executor_test {
+
 using namespace kevo;
 namespace fs = std::filesystem;
 
@@ -280,3 +282,5 @@ TEST_CASE("a node that answers garbage fails that evaluation, named, and nothing
   fs::remove(mode);
   CHECK(evaluator.evaluate(candidate, 3).ok());  // the next evaluation is the node's own again
 }
+
+}  // namespace kevo_tests::slurm_executor_test

@@ -19,6 +19,8 @@
 #include <thread>
 #include <unistd.h>
 
+namespace kevo_tests::store_conformance_test {
+
 using namespace kevo;
 
 namespace {
@@ -472,3 +474,5 @@ TEST_CASE("PostgreSQL: the schema is versioned, created once, and a newer one is
   CHECK_THAT(newer.error().message, Catch::StartsWith("PostgreSQL at "));
 }
 #endif
+
+}  // namespace kevo_tests::store_conformance_test

@@ -16,6 +16,8 @@
 #include <memory>
 #include <sstream>
 
+namespace kevo_tests::template_synthesizer_test {
+
 using namespace kevo;
 
 namespace {
@@ -150,3 +152,5 @@ TEST_CASE("about one random move in four sets two or three knobs at once, none s
     CHECK(knobs_changed(root_knobs, child->knobs) == 1);
   }
 }
+
+}  // namespace kevo_tests::template_synthesizer_test

@@ -22,6 +22,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+namespace kevo_tests::trajectory_export_test {
+
 using namespace kevo;
 using kevo::testing::SyntheticEvaluator;
 
@@ -249,3 +251,5 @@ TEST_CASE("kevo-export writes the same records through its command line, and exi
   CHECK(read_file(log) == "kevo-export: --run needs a value (--help for usage)\n");
 }
 #endif
+
+}  // namespace kevo_tests::trajectory_export_test

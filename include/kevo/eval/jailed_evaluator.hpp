@@ -81,7 +81,9 @@ struct EvaluatorOptions {
   int warmup = 2;
   int repetitions = 7;
   int reference_repetitions = 15;                 ///< the reference is timed once, more carefully
-  int compare_rounds = 3;                         ///< interleaved runs per side in compare()
+  /// Interleaved runs per side in compare(), in ABBA order: two rounds cancel a linear drift, and a
+  /// race holds the machine alone (compiles wait), so a third round cost a sixth of a CPU search.
+  int compare_rounds = 2;
   bool flush_caches = true;                       ///< before each timed call, so the roofline bounds it
   bool screen = true;                             ///< parse each candidate with clang-15 first (screening.hpp)
   std::size_t tmpfs_bytes = std::size_t{64} << 20;  ///< each of the candidate's /tmp, /var/tmp, /dev/shm, scratch

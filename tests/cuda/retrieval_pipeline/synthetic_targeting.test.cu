@@ -1,8 +1,7 @@
 // The synthetic pool's targeting (tuning/pipeline_bench.cuh's generate_targeting), checked on the
-// host: it needs no GPU, so this runs in CI too. In id order and grouped by targeting, a range of
-// the workload's ads comes back each once, with its own clauses, bias and liveness; grouped, in
-// targeting_order_key order with ties by id.
-#define CATCH_CONFIG_MAIN
+// host: it needs no GPU, so it is tagged [host] and runs in CI too (main.cu). In id order and
+// grouped by targeting, a range of the workload's ads comes back each once, with its own clauses,
+// bias and liveness; grouped, in targeting_order_key order with ties by id.
 #include <catch2/catch.hpp>
 
 #include <vector>
@@ -12,7 +11,7 @@
 using namespace kevo::retrieval;
 
 TEST_CASE("a synthetic pool's targeting holds every ad of its range once, in id order or grouped by targeting",
-          "[retrieval][slot_order]") {
+          "[host][retrieval][slot_order]") {
   const Workload w({.seed = 2026, .dim = 64, .features = 32, .hidden = 48});
   constexpr std::uint64_t begin = 5000, end = 25000;
   for (SlotOrder order : {SlotOrder::by_id, SlotOrder::by_targeting}) {
