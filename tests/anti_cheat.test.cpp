@@ -472,6 +472,22 @@ void kernel(const Shape&, const float*, float*) {
 }
 )";
 
+// Reserves the whole address space the jail allows (PROT_NONE: no memory is used) from a static
+// initializer, before kevo's runner maps the checker's arena in the same process.
+constexpr std::string_view take_address_space = R"(
+#include <sys/mman.h>
+namespace {
+struct TakeAll {
+  TakeAll() {
+    for (std::size_t size = std::size_t{1} << 46; size >= 4096; size /= 2)
+      while (mmap(nullptr, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0) != MAP_FAILED) {
+      }
+  }
+} take_all;
+}  // namespace
+void kernel(const Shape& shape, const float* x, float* y) { reference(shape, x, y); }
+)";
+
 // Computes the timing shape's rows on a helper thread in the moments after the checker has placed
 // the next call's inputs and before it starts the clock (it flushes the caches then), so kernel()
 // has fewer rows left: the reference's work, part of it where the timer does not look. The helper
@@ -745,10 +761,20 @@ TEST_CASE("anti-cheat: exiting with success after computing is a crash") {
 }
 
 TEST_CASE("anti-cheat: the shared arena cannot be shrunk under the checker") {
-  // The runner keeps the arena's memfd; unsealed, ftruncate() shrinks it and the checker's next
-  // read of the arena is a SIGBUS in the checker, which reads as kevo's fault (sandbox_error).
-  // Sealed against resizing (F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL), ftruncate fails: EPERM.
-  require_named(evaluate_hostile(truncate_arena), FailureKind::crash, "exited with code 101 in kernel() on shape R=1 C=1");
+  // Given the arena's memfd, ftruncate() would shrink it, and the checker's next read of the arena
+  // would be a SIGBUS in the checker, which reads as kevo's fault (sandbox_error). The runner closes
+  // the descriptor once it has mapped the arena, so the candidate finds no file to shrink (exit 100:
+  // no descriptor refused it); were one left, the seals against resizing (F_SEAL_SHRINK |
+  // F_SEAL_GROW | F_SEAL_SEAL) would refuse it with EPERM (exit 101).
+  require_named(evaluate_hostile(truncate_arena), FailureKind::crash, "exited with code 100 in kernel() on shape R=1 C=1");
+}
+
+TEST_CASE("anti-cheat: a static initializer that takes the address space is the candidate's crash, named") {
+  // The runner cannot map the checker's arena beside it: that is the candidate's doing (the same
+  // runner started beside the reference), so a crash named by the runner, not kevo's sandbox_error.
+  require_named(evaluate_hostile(take_address_space), FailureKind::crash,
+                "kevo's runner could not start in the candidate's process (its static initializers ran first): kevo's runner could "
+                "not map the checker's arena: Cannot allocate memory");
 }
 
 TEST_CASE("anti-cheat: no work is done between placing a call's inputs and starting its clock") {
@@ -777,7 +803,7 @@ TEST_CASE("anti-cheat: a negative tolerance is refused by load_problem()") {
   CHECK_THAT(problem.error().message, Catch::Contains("tolerance.abs"));
 }
 
-TEST_CASE("anti-cheat: a figure past the roofline is refused as implausible") {
+TEST_CASE("anti-cheat: a figure past the roofline is refused as implausible, in a run and in a race") {
   // 10000 times the real traffic: an honest kernel measures past the roofline.
   kevo::eval::CpuEvaluator overstated(load(softmax_variant("overstated_bytes", "\"bytes_model\": \"8.0 * R * C\"",
                                                            "\"bytes_model\": \"80000.0 * R * C\"")), hostile_options());
@@ -788,6 +814,16 @@ TEST_CASE("anti-cheat: a figure past the roofline is refused as implausible") {
   CHECK(overstated.stats().runs == runs + 1);
   require_named(e, FailureKind::implausible, "of this machine's measured roofline");
   CHECK(e.speedup == 0);
+  // A race is held to the same rule, on its own runs: the new best's settling and the final
+  // verification figure are both races.
+  auto race = overstated.compare_with_reference(overstated.default_candidate(), 12);
+  REQUIRE(race);
+  INFO(race->challenger_message);
+  CHECK(race->challenger_failure == FailureKind::implausible);
+  CHECK_THAT(race->challenger_message, Catch::StartsWith("re-timed: implausible: ") && Catch::Contains("of this machine's measured roofline"));
+  auto against_incumbent = overstated.compare(overstated.default_candidate(), overstated.reference_candidate(), 13);
+  REQUIRE(against_incumbent);
+  CHECK(against_incumbent->challenger_failure == FailureKind::implausible);
 }
 
 // ---- and the evaluator still works ----

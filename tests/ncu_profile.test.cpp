@@ -4,6 +4,8 @@
 
 #include <catch2/catch.hpp>
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
@@ -274,6 +276,47 @@ TEST_CASE("the CSV splitter follows RFC 4180 quoting") {
                                         row("0", "k()", "dram__throughput.avg.pct_of_peak_sustained_elapsed", "%", "1,061.5"));
   REQUIRE(crlf);
   CHECK(*crlf->front().dram_percent == Approx(1061.5));
+}
+
+TEST_CASE("a profiled candidate's jail binds ncu's own directory, never a top-level one or one that holds private files") {
+  namespace fs = std::filesystem;
+  const fs::path root = fs::temp_directory_path() / ("kevo-ncu-tree-" + std::to_string(::getpid()));
+  fs::remove_all(root);
+  fs::create_directories(root / "nsight-compute" / "2025.1");
+  fs::create_directories(root / "home");
+  auto touch = [](const fs::path& p) { std::ofstream(p) << "#!/bin/sh\n"; };
+  touch(root / "nsight-compute" / "2025.1" / "ncu");
+  touch(root / "ncu");
+  const std::vector<fs::path> private_places{root / "home", root / "cache"};
+
+  auto own = kevo::eval::ncu_install_tree(root / "nsight-compute" / "2025.1" / "ncu", private_places);
+  REQUIRE(own);
+  REQUIRE(own->has_value());
+  CHECK(**own == fs::canonical(root / "nsight-compute" / "2025.1"));
+  // A link is followed to where ncu really is.
+  fs::create_directory_symlink(root / "nsight-compute" / "2025.1", root / "home" / "ncu-link");
+  auto linked = kevo::eval::ncu_install_tree(root / "home" / "ncu-link" / "ncu", private_places);
+  REQUIRE(linked);
+  CHECK(**linked == **own);
+
+  auto holds_home = kevo::eval::ncu_install_tree(root / "ncu", private_places);
+  REQUIRE_FALSE(holds_home);
+  CHECK(contains(holds_home.error().message, "holds " + (root / "home").string()));
+  CHECK(contains(holds_home.error().message, "is not bound into a candidate's jail"));
+
+  // A file in a top-level directory (KEVO_NCU=/etc/passwd, or /ncu): its directory would show the jail
+  // every user's files, or the whole machine.
+  auto near_root = kevo::eval::ncu_install_tree("/etc/passwd", {});
+  REQUIRE_FALSE(near_root);
+  CHECK(contains(near_root.error().message, "its directory /etc is not an install tree of its own"));
+
+  auto system = kevo::eval::ncu_install_tree("/usr/bin/env", private_places);
+  REQUIRE(system);
+  CHECK_FALSE(system->has_value());  // under /usr, which every jail has already
+  auto missing = kevo::eval::ncu_install_tree(root / "no-such-ncu", private_places);
+  REQUIRE_FALSE(missing);
+  CHECK(contains(missing.error().message, "no-such-ncu"));
+  fs::remove_all(root);
 }
 
 }  // namespace kevo_tests::ncu_profile_test

@@ -198,12 +198,12 @@ TEST_CASE("a step cancelled or its srun killed mid-run is tried again: no evalua
   SlurmCpuEvaluator evaluator(axpy(), {}, slurm);
   REQUIRE(evaluator.prepare());  // the reference's steps are not the ones killed here
 
-  // Nine kills, each as soon as a step runs: by turns scancel of its job, and SIGKILL of an srun of
-  // ours (with the next test's slurmd, ten kills in all).
+  // Kills as soon as a step runs, by turns scancel of its job and SIGKILL of an srun of ours, until
+  // three have cost a step (a kill can find its step already done: on a busy machine 8 of 9 did).
   std::atomic<bool> done{false};
   std::atomic<int> cancelled{0};
   std::thread killer([&] {
-    while (!done && cancelled < 9) {
+    while (!done && slurm.stats().retries < 3 && cancelled < 40) {
       if (const std::string job = running_kevo_job(); !job.empty()) {
         if (cancelled % 2 == 0) shell("scancel " + job);
         else shell(fmt::format("pgrep -P {} -x srun | head -1 | xargs -r kill -KILL", ::getpid()));
@@ -216,8 +216,8 @@ TEST_CASE("a step cancelled or its srun killed mid-run is tried again: no evalua
   done = true;
   killer.join();
   INFO(fmt::format("{} steps cancelled, {} steps, {} retries", cancelled.load(), slurm.stats().steps.load(), slurm.stats().retries.load()));
-  CHECK(cancelled == 9);
-  CHECK(slurm.stats().retries >= 3);  // some kills find their step already done
+  CHECK(cancelled >= 3);
+  CHECK(slurm.stats().retries >= 3);
   check_each_evaluated_once(s);
   CHECK(s.sandbox_errors == 0);
   CHECK(s.result.verified);

@@ -198,7 +198,7 @@ class JailedEvaluator {
     e.speedup = report.seconds > 0 ? reference_seconds_ / report.seconds : 0;
     const Roofline roof = roofline_of(report);
     e.diagnostics = classify(report.bytes, report.flops, report.seconds, roof);
-    if (e.diagnostics.roofline_fraction > 1.0) return implausible(e, report, roof);
+    if (e.diagnostics.roofline_fraction > 1.0) return implausible(std::move(e), report, roof);
     e.diagnostics.detail = fmt::format("median {:.4g} ms, fastest {:.4g} ms of {} timed calls{}{}; reference {:.4g} ms{}{}", report.seconds * 1e3,
                                        report.min_seconds * 1e3, report.samples,
                                        report.samples == 1 && options_.repetitions > 1 ? " (over 10x slower than the reference: not timed further)" : "",
@@ -574,7 +574,12 @@ class JailedEvaluator {
     if (auto built = prepare_builds_locked(); !built) return built;
     const std::string manifest = problem_.torch ? problem_.torch->file.string() : (problem_.directory / "problem.json").string();
     const std::string reference_path = (problem_.directory / problem_.reference_file).string();
-    if (auto loose = validate_tolerance(); !loose) return make_error(fmt::format("{}: {}", manifest, loose.error().message));
+    {
+      // The reference's runs here are runs like any other: not beside a candidate's (whose static
+      // initializers may take the device's memory) nor beside a timed one.
+      std::unique_lock validating(gate_);
+      if (auto loose = validate_tolerance(); !loose) return make_error(fmt::format("{}: {}", manifest, loose.error().message));
+    }
     if (problem_.torch) return prepare_torch_reference();
 
     // The reference run as the kernel: checks the whole pipeline and times the reference.
@@ -795,10 +800,16 @@ class JailedEvaluator {
       e.diagnostics.detail += "; not profiled: ncu not found";
       return;
     }
+    const char* home = std::getenv("HOME");
+    auto ncu_tree = ncu_install_tree(*ncu, {home ? std::filesystem::path(home) : std::filesystem::path(), options_.cache_dir, problem_dir_});
+    if (!ncu_tree) {
+      e.diagnostics.detail += "; not profiled: " + ncu_tree.error().message;
+      return;
+    }
     JailOptions jail = candidate_jail();
     jail.launcher = ncu_launcher({.ncu = ncu->string()});
     jail.seccomp_exempt = ncu_seccomp_exempt();
-    if (!ncu->string().starts_with("/usr/")) jail.read_only.push_back(ncu->parent_path());
+    if (*ncu_tree) jail.read_only.push_back(**ncu_tree);
     // The toolkit's ncu is a script that finds Nsight Compute beside the toolkit or under /opt/nvidia.
     if (std::error_code ec; std::filesystem::is_directory("/opt/nvidia", ec)) jail.read_only.push_back("/opt/nvidia");
     SandboxLimits runner = candidate_limits(), checker = checker_limits();
@@ -914,6 +925,16 @@ class JailedEvaluator {
         if (r.failure != FailureKind::none)
           return make_error(fmt::format("{} failed while re-timed: {}: {}", challenger_turn ? "challenger" : "incumbent", to_string(r.failure),
                                         r.message));
+        // A race's figure is credited as a search's is: none past the roofline (the final
+        // verification is a race too).
+        if (challenger_turn) {
+          const Roofline roof = roofline_of(r);
+          Evaluation e;
+          e.diagnostics = classify(r.bytes, r.flops, r.seconds, roof);
+          if (e.diagnostics.roofline_fraction > 1.0)
+            return Comparison{.challenger_failure = FailureKind::implausible,
+                              .challenger_message = "re-timed: " + implausible(std::move(e), r, roof).diagnostics.message};
+        }
         (challenger_turn ? a_times : b_times).push_back(r.seconds);
       }
     }

@@ -28,6 +28,7 @@
 #include <cstdlib>
 #include <cstddef>
 #include <filesystem>
+#include <iterator>
 #include <map>
 #include <optional>
 #include <string>
@@ -148,6 +149,35 @@ inline std::optional<std::filesystem::path> find_ncu() {
   if (std::filesystem::exists("/usr/local/cuda/bin/ncu", ec)) return std::filesystem::canonical("/usr/local/cuda/bin/ncu", ec);
   if (auto path = find_program("ncu")) return std::filesystem::canonical(*path, ec);
   return std::nullopt;
+}
+
+/// The directory to bind read-only into a profiled candidate's jail so that `ncu` can run there:
+/// ncu's own directory (after links), none under /usr (the jail has /usr already). Refused, with
+/// the reason, where that directory is the root or a top-level one, or holds any of `private_places`
+/// (the home directory, kevo's cache, the problem's builds): an `ncu` at /ncu or in $HOME would
+/// otherwise show the candidate the whole machine or the user's files.
+inline expected<std::optional<std::filesystem::path>, Error> ncu_install_tree(
+    const std::filesystem::path& ncu, const std::vector<std::filesystem::path>& private_places) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const fs::path program = fs::canonical(ncu, ec);
+  if (ec) return make_error(fmt::format("ncu at {}: {}", ncu.string(), ec.message()));
+  if (program.string().starts_with("/usr/")) return std::optional<fs::path>{};
+  const fs::path tree = program.parent_path();
+  if (std::distance(tree.begin(), tree.end()) < 3)  // "/", "/opt": a root and one name
+    return make_error(fmt::format("ncu at {}: its directory {} is not an install tree of its own, and is not bound into a "
+                                  "candidate's jail (install Nsight Compute in a directory of its own)",
+                                  ncu.string(), tree.string()));
+  for (const fs::path& place : private_places) {
+    if (place.empty()) continue;
+    const fs::path inside = fs::weakly_canonical(place, ec);
+    const auto [tree_end, inside_at] = std::mismatch(tree.begin(), tree.end(), inside.begin(), inside.end());
+    if (!ec && tree_end == tree.end())
+      return make_error(fmt::format("ncu at {}: its directory {} holds {}, and is not bound into a candidate's jail (install "
+                                    "Nsight Compute in a directory of its own)",
+                                    ncu.string(), tree.string(), inside.string()));
+  }
+  return std::optional<fs::path>{tree};
 }
 
 // ---------------------------------------------------------------------------------------------

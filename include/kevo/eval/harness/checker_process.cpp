@@ -147,10 +147,14 @@ Reply wait_reply(const std::string& during) {
   return reply;
 }
 
-// The runner's first message: its greeting, or why it could not start (kevo's own words).
+// The runner's first message: its greeting, or why it could not start (kevo's own words). The
+// candidate's static initializers ran before the runner's main() in the same process, and the same
+// runner started beside the reference when the problem was prepared: a start that fails now (no
+// device memory, no address space left) is the candidate's doing, and named as its crash.
 void expect_greeting() {
   const Reply reply = wait_reply("while starting, before kevo's runner reached main() (a static initializer?)");
-  if (reply.kind == reply_failed) report_status("sandbox_error", std::string("the runner could not start: ") + reply.text);
+  if (reply.kind == reply_failed)
+    report_status("crash", std::string("kevo's runner could not start in the candidate's process (its static initializers ran first): ") + reply.text);
   if (reply.kind != reply_ready) report_status("bad_report", "the runner's first message was not its greeting");
 }
 

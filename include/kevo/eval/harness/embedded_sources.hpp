@@ -207,10 +207,14 @@ Reply wait_reply(const std::string& during) {
   return reply;
 }
 
-// The runner's first message: its greeting, or why it could not start (kevo's own words).
+// The runner's first message: its greeting, or why it could not start (kevo's own words). The
+// candidate's static initializers ran before the runner's main() in the same process, and the same
+// runner started beside the reference when the problem was prepared: a start that fails now (no
+// device memory, no address space left) is the candidate's doing, and named as its crash.
 void expect_greeting() {
   const Reply reply = wait_reply("while starting, before kevo's runner reached main() (a static initializer?)");
-  if (reply.kind == reply_failed) report_status("sandbox_error", std::string("the runner could not start: ") + reply.text);
+  if (reply.kind == reply_failed)
+    report_status("crash", std::string("kevo's runner could not start in the candidate's process (its static initializers ran first): ") + reply.text);
   if (reply.kind != reply_ready) report_status("bad_report", "the runner's first message was not its greeting");
 }
 
@@ -746,9 +750,14 @@ int main(int argc, char** argv) {
 
 /// cpu_runner_helpers.cpp
 inline constexpr std::string_view cpu_runner_helpers_cpp = R"kevo_harness(
-unsigned char* map_arena(int, int fd, std::uint64_t bytes) {
+unsigned char* map_arena(int control, int fd, std::uint64_t bytes) {
   void* mapped = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  return mapped == MAP_FAILED ? nullptr : static_cast<unsigned char*>(mapped);
+  if (mapped != MAP_FAILED) return static_cast<unsigned char*>(mapped);
+  // No std::string: where the candidate has taken the address space, nothing may be allocated.
+  char text[200];
+  std::snprintf(text, sizeof text, "kevo's runner could not map the checker's arena: %s", std::strerror(errno));
+  send_reply(control, reply_failed, 0, text);
+  return nullptr;
 }
 
 void empty_command() {}
@@ -2433,7 +2442,9 @@ inline constexpr std::string_view runner_cpp_in = R"kevo_harness(// @file@: gene
 #include <sys/socket.h>
 #include <unistd.h>
 @includes@
+#include <cerrno>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <exception>
@@ -2480,6 +2491,9 @@ int main(int argc, char** argv) {
   // it as they would any other process, and its exit code names them.
   for (int sig : {SIGXCPU, SIGABRT, SIGTERM}) ::signal(sig, [](int s) { ::_exit(128 + s); });
   unsigned char* const base = map_arena(control, arena_fd, bytes);
+  // The mapping holds the arena now: the descriptor goes, so the candidate's code has no handle on the
+  // checker's memory but the mapping it is given (least privilege; the memfd is sealed besides).
+  ::close(arena_fd);
   if (!base) return 4;
   send_reply(control, reply_ready, 0, "");
   for (;;) {
