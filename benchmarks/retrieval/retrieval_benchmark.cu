@@ -1299,6 +1299,10 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "retrieval_benchmark: %s\n", here.error().message.c_str());
     return 2;
   }
+#ifdef KEVO_DEVICE_CODE_CHECK_ONLY
+  std::fputs("retrieval_benchmark: built with KEVO_CUDA_DEVICE_CODE=check (configured where no GPU was found): its device code is unoptimized PTX, built to be compiled, not timed; reconfigure with -DKEVO_CUDA_DEVICE_CODE=sass and build again\n", stderr);  // (CMakeLists.txt)
+  return 2;
+#endif
   cudaDeviceProp prop;
   cudaGetDeviceProperties(&prop, 0);
   const int repeats = quick ? 5 : 15;

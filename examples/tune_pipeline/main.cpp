@@ -77,6 +77,9 @@ int main(int argc, char** argv) {
   o.device.dtype = *kevo::retrieval::embedding_type_named(o.dtype);
   std::string error;
   if (auto here = kevo::eval::nvidia_device_present(); !here) return fail(here.error().message);  // exit 2, before any work
+#ifdef KEVO_DEVICE_CODE_CHECK_ONLY
+  return fail("built with KEVO_CUDA_DEVICE_CODE=check (configured where no GPU was found): its device code is unoptimized PTX, built to be compiled, not timed; reconfigure with -DKEVO_CUDA_DEVICE_CODE=sass and build again");  // (CMakeLists.txt)
+#endif
   if (const std::filesystem::path store = o.store; store.has_parent_path()) {
     std::error_code ec;
     std::filesystem::create_directories(store.parent_path(), ec);
