@@ -1,6 +1,7 @@
 // kevo/store.hpp: the SearchStore concept: where trees, candidates, evaluations and run settings
 // persist, so a search killed at any moment resumes without losing a finished evaluation.
-// Models: store/sqlite_store.hpp (one file, the default); PostgreSQL for shared histories later.
+// Models: store/sqlite_store.hpp (one file, the default), store/postgres_store.hpp (a history
+// shared on a PostgreSQL server), store/memory_store.hpp (this process only, no dependency).
 //
 //   auto store = kevo::store::SqliteStore::open("search.db");
 //   auto run = store->begin_run({.problem = "cpu_scoring", .settings_json = "{}"});
