@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # A signal in the middle of a search, then --resume: it finishes the budget, losing and repeating
-# nothing. KILL (the default) stops it dead; INT (Ctrl-C) lets it stop cleanly, and leaves the run
-# open for --resume.
+# nothing, and says what it found as any search does (last line, JSON summary, best kernel, report).
+# KILL (the default) stops it dead; INT (Ctrl-C) lets it stop cleanly, and leaves the run open for
+# --resume. (The report's checks ride on this search rather than a third one: issue 50.)
 set -euo pipefail
 search=$1 problem=$2 signal=${3:-KILL}
 work=$(mktemp -d)
@@ -33,4 +34,16 @@ grep -q '"evaluations":13' summary.json || { echo "expected 13 evaluations"; cat
 [ "$(sqlite3 runs.db 'select count(distinct node_id) from evaluations')" = 13 ]
 [ "$(sqlite3 runs.db 'select count(*) from evaluations')" = 13 ]
 [ "$(sqlite3 runs.db "select stopped_because from runs")" = evaluation_budget ]
-tail -1 second.txt
+# What it found, said alike everywhere: the last line, the summary, the best kernel and the report,
+# with one best node, the verified one, named alike by the console, the JSON summary and the report.
+tail -1 second.txt | grep -Eq '^best: [0-9]+\.[0-9]x over reference \(verified\)$' || { echo "bad last line"; cat second.txt; exit 1; }
+for key in problem target evaluations best_speedup best_candidate stopped_because store; do
+  grep -q "\"$key\":" summary.json || { echo "summary lacks $key"; cat summary.json; exit 1; }
+done
+grep -q '"stopped_because":"evaluation_budget"' summary.json
+grep -q 'void kernel' kevo-runs/cpu_scoring.best.cpp
+grep -q '<svg' kevo-runs/cpu_scoring.html
+node=$(grep -o '"node":[0-9]*' summary.json | cut -d: -f2)
+grep -q "^best kernel: .* (node $node, " second.txt || { echo "the console names another best node than the JSON ($node)"; cat second.txt; exit 1; }
+grep -q "(verified: node $node, " kevo-runs/cpu_scoring.html || { echo "the report names another best node than the JSON ($node)"; exit 1; }
+echo "ok: $(tail -1 second.txt)"
