@@ -9,11 +9,14 @@
 #pragma once
 
 #include <kevo/candidate.hpp>
+#include <kevo/detail/member_named.hpp>
 
 #include <concepts>
 #include <cstdint>
 #include <string>
 #include <vector>
+
+KEVO_DETAIL_MEMBER_NAMED(withdraw)
 
 namespace kevo {
 
@@ -73,6 +76,9 @@ constexpr bool check_knowledge_retriever() {
   static_assert(detail::retriever_retrieves<R>,
                 "KnowledgeRetriever: missing `std::vector<KnowledgeSnippet> retrieve(const KnowledgeQuery&)`");
   static_assert(detail::retriever_learns<R>, "KnowledgeRetriever: missing `void learn(const Skill&)`");
+  static_assert(!detail::has_member_named_withdraw<R> || detail::retriever_withdraws<R>,
+                "KnowledgeRetriever: the optional hook `withdraw` must be `void withdraw(const std::string& problem, "
+                "std::int64_t node_key)`: this one has another shape, and the loop would never call it");
   return true;
 }
 

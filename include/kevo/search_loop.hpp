@@ -222,8 +222,8 @@ class SearchLoop {
                  .problem_dir = problem_->directory.string(),
                  .settings_json = args_.settings_json,
                  .problem_identity = problem_->identity()};
-    if constexpr (requires { evaluator_->reference_seconds(); }) info.reference_seconds = evaluator_->reference_seconds();
-    if constexpr (requires { evaluator_->target_identity(); }) info.target_identity = evaluator_->target_identity();
+    if constexpr (detail::evaluator_times_reference<Eval>) info.reference_seconds = evaluator_->reference_seconds();
+    if constexpr (detail::evaluator_names_target<Eval>) info.target_identity = evaluator_->target_identity();
     reference_seconds_ = info.reference_seconds;
     auto run = store_->begin_run(info);
     if (!run) return unexpected(run.error());
@@ -256,7 +256,7 @@ class SearchLoop {
     auto info = store_->find_run(run_id);
     if (!info) return unexpected(info.error());
     if (auto ok = check_resumable(*info, *problem_); !ok) return unexpected(ok.error());
-    if constexpr (requires { evaluator_->target_identity(); })
+    if constexpr (detail::evaluator_names_target<Eval>)
       if (auto ok = check_same_target(*info, evaluator_->target_identity()); !ok) return unexpected(ok.error());
     auto stored = store_->load_nodes(run_id);
     if (!stored) return unexpected(stored.error());
@@ -300,8 +300,8 @@ class SearchLoop {
       reference_seconds_ = stored_reference;
       reference_from_store_ = true;
     } else {
-      if constexpr (requires { evaluator_->reference_seconds(); }) reference_seconds_ = evaluator_->reference_seconds();
-      if constexpr (requires { store_->set_reference_seconds(run_id_, 1.0); })
+      if constexpr (detail::evaluator_times_reference<Eval>) reference_seconds_ = evaluator_->reference_seconds();
+      if constexpr (detail::store_keeps_reference_seconds<Store>)
         if (reference_seconds_ > 0)
           if (auto ok = store_->set_reference_seconds(run_id_, reference_seconds_); !ok) return unexpected(ok.error());
     }
@@ -319,7 +319,7 @@ class SearchLoop {
   /// The best candidates of earlier runs on `target_identity` (a store that cannot tell targets
   /// apart, or `warm_start_any_target`: on any target).
   expected<std::vector<Candidate>, Error> best_of_earlier_runs(const std::string& target_identity) {
-    if constexpr (requires { store_->best_of_earlier_runs(problem_->name, target_identity, run_id_, args_.warm_start); })
+    if constexpr (detail::store_warm_starts_by_target<Store>)
       return store_->best_of_earlier_runs(problem_->name, args_.warm_start_any_target ? std::string() : target_identity, run_id_,
                                           args_.warm_start);
     else
@@ -364,7 +364,7 @@ class SearchLoop {
     }
     // The synthesizer learns what the tree already holds (a resumed run, warm starts) before any
     // generation starts: afterwards it is only ever called from its own strand.
-    if constexpr (requires { synth_.remember(std::declval<const Candidate&>()); })
+    if constexpr (detail::synthesizer_remembers<Synth>)
       for (const auto& c : candidates_)
         if (c && !c->source.empty()) synth_.remember(*c);
     io_ = &io;
@@ -538,7 +538,7 @@ class SearchLoop {
         on_generated(child, e, std::move(request), tries, std::move(result));
       });
     };
-    if constexpr (requires { Synth::concurrent_generation; }) {
+    if constexpr (detail::synthesizer_says_concurrent<Synth>) {
       if (Synth::concurrent_generation) return boost::asio::post(*workers_, std::move(work));
     }
     boost::asio::post(*synth_strand_, std::move(work));
@@ -593,7 +593,7 @@ class SearchLoop {
 
   /// Stores a node's evaluation; `settled` is false for a first figure that its race has yet to settle.
   expected<void, Error> store_evaluation(NodeId id, const Evaluation& e, bool settled) {
-    if constexpr (requires { store_->add_evaluation(run_id_, keys_[id], e, settled); })
+    if constexpr (detail::store_marks_unsettled<Store>)
       return store_->add_evaluation(run_id_, keys_[id], e, settled);
     else
       return store_->add_evaluation(run_id_, keys_[id], e);
@@ -620,7 +620,7 @@ class SearchLoop {
       expected<Comparison, Error> race = make_error("the evaluator threw");
       bool against_reference = false;
       try {
-        if constexpr (requires { evaluator_->compare_with_reference(*challenger, seed); }) {
+        if constexpr (detail::evaluator_races_reference<Eval>) {
           race = evaluator_->compare_with_reference(*challenger, seed);
           against_reference = true;
         } else {
@@ -719,7 +719,7 @@ class SearchLoop {
     if (args_.patience > 0 && tree_.finished_since_improvement() >= args_.patience) return stop(StopReason::stagnation);
     if (consecutive_generation_failures_ >= args_.max_consecutive_generation_failures)
       return stop(StopReason::synthesizer_exhausted);
-    if constexpr (requires { synth_.budget_exhausted(); }) {
+    if constexpr (detail::synthesizer_spends_budget<Synth>) {
       if (synth_.budget_exhausted()) return stop(StopReason::synthesizer_exhausted);
     }
   }
@@ -776,7 +776,7 @@ class SearchLoop {
     if (!check.ok()) {
       r.verification_message = fmt::format("the best failed its re-check on fresh inputs: {}", check.diagnostics.message);
       withdraw_skill(retriever_, problem_->name, r.best_key);
-    } else if constexpr (requires { evaluator_->compare_with_reference(*r.best_candidate, fresh); }) {
+    } else if constexpr (detail::evaluator_races_reference<Eval>) {
       auto race = evaluator_->compare_with_reference(*r.best_candidate, fresh);
       if (race && race->challenger_failure != FailureKind::none) {
         r.verification_message = fmt::format("the best failed its re-check beside the reference: {}", race->challenger_message);

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <kevo/candidate.hpp>
+#include <kevo/detail/member_named.hpp>
 #include <kevo/expected.hpp>
 #include <kevo/memory_operator.hpp>
 
@@ -17,6 +18,8 @@
 #include <optional>
 #include <string>
 #include <vector>
+
+KEVO_DETAIL_MEMBER_NAMED(set_reference_seconds)
 
 namespace kevo {
 
@@ -84,6 +87,19 @@ template <class S>
 concept store_warm_starts = requires(S& s, std::int64_t run, const std::string& text) {
   { s.best_of_earlier_runs(text, run, std::size_t{}) } -> std::same_as<expected<std::vector<Candidate>, Error>>;
 };
+// The optional forms, each as the loop calls it.
+template <class S>
+concept store_keeps_reference_seconds = requires(S& s, std::int64_t run) {
+  { s.set_reference_seconds(run, 1.0) } -> std::same_as<expected<void, Error>>;
+};
+template <class S>
+concept store_marks_unsettled = requires(S& s, std::int64_t run, NodeKey key, const Evaluation& e) {
+  { s.add_evaluation(run, key, e, false) } -> std::same_as<expected<void, Error>>;
+};
+template <class S>
+concept store_warm_starts_by_target = requires(S& s, std::int64_t run, const std::string& text) {
+  { s.best_of_earlier_runs(text, text, run, std::size_t{}) } -> std::same_as<expected<std::vector<Candidate>, Error>>;
+};
 template <class S>
 concept store_records = store_begins_runs<S> && store_adds_nodes<S> && store_adds_evaluations<S> && store_finishes_runs<S>;
 template <class S>
@@ -96,11 +112,14 @@ concept store_resumes = store_finds_runs<S> && store_loads_nodes<S> && store_war
 /// that already has one replaces it, keeping its place in the finish order: a new best is stored
 /// as first measured, then again once re-timed side by side.
 ///
-/// Optional, where a model has them (the loop asks with `if constexpr`):
-/// `add_evaluation(run, key, e, settled)`, which marks a figure not yet settled by its race,
-/// `set_reference_seconds(run, seconds)`, which keeps the reference time a run's speedups are over,
-/// and `best_of_earlier_runs(problem, target_identity, run, count)`, which warm-starts only from runs
-/// measured on that target (an empty identity: any target, as the three-argument form always does).
+/// Optional, where a model has them (the loop uses the forms below, detail::store_keeps_reference_seconds
+/// and its neighbours; a `set_reference_seconds` of another shape fails check_search_store, naming it):
+/// - `expected<void, Error> add_evaluation(run, key, e, bool settled)`, which marks a figure not yet
+///   settled by its race;
+/// - `expected<void, Error> set_reference_seconds(std::int64_t run, double seconds)`, which keeps the
+///   reference time a run's speedups are over;
+/// - `best_of_earlier_runs(problem, target_identity, run, count)`, which warm-starts only from runs
+///   measured on that target (an empty identity: any target, as the three-argument form always does).
 template <class S>
 concept SearchStore = detail::store_records<S> && detail::store_resumes<S>;
 
@@ -118,6 +137,9 @@ constexpr bool check_search_store() {
   static_assert(detail::store_loads_nodes<S>, "SearchStore: missing `expected<std::vector<StoredNode>, Error> load_nodes(std::int64_t run)`");
   static_assert(detail::store_warm_starts<S>,
                 "SearchStore: missing `expected<std::vector<Candidate>, Error> best_of_earlier_runs(const std::string& problem, std::int64_t run, std::size_t count)`");
+  static_assert(!detail::has_member_named_set_reference_seconds<S> || detail::store_keeps_reference_seconds<S>,
+                "SearchStore: the optional hook `set_reference_seconds` must be `expected<void, Error> "
+                "set_reference_seconds(std::int64_t run, double seconds)`: this one has another shape, and the loop would never call it");
   return true;
 }
 

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <kevo/candidate.hpp>
+#include <kevo/detail/member_named.hpp>
 #include <kevo/expected.hpp>
 #include <kevo/knowledge_retriever.hpp>
 #include <kevo/memory_operator.hpp>
@@ -18,6 +19,11 @@
 #include <memory>
 #include <optional>
 #include <vector>
+
+KEVO_DETAIL_MEMBER_NAMED(remember)
+KEVO_DETAIL_MEMBER_NAMED(concurrent_generation)
+KEVO_DETAIL_MEMBER_NAMED(budget_exhausted)
+KEVO_DETAIL_MEMBER_NAMED(repairs)
 
 namespace kevo {
 
@@ -51,6 +57,15 @@ template <class S>
 concept synthesizer_generates = requires(S& s, const GenerationRequest& r) {
   { s.generate(r) } -> std::same_as<expected<Candidate, Error>>;
 };
+// The optional hooks, each as the loop uses it.
+template <class S>
+concept synthesizer_remembers = requires(S& s, const Candidate& c) { s.remember(c); };
+template <class S>
+concept synthesizer_says_concurrent = requires { { S::concurrent_generation } -> std::convertible_to<bool>; };
+template <class S>
+concept synthesizer_spends_budget = requires(const S& s) { { s.budget_exhausted() } -> std::convertible_to<bool>; };
+template <class S>
+concept synthesizer_says_repairs = requires { { S::repairs } -> std::convertible_to<bool>; };
 }  // namespace detail
 
 /// `generate(request) -> expected<Candidate, Error>`. An error is a failed generation with a
@@ -64,7 +79,10 @@ concept synthesizer_generates = requires(S& s, const GenerationRequest& r) {
 /// loop asks it from its own thread while a `generate` may be running, so what it reads must be
 /// safe to read then (an atomic counter, as LlmSynthesizer keeps). One that can fix a failed
 /// candidate from its diagnostics says so with `static constexpr bool repairs = true;` and is then
-/// sent repair requests (GenerationRequest::repair).
+/// sent repair requests (GenerationRequest::repair). One that keeps its own record of what it has
+/// proposed may offer `void remember(const Candidate&)`: the loop tells it what the tree already
+/// holds (a resumed run, warm starts) before any generation. A member named like one of these hooks
+/// but of another shape fails check_synthesizer, naming the hook.
 template <class S>
 concept Synthesizer = detail::synthesizer_generates<S>;
 
@@ -79,6 +97,18 @@ template <class S>
 constexpr bool check_synthesizer() {
   static_assert(detail::synthesizer_generates<S>,
                 "Synthesizer: missing `expected<Candidate, Error> generate(const GenerationRequest&)`");
+  static_assert(!detail::has_member_named_remember<S> || detail::synthesizer_remembers<S>,
+                "Synthesizer: the optional hook `remember` must be `void remember(const Candidate&)`: this one has another "
+                "shape, and the loop would never call it");
+  static_assert(!detail::has_member_named_concurrent_generation<S> || detail::synthesizer_says_concurrent<S>,
+                "Synthesizer: the optional hook `concurrent_generation` must be `static constexpr bool concurrent_generation`: "
+                "this one has another shape, and the loop would never read it");
+  static_assert(!detail::has_member_named_budget_exhausted<S> || detail::synthesizer_spends_budget<S>,
+                "Synthesizer: the optional hook `budget_exhausted` must be `bool budget_exhausted() const`: this one has "
+                "another shape, and the loop would never call it");
+  static_assert(!detail::has_member_named_repairs<S> || detail::synthesizer_says_repairs<S>,
+                "Synthesizer: the optional hook `repairs` must be `static constexpr bool repairs`: this one has another "
+                "shape, and the loop would never read it");
   return true;
 }
 
