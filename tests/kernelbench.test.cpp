@@ -58,12 +58,20 @@ const kevo::TensorSpec& tensor(const kevo::Problem& p, const std::string& name) 
   return p.tensors.front();
 }
 
-// A file of the user's, in a fresh directory.
+// A file of the user's, in a directory of this process's that goes when the process ends.
+struct UserFiles {
+  fs::path dir = fs::temp_directory_path() / fmt::format("kevo-kernelbench-{}", ::getpid());
+  ~UserFiles() {
+    std::error_code ec;
+    fs::remove_all(dir, ec);
+  }
+};
+
 fs::path write_file(const std::string& name, const std::string& text) {
-  const fs::path dir = fs::temp_directory_path() / fmt::format("kevo-kernelbench-{}", ::getpid());
-  fs::create_directories(dir);
-  std::ofstream(dir / name) << text;
-  return dir / name;
+  static const UserFiles files;
+  fs::create_directories(files.dir);
+  std::ofstream(files.dir / name) << text;
+  return files.dir / name;
 }
 
 // The template rendered with every knob at its last value (threads, blocking, other loop orders).

@@ -25,10 +25,19 @@ using namespace kevo;
 using kevo::testing::SyntheticEvaluator;
 
 namespace {
+// This process's stores, in a directory of its own that goes when the process ends.
+struct TempStores {
+  std::filesystem::path dir = std::filesystem::temp_directory_path() / fmt::format("kevo-loop-test-{}", ::getpid());
+  ~TempStores() {
+    std::error_code ec;
+    std::filesystem::remove_all(dir, ec);
+  }
+};
+
 std::filesystem::path temp_store(const std::string& name) {
-  auto dir = std::filesystem::temp_directory_path() / fmt::format("kevo-loop-test-{}", ::getpid());
-  std::filesystem::create_directories(dir);
-  auto path = dir / name;
+  static const TempStores stores;
+  std::filesystem::create_directories(stores.dir);
+  auto path = stores.dir / name;
   for (auto suffix : {"", "-wal", "-shm"}) std::filesystem::remove(path.string() + suffix);
   return path;
 }
