@@ -17,6 +17,7 @@
 
 #include "support/fake_llm_server.hpp"
 #include "support/quick_llm_options.hpp"
+#include "support/process_temp_dir.hpp"
 #include "support/require_prepared.hpp"
 
 #include <unistd.h>
@@ -59,19 +60,10 @@ const kevo::TensorSpec& tensor(const kevo::Problem& p, const std::string& name) 
 }
 
 // A file of the user's, in a directory of this process's that goes when the process ends.
-struct UserFiles {
-  fs::path dir = fs::temp_directory_path() / fmt::format("kevo-kernelbench-{}", ::getpid());
-  ~UserFiles() {
-    std::error_code ec;
-    fs::remove_all(dir, ec);
-  }
-};
-
 fs::path write_file(const std::string& name, const std::string& text) {
-  static const UserFiles files;
-  fs::create_directories(files.dir);
-  std::ofstream(files.dir / name) << text;
-  return files.dir / name;
+  static const kevo::testing::ProcessTempDir files("kevo-kernelbench");
+  std::ofstream(files.path() / name) << text;
+  return files.path() / name;
 }
 
 // The template rendered with every knob at its last value (threads, blocking, other loop orders).

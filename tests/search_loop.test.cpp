@@ -8,6 +8,7 @@
 #include <kevo/store/sqlite_store.hpp>
 
 #include "support/kill_in_race.hpp"
+#include "support/process_temp_dir.hpp"
 #include "support/synthetic_evaluator.hpp"
 
 #include <catch2/catch.hpp>
@@ -25,19 +26,9 @@ using namespace kevo;
 using kevo::testing::SyntheticEvaluator;
 
 namespace {
-// This process's stores, in a directory of its own that goes when the process ends.
-struct TempStores {
-  std::filesystem::path dir = std::filesystem::temp_directory_path() / fmt::format("kevo-loop-test-{}", ::getpid());
-  ~TempStores() {
-    std::error_code ec;
-    std::filesystem::remove_all(dir, ec);
-  }
-};
-
 std::filesystem::path temp_store(const std::string& name) {
-  static const TempStores stores;
-  std::filesystem::create_directories(stores.dir);
-  auto path = stores.dir / name;
+  static const kevo::testing::ProcessTempDir stores("kevo-loop-test");
+  auto path = stores.path() / name;
   for (auto suffix : {"", "-wal", "-shm"}) std::filesystem::remove(path.string() + suffix);
   return path;
 }

@@ -6,6 +6,7 @@
 #include <kevo/store/sqlite_store.hpp>
 #include <kevo/store/trajectory_export.hpp>
 
+#include "support/process_temp_dir.hpp"
 #include "support/synthetic_evaluator.hpp"
 
 #include <catch2/catch.hpp>
@@ -28,20 +29,11 @@ using namespace kevo;
 using kevo::testing::SyntheticEvaluator;
 
 namespace {
-std::filesystem::path temp_dir() { return std::filesystem::temp_directory_path() / fmt::format("kevo-export-test-{}", ::getpid()); }
-
 // The stores and exports go with the process.
-struct RemoveTempDir {
-  ~RemoveTempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(temp_dir(), ec);
-  }
-} remove_temp_dir;
+const kevo::testing::ProcessTempDir temp_dir("kevo-export-test");
 
 std::filesystem::path temp_path(const std::string& name) {
-  auto dir = temp_dir();
-  std::filesystem::create_directories(dir);
-  auto path = dir / name;
+  auto path = temp_dir.path() / name;
   for (auto suffix : {"", "-wal", "-shm", ".part"}) std::filesystem::remove(path.string() + suffix);
   return path;
 }

@@ -312,12 +312,13 @@ class JailedEvaluator {
   }
 
   /// Faster than the machine can go: not a record but a trick or a broken bytes/FLOPs model.
+  static std::string implausible_message(const Diagnostics& d, const Roofline& roof) {
+    return fmt::format("implausible: {:.0f}% of this machine's measured roofline ({:.1f} GB/s of {:.1f}, {:.1f} GFLOP/s of {:.1f}); not credited",
+                       100 * d.roofline_fraction, d.achieved_gbytes_per_s, roof.read_gbytes_per_s, d.achieved_gflops, roof.peak_gflops);
+  }
   static Evaluation implausible(Evaluation e, const RunReport& report, const Roofline& roof) {
     e.failure = FailureKind::implausible;
-    e.diagnostics.message = fmt::format(
-        "implausible: {:.0f}% of this machine's measured roofline ({:.1f} GB/s of {:.1f}, {:.1f} GFLOP/s of {:.1f}); not credited",
-        100 * e.diagnostics.roofline_fraction, e.diagnostics.achieved_gbytes_per_s, roof.read_gbytes_per_s, e.diagnostics.achieved_gflops,
-        roof.peak_gflops);
+    e.diagnostics.message = implausible_message(e.diagnostics, roof);
     e.diagnostics.detail = fmt::format("median {:.4g} ms (wall {:.4g} ms, CPU {:.4g} ms) of {} timed calls", report.seconds * 1e3,
                                        report.wall_seconds * 1e3, report.cpu_seconds * 1e3, report.samples);
     e.seconds = 0;
@@ -929,11 +930,9 @@ class JailedEvaluator {
         // verification is a race too).
         if (challenger_turn) {
           const Roofline roof = roofline_of(r);
-          Evaluation e;
-          e.diagnostics = classify(r.bytes, r.flops, r.seconds, roof);
-          if (e.diagnostics.roofline_fraction > 1.0)
-            return Comparison{.challenger_failure = FailureKind::implausible,
-                              .challenger_message = "re-timed: " + implausible(std::move(e), r, roof).diagnostics.message};
+          const Diagnostics d = classify(r.bytes, r.flops, r.seconds, roof);
+          if (d.roofline_fraction > 1.0)
+            return Comparison{.challenger_failure = FailureKind::implausible, .challenger_message = "re-timed: " + implausible_message(d, roof)};
         }
         (challenger_turn ? a_times : b_times).push_back(r.seconds);
       }

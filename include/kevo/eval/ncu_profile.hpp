@@ -171,8 +171,7 @@ inline expected<std::optional<std::filesystem::path>, Error> ncu_install_tree(
   for (const fs::path& place : private_places) {
     if (place.empty()) continue;
     const fs::path inside = fs::weakly_canonical(place, ec);
-    const auto [tree_end, inside_at] = std::mismatch(tree.begin(), tree.end(), inside.begin(), inside.end());
-    if (!ec && tree_end == tree.end())
+    if (!ec && std::mismatch(tree.begin(), tree.end(), inside.begin(), inside.end()).first == tree.end())  // tree is a prefix
       return make_error(fmt::format("ncu at {}: its directory {} holds {}, and is not bound into a candidate's jail (install "
                                     "Nsight Compute in a directory of its own)",
                                     ncu.string(), tree.string(), inside.string()));
