@@ -218,6 +218,15 @@ TEST_CASE("prepare sweeps the temporaries of dead runs, and spares those of live
   // Dead here, but just touched: another machine's build in flight through a shared cache.
   const fs::path fresh_build = make_dir(builds / fmt::format("00000000000000cc.tmp-{}-12345", dead), fs::file_time_type::clock::now());
   const fs::path kept_build = make_dir(builds / "00000000000000dd", long_ago);  // a finished build
+  // The checker's body, which the problems of a cache share: a compile of it killed leaves a temporary too.
+  fs::path body_dir;
+  for (const auto& entry : fs::directory_iterator(cache / "checker-bodies")) body_dir = entry.path();
+  REQUIRE(fs::exists(body_dir / "checker_body.o"));
+  fs::remove(body_dir / "checker_body.o");
+  fs::remove(problem_dir / "checker");
+  const fs::path dead_body = body_dir / fmt::format("checker_body.o.tmp-{}-12345", dead);
+  std::ofstream(dead_body) << "half an object";
+  fs::last_write_time(dead_body, long_ago);
 
   kevo::eval::CpuEvaluator evaluator(*problem, options_in(cache));
   REQUIRE(evaluator.compile(evaluator.default_candidate()).failure == kevo::FailureKind::none);
@@ -227,6 +236,9 @@ TEST_CASE("prepare sweeps the temporaries of dead runs, and spares those of live
   CHECK(fs::exists(live_build / "candidate.cpp"));
   CHECK(fs::exists(fresh_build / "candidate.cpp"));
   CHECK(fs::exists(kept_build / "candidate.cpp"));
+  CHECK_FALSE(fs::exists(dead_body));
+  CHECK(fs::exists(body_dir / "checker_body.o"));  // compiled again, and the checker linked with it
+  CHECK(fs::exists(problem_dir / "checker"));
   fs::remove_all(cache);
 }
 

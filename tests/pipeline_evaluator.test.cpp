@@ -5,7 +5,7 @@
 #include <catch2/catch.hpp>
 
 #include <kevo/eval/pipeline_evaluator.hpp>
-#include <kevo/eval/pipeline_tuning.hpp>
+#include <kevo/tuning/pipeline_tuning.hpp>
 #include <kevo/default_search_loop.hpp>
 #include <kevo/store/sqlite_store.hpp>
 
@@ -119,7 +119,7 @@ TEST_CASE("tune_pipeline writes the verified best to a tuning file, and the pipe
   std::filesystem::create_directories(dir);
   const auto file = dir / "tuning.json";
   auto store = store::SqliteStore::open(":memory:").value();
-  auto tuned = eval::tune_pipeline(workload, eval::policy_timer(device_landscape), PipelinePolicy{}, store, {.budget = 40, .seed = 3});
+  auto tuned = tuning::tune_pipeline(workload, tuning::policy_timer(device_landscape), PipelinePolicy{}, store, {.budget = 40, .seed = 3});
   REQUIRE(tuned);
   INFO(to_string(tuned->entry.policy));
   REQUIRE(tuned->search.verified);
@@ -128,7 +128,7 @@ TEST_CASE("tune_pipeline writes the verified best to a tuning file, and the pipe
   CHECK(tuned->entry.evaluations == static_cast<int>(tuned->search.evaluations));
 
   const DeviceIdentity h200{"NVIDIA H200", "13.0"};
-  REQUIRE(eval::record_tuning(file, h200, tuned->entry));
+  REQUIRE(tuning::record_tuning(file, h200, tuned->entry));
   const PolicyChoice chosen = choose_policy(file, h200, workload.shape, PipelinePolicy{});
   CHECK(chosen.tuned);
   CHECK(chosen.policy == tuned->entry.policy);
@@ -136,17 +136,17 @@ TEST_CASE("tune_pipeline writes the verified best to a tuning file, and the pipe
   // A second record for the same shape replaces the first; another device's file is refused.
   retrieval::TuningEntry again = tuned->entry;
   again.evaluations = 1;
-  REQUIRE(eval::record_tuning(file, h200, again));
+  REQUIRE(tuning::record_tuning(file, h200, again));
   auto read = read_tuning_file(file);
   REQUIRE(read);
   REQUIRE(read->entries.size() == 1);
   CHECK(read->entries[0].evaluations == 1);
-  auto other = eval::record_tuning(file, {"NVIDIA H100 80GB HBM3", "13.0"}, again);
+  auto other = tuning::record_tuning(file, {"NVIDIA H100 80GB HBM3", "13.0"}, again);
   REQUIRE_FALSE(other);
   CHECK_THAT(other.error().message, Catch::Contains("NVIDIA H200") && Catch::Contains("NVIDIA H100"));
 
   // A policy whose answers differ, or a device error, is a named failure of that evaluation.
-  auto timer = eval::policy_timer([](const PipelinePolicy&, std::uint64_t) {
+  auto timer = tuning::policy_timer([](const PipelinePolicy&, std::uint64_t) {
     return retrieval::PolicyTiming{retrieval::PolicyTiming::Outcome::wrong_answer, 0, "rank 3 scored 0.5 where the defaults score 0.7"};
   });
   auto failed = timer(PipelinePolicy{}, 1);

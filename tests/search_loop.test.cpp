@@ -5,6 +5,7 @@
 #include <kevo/search/mcts.hpp>
 #include <kevo/search/random.hpp>
 #include <kevo/default_search_loop.hpp>
+#include <kevo/eval/any_evaluator.hpp>
 #include <kevo/store/sqlite_store.hpp>
 
 #include "support/kill_in_race.hpp"
@@ -294,6 +295,47 @@ TEST_CASE("a new best is re-timed side by side, so a lucky measurement cannot wi
   for (NodeId n = 1; n < loop.tree().size(); ++n)
     retimed += loop.evaluation(n).diagnostics.message.find("re-timed:") != std::string::npos;
   CHECK(retimed > 0);
+}
+
+namespace {
+/// NoisyEvaluator with every optional hook, each call counted: one that eval::AnyEvaluator dropped would show.
+struct HookedEvaluator : NoisyEvaluator {
+  std::atomic<int> reference_asked{0}, identity_asked{0}, reference_races{0};
+  double reference_seconds() {
+    ++reference_asked;
+    return 1.0;
+  }
+  std::string target_identity() {
+    ++identity_asked;
+    return "synthetic: every hook";
+  }
+  expected<Comparison, Error> compare_with_reference(const Candidate& c, std::uint64_t seed) {
+    ++reference_races;
+    return NoisyEvaluator::compare_with_reference(c, seed);
+  }
+};
+}  // namespace
+
+TEST_CASE("eval::AnyEvaluator runs the loop as the evaluator it refers to would, every hook included", "[loop]") {
+  const Problem problem = kevo::testing::synthetic_problem();
+  HookedEvaluator hooked;
+  eval::AnyEvaluator evaluator(hooked);
+  auto store = store::SqliteStore::open(":memory:").value();
+  SearchLoop<synth::TemplateSynthesizer, search::Greedy, memory::Combined, eval::AnyEvaluator, knowledge::NullRetriever, store::SqliteStore>
+      loop(problem, synth::TemplateSynthesizer(problem), search::Greedy{}, memory::Combined{}, evaluator,
+           knowledge::NullRetriever{}, store, {.jobs = 1, .max_evaluations = 60, .seed = 4});
+  auto r = loop.run(synth::TemplateSynthesizer(problem).seed());
+  REQUIRE(r);
+  // The lucky first measurements are raced against the reference, through the hook, and lose.
+  const double truth = SyntheticEvaluator::speedup_of(r->best_candidate->knobs);
+  CHECK(r->verified_speedup == Approx(truth));
+  CHECK(hooked.reference_races > 0);
+  CHECK(hooked.reference_asked > 0);
+  CHECK(hooked.identity_asked > 0);
+  auto run = store.find_run(r->run_id);
+  REQUIRE(run);
+  CHECK(run->target_identity == "synthetic: every hook");
+  CHECK(run->reference_seconds == 1.0);
 }
 
 namespace {

@@ -45,11 +45,10 @@ inline kevo::expected<kevo::Problem, kevo::Error> load_problem_argument(const Pr
 }
 
 /// torch.compile's time over the best's, where it was timed (else 0): the verified speedup over eager, rescaled by
-/// the two peers' times from the evaluator's prepare().
-template <class Evaluator>
-double speedup_over_compile(const kevo::Problem& p, const Evaluator& evaluator, double verified_speedup) {
-  if (!p.torch || evaluator.torch_peers().compile_seconds <= 0 || evaluator.reference_seconds() <= 0) return 0;
-  return verified_speedup * evaluator.torch_peers().compile_seconds / evaluator.reference_seconds();
+/// the two peers' times from the evaluator's prepare() (`compile_seconds`: its torch_peers(), 0 where not timed).
+inline double speedup_over_compile(const kevo::Problem& p, double compile_seconds, double reference_seconds, double verified_speedup) {
+  if (!p.torch || compile_seconds <= 0 || reference_seconds <= 0) return 0;
+  return verified_speedup * compile_seconds / reference_seconds;
 }
 
 /// A KernelBench-format problem's fields of a --json summary (each after a comma), or nothing for another problem.

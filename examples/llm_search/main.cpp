@@ -12,6 +12,7 @@
 //
 // Without an LLM configured it says so in one line and runs the offline template synthesizer.
 #include <kevo/problem_loader.hpp>
+#include <kevo/eval/any_evaluator.hpp>
 #include <kevo/eval/cpu_evaluator.hpp>
 #include <kevo/eval/cuda_evaluator.hpp>
 #include <kevo/eval/gpu_presence.hpp>
@@ -156,10 +157,12 @@ std::optional<int> make_parent(std::string_view flag, const fs::path& path) {
               2);
 }
 
-/// Runs one search with the given evaluator type, synthesizer and retriever, and prints how it went.
-/// `redact` takes the API key out of every line printed.
-template <class Evaluator, class Synth, class Retriever>
-int search_with(const Options& o, const kevo::Problem& problem, Synth synth, Retriever retriever, std::function<std::string(std::string)> redact) {
+/// Runs one search with the prepared evaluator, synthesizer and retriever, and prints how it went.
+/// `redact` takes the API key out of every line printed. One loop for CPU and CUDA (kevo::eval::AnyEvaluator).
+template <class Synth, class Retriever>
+int search_with(const Options& o, const kevo::Problem& problem, kevo::eval::AnyEvaluator& evaluator, double compile_seconds, Synth synth,
+                Retriever retriever, std::function<std::string(std::string)> redact) {
+  using Evaluator = kevo::eval::AnyEvaluator;
   auto policy = kevo::search::make_policy(o.policy, o.repair_share);
   if (!policy) return fail(policy.error().message);
   auto memory = kevo::memory::make_memory(o.memory);
@@ -169,8 +172,6 @@ int search_with(const Options& o, const kevo::Problem& problem, Synth synth, Ret
   auto store = kevo::store::SqliteStore::open(store_path);
   if (!store) return fail(store.error().message, 2);
 
-  Evaluator evaluator(problem);
-  if (auto ready = evaluator.prepare(); !ready) return fail(ready.error().message);
   fmt::print("reference: {:.3f} ms on the timing shape; budget {}, {} jobs, store {}\n", evaluator.reference_seconds() * 1e3,
              o.budget, o.jobs, store_path.string());
 
@@ -215,7 +216,8 @@ int search_with(const Options& o, const kevo::Problem& problem, Synth synth, Ret
                         kevo::detail::json_quote(problem.name), problem.identity(), evaluated, result->verified_speedup, result->verified,
                         kevo::to_string(result->stopped_because), result->elapsed_seconds, kevo::detail::json_quote(store_path.string()), result->run_id,
                         kevo_examples::torch_summary_fields(problem, result->verified_speedup,
-                                                            kevo_examples::speedup_over_compile(problem, evaluator, result->verified_speedup)));
+                                                            kevo_examples::speedup_over_compile(problem, compile_seconds, evaluator.reference_seconds(),
+                                                                                                result->verified_speedup)));
     if (!json) fmt::print(stderr, "kevo-llm-search: {}: cannot be written\n", o.json.string());
   }
   fmt::print("best: {:.2f}x over {}, node {} ({})\n", result->verified ? result->verified_speedup : result->best_speedup,
@@ -224,14 +226,23 @@ int search_with(const Options& o, const kevo::Problem& problem, Synth synth, Ret
   return result->verified ? 0 : 3;
 }
 
-/// search_with() on the problem's target: a cuda problem's kernels are checked and timed on this machine's GPU.
+/// search_with() on the problem's target, its evaluator prepared: a cuda problem's kernels are checked and timed on
+/// this machine's GPU.
 template <class Synth, class Retriever>
 int search(const Options& o, const kevo::Problem& problem, Synth synth, Retriever retriever,
            std::function<std::string(std::string)> redact = [](std::string s) { return s; }) {
-  if (problem.target != kevo::Target::cuda)
-    return search_with<kevo::eval::CpuEvaluator>(o, problem, std::move(synth), std::move(retriever), std::move(redact));
+  auto prepared = [&](auto& concrete) -> int {
+    if (auto ready = concrete.prepare(); !ready) return fail(ready.error().message);
+    kevo::eval::AnyEvaluator evaluator(concrete);
+    return search_with(o, problem, evaluator, concrete.torch_peers().compile_seconds, std::move(synth), std::move(retriever), std::move(redact));
+  };
+  if (problem.target != kevo::Target::cuda) {
+    kevo::eval::CpuEvaluator evaluator(problem);
+    return prepared(evaluator);
+  }
   if (auto here = kevo::eval::nvidia_device_present(); !here) return fail(here.error().message, 2);
-  return search_with<kevo::eval::CudaEvaluator>(o, problem, std::move(synth), std::move(retriever), std::move(redact));
+  kevo::eval::CudaEvaluator evaluator(problem);
+  return prepared(evaluator);
 }
 
 }  // namespace

@@ -11,6 +11,7 @@
 //
 // A search stopped at any moment (Ctrl-C, or even SIGKILL) continues with --resume. A KernelBench-format
 // file is a problem too (`kevo-search 19_ReLU.py --size-scale 0.25`): PyTorch eager is its reference.
+#include <kevo/eval/any_evaluator.hpp>
 #include <kevo/eval/cpu_evaluator.hpp>
 #include <kevo/eval/cuda_evaluator.hpp>
 #include <kevo/eval/slurm_executor.hpp>
@@ -203,29 +204,11 @@ int search_main(int argc, char** argv) {
   if (!isolation.jail) return fail(isolation.summary());
   if (!o.quiet) fmt::print("kevo-search: {}\n", isolation.summary());
 
-  // The search, whichever evaluator the problem's target takes.
-  auto search = [&](auto& evaluator) -> int {
-    using Evaluator = std::remove_reference_t<decltype(evaluator)>;
-    if (!o.quiet) fmt::print("kevo-search: {} ({}, {}), preparing the reference and the roofline...\n", problem->name, problem->directory.string(),
-                             kevo::to_string(problem->target));
-    if (auto ready = evaluator.prepare(); !ready) return fail(ready.error().message);
-    if (!o.quiet) {
-      // A resumed run's speedups stay over the reference time stored with it, so that figures from
-      // its segments compare; re-timing it now is only said beside it.
-      const bool reuse = o.resume && !o.retime_reference && resumed.reference_seconds > 0;
-      const std::string reference =
-          reuse ? fmt::format("{:.3f} ms on the timing shape, as stored with run {} (re-timed now: {:.3f} ms; --retime-reference uses that)",
-                              resumed.reference_seconds * 1e3, resumed.id, evaluator.reference_seconds() * 1e3)
-                : fmt::format("{:.3f} ms on the timing shape", evaluator.reference_seconds() * 1e3);
-      fmt::print("reference: {}; policy {}, memory {}, {} jobs, budget {}, store {}\n", reference, o.policy, o.memory, o.jobs,
-                 o.budget, o.store.string());
-      if constexpr (requires { evaluator.reference_clock_note(); })
-        if (!evaluator.reference_clock_note().empty()) fmt::print("reference clock: {}\n", evaluator.reference_clock_note());
-      if (problem->torch)
-        fmt::print("problem: {}\npeer: {}\n", problem->description, evaluator.torch_peers().compile_seconds > 0
-                       ? fmt::format("torch.compile {:.3f} ms", evaluator.torch_peers().compile_seconds * 1e3) : evaluator.torch_peers().compile_note);
-    }
-
+  // The search, over whichever evaluator the problem's target and --executor take: one loop for all four
+  // (kevo::eval::AnyEvaluator); `prepare_then_search` below, which knows the evaluator's type, prepares it first.
+  double compile_seconds = 0;  // torch.compile's time, where prepare() timed it
+  auto search = [&](kevo::eval::AnyEvaluator& evaluator) -> int {
+    using Evaluator = kevo::eval::AnyEvaluator;
     kevo::SearchArguments args{.jobs = o.jobs,
                                .max_evaluations = o.budget,
                                .max_wall_seconds = o.wall_seconds,
@@ -255,7 +238,7 @@ int search_main(int argc, char** argv) {
     if (!result) return fail(result.error().message);
 
     // torch.compile's time over the best's, where it was timed: the verified speedup rescaled by the peers' times.
-    const double over_compile = kevo_examples::speedup_over_compile(*problem, evaluator, result->verified_speedup);
+    const double over_compile = kevo_examples::speedup_over_compile(*problem, compile_seconds, evaluator.reference_seconds(), result->verified_speedup);
     const std::string over = kevo_examples::reference_name(*problem);
     {
       std::ofstream out(o.out);
@@ -309,6 +292,31 @@ int search_main(int argc, char** argv) {
     fmt::print("best: {:.1f}x over {} (verified)\n", result->verified_speedup, over);
     return 0;
   };
+  auto prepare_then_search = [&](auto& evaluator) -> int {
+    if (!o.quiet) fmt::print("kevo-search: {} ({}, {}), preparing the reference and the roofline...\n", problem->name, problem->directory.string(),
+                             kevo::to_string(problem->target));
+    if (auto ready = evaluator.prepare(); !ready) return fail(ready.error().message);
+    if (!o.quiet) {
+      // A resumed run's speedups stay over the reference time stored with it, so that figures from
+      // its segments compare; re-timing it now is only said beside it.
+      const bool reuse = o.resume && !o.retime_reference && resumed.reference_seconds > 0;
+      const std::string reference =
+          reuse ? fmt::format("{:.3f} ms on the timing shape, as stored with run {} (re-timed now: {:.3f} ms; --retime-reference uses that)",
+                              resumed.reference_seconds * 1e3, resumed.id, evaluator.reference_seconds() * 1e3)
+                : fmt::format("{:.3f} ms on the timing shape", evaluator.reference_seconds() * 1e3);
+      fmt::print("reference: {}; policy {}, memory {}, {} jobs, budget {}, store {}\n", reference, o.policy, o.memory, o.jobs,
+                 o.budget, o.store.string());
+      if constexpr (requires { evaluator.reference_clock_note(); })
+        if (!evaluator.reference_clock_note().empty()) fmt::print("reference clock: {}\n", evaluator.reference_clock_note());
+      if (problem->torch)
+        fmt::print("problem: {}\npeer: {}\n", problem->description, evaluator.torch_peers().compile_seconds > 0
+                       ? fmt::format("torch.compile {:.3f} ms", evaluator.torch_peers().compile_seconds * 1e3) : evaluator.torch_peers().compile_note);
+    }
+
+    compile_seconds = evaluator.torch_peers().compile_seconds;
+    kevo::eval::AnyEvaluator any(evaluator);
+    return search(any);
+  };
   if (o.executor == "slurm") {
     kevo::eval::SlurmOptions slurm_options{.helper = o.slurm_helper, .partition = o.slurm_partition};
     if (slurm_options.helper.empty()) {
@@ -324,15 +332,15 @@ int search_main(int argc, char** argv) {
                              slurm_options.nodes_include_this_machine ? " (this machine is a node: timed runs take turns here)" : "");
     if (problem->target == kevo::Target::cuda) {
       kevo::eval::JailedEvaluator<kevo::eval::CudaToolchain, kevo::eval::SlurmExecutor> evaluator(*problem, {}, slurm);
-      return search(evaluator);
+      return prepare_then_search(evaluator);
     }
     kevo::eval::JailedEvaluator<kevo::eval::CpuToolchain, kevo::eval::SlurmExecutor> evaluator(*problem, {}, slurm);
-    return search(evaluator);
+    return prepare_then_search(evaluator);
   }
   if (problem->target == kevo::Target::cuda) {
     kevo::eval::CudaEvaluator evaluator(*problem);
-    return search(evaluator);
+    return prepare_then_search(evaluator);
   }
   kevo::eval::CpuEvaluator evaluator(*problem);
-  return search(evaluator);
+  return prepare_then_search(evaluator);
 }

@@ -6,7 +6,7 @@
 #include "device_timer.hpp"
 
 #include <kevo/eval/gpu_presence.hpp>
-#include <kevo/eval/pipeline_tuning.hpp>
+#include <kevo/tuning/pipeline_tuning.hpp>
 
 #include "../common/command_line.hpp"
 
@@ -110,8 +110,8 @@ int main(int argc, char** argv) {
                e.ok() ? fmt::format("{:.2f}x", e.speedup) : std::string(kevo::to_string(e.failure)), p.new_best ? " (new)" : "");
     std::fflush(stdout);
   };
-  auto tuned = kevo::eval::tune_pipeline(workload,
-                                         kevo::eval::policy_timer([&](const kevo::retrieval::PipelinePolicy& policy, std::uint64_t seed) {
+  auto tuned = kevo::tuning::tune_pipeline(workload,
+                                         kevo::tuning::policy_timer([&](const kevo::retrieval::PipelinePolicy& policy, std::uint64_t seed) {
                                            return device->time(policy, seed);
                                          }),
                                          device->defaults(), *store, {.budget = o.budget, .seed = o.seed, .on_progress = on_progress});
@@ -121,7 +121,7 @@ int main(int argc, char** argv) {
              entry.default_seconds * 1e3, entry.tuned_seconds * 1e3, entry.default_seconds / entry.tuned_seconds,
              tuned->search.verified ? "" : "not ", entry.evaluations);
   fmt::print("policy: {}\n", kevo::retrieval::to_string(entry.policy));
-  if (auto written = kevo::eval::record_tuning(o.out, identity, entry); !written) return fail(written.error().message);
+  if (auto written = kevo::tuning::record_tuning(o.out, identity, entry); !written) return fail(written.error().message);
   fmt::print("wrote {} (the pipeline serves it through tuned_policies(\"{}\"))\n", o.out, o.out);
   return 0;
 }

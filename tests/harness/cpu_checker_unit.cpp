@@ -1,5 +1,6 @@
-// checker.cpp for the stub problem, in the order harness.hpp's checker_source joins its parts.
-#include "checker_problem.cpp"  // checker_problem.cpp.in, filled by tests/harness/CMakeLists.txt
+// checker.cpp's body, in the order harness.hpp's checker_body joins its parts (the problem's unit is
+// checker_problem_unit.cpp).
+#include <kevo/eval/harness/checker_interface.cpp>
 #include <kevo/eval/harness/checker_process_head.cpp>
 #include <kevo/eval/harness/wire_protocol.cpp>
 #include <kevo/eval/harness/checker_process.cpp>

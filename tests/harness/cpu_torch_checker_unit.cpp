@@ -1,8 +1,8 @@
-// checker.cpp for the stub problem as a KernelBench-format one (its reference PyTorch's), in the order
-// harness.hpp's checker_source joins its parts.
-#include "checker_problem.cpp"  // checker_problem.cpp.in, filled by tests/harness/CMakeLists.txt
+// checker.cpp's body for a KernelBench-format problem (its reference PyTorch's), in the order harness.hpp's checker_body joins its parts (the problem's unit is
+// checker_problem_unit.cpp).
+#include <kevo/eval/harness/checker_interface.cpp>
 #include <kevo/eval/harness/checker_process_head.cpp>
 #include <kevo/eval/harness/wire_protocol.cpp>
 #include <kevo/eval/harness/checker_process.cpp>
-#include "torch_reference.cpp"  // harness/torch_reference.cpp, filled by tests/harness/CMakeLists.txt
+#include <kevo/eval/harness/torch_reference.cpp>
 #include <kevo/eval/harness/cpu_checker.cpp>

@@ -1,5 +1,6 @@
-// checker.cu for the stub problem, in the order cuda_harness.hpp's cuda_checker_source joins its parts.
-#include "checker_problem.cpp"  // checker_problem.cpp.in, filled by tests/harness/CMakeLists.txt
+// checker.cu's body, in the order harness.hpp's checker_body joins its parts (the problem's unit is
+// checker_problem_unit.cu).
+#include <kevo/eval/harness/checker_interface.cpp>
 #include <kevo/eval/harness/checker_process_head.cpp>
 #include <kevo/eval/harness/wire_protocol.cpp>
 #include <kevo/eval/harness/checker_process.cpp>

@@ -40,7 +40,7 @@ struct CpuToolchain {
   static std::vector<std::string> link_flags() { return {}; }
   /// Flags such as -march=native make a build this CPU's.
   static std::string identity() { return detail::cpu_identity(); }
-  static std::string checker_source(const Problem& problem) { return eval::checker_source(problem); }
+  static CheckerSources checker_sources(const Problem& problem) { return eval::checker_sources(problem); }
   static std::string runner_source(const Problem& problem) { return eval::runner_source(problem); }
   static expected<void, Error> check_problem(const Problem& problem) {
     if (problem.target != Target::cpu)

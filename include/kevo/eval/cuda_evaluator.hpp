@@ -78,7 +78,7 @@ struct CudaToolchain {
   static std::vector<std::string> link_flags() { return {}; }
   /// A build is this GPU's (and, through the flags, this architecture's).
   static std::string identity() { return "gpu: " + detail::gpu_name_and_capability(); }
-  static std::string checker_source(const Problem& problem) { return cuda_checker_source(problem); }
+  static CheckerSources checker_sources(const Problem& problem) { return cuda_checker_sources(problem); }
   static std::string runner_source(const Problem& problem) { return cuda_runner_source(problem); }
   static expected<void, Error> check_problem(const Problem& problem) {
     if (problem.target != Target::cuda)

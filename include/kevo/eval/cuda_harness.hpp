@@ -5,7 +5,7 @@
 //                descriptor), the inputs, the reference, the checks and the clock;
 //   runner.cu    linked with the candidate, jailed: maps the arena and calls kernel() on command.
 //
-//   std::string checker = kevo::eval::cuda_checker_source(problem);
+//   auto [checker_problem, checker_body] = kevo::eval::cuda_checker_sources(problem);
 //   std::string runner = kevo::eval::cuda_runner_source(problem);
 //
 // The CUDA text itself is real source, kevo/eval/harness/cuda_checker.cu and
@@ -36,8 +36,8 @@ inline constexpr std::string_view cuda_checker_body = harness_files::cuda_checke
 }  // namespace detail
 
 /// checker.cu: the trusted process of a CUDA evaluation (see cuda_checker_body above).
-inline std::string cuda_checker_source(const Problem& p) {
-  return detail::checker_problem_part(p) + detail::checker_process_part() + detail::reference_part(p) + std::string(detail::cuda_checker_body);
+inline CheckerSources cuda_checker_sources(const Problem& p) {
+  return {detail::checker_problem_part(p), detail::checker_body(p, detail::cuda_checker_body)};
 }
 
 /// runner.cu: linked with the candidate and jailed. It maps the checker's arena (a file

@@ -1,13 +1,15 @@
 // kevo/eval/harness.hpp: the C++ sources kevo generates for a CPU problem's evaluation:
 //   kevo_problem.hpp   `struct Shape` and the declarations of `reference` and `kernel`;
-//   checker.cpp        the trusted process: inputs, reference, checks and clock (checked_run.hpp runs it);
+//   checker.cpp        the trusted process: inputs, reference, checks and clock (checked_run.hpp runs it), in two
+//                      units: the problem's, and a body shared by every problem (compiled once per build cache);
 //   runner.cpp         linked with a candidate and jailed: calls `kernel` when the checker says;
 //   the reference as a kernel (`kernel` calling `reference`), the candidate a speedup of 1 means.
 // The checker prints exactly one JSON line on stdout, e.g. {"status":"ok","seconds":0.0123,...}.
 // The parts every target's checker shares live here too; cuda_harness.hpp builds the CUDA ones.
 //
 //   std::string header = kevo::eval::problem_header(problem);
-//   std::string checker = kevo::eval::checker_source(problem), runner = kevo::eval::runner_source(problem);
+//   auto [checker_problem, checker_body] = kevo::eval::checker_sources(problem);
+//   std::string runner = kevo::eval::runner_source(problem);
 //   // checker --control FD --info FD --seed 7 --warmup 2 --repetitions 7
 //
 // The generated C++ itself is real source under kevo/eval/harness/ (checker_*.cpp, runner.cpp.in,
@@ -144,35 +146,60 @@ void kernel(const Shape& shape{}) {{ reference(shape{}); }}
 
 namespace detail {
 
-/// The problem's part of checker.cpp: the tensor table, the shapes, the tolerance, the bytes and
-/// FLOPs models, and the reference called on a table of pointers (harness/checker_problem.cpp.in).
+/// The JSON line the PyTorch helper's `serve` reads first: each kernel tensor's role, dtype and shape.
+inline std::string torch_tensor_spec(const Problem& p) {
+  std::string out = "[";
+  for (const auto& t : p.tensors) {
+    std::string shape, dtype = t.type == ElementType::f32 ? "float32" : t.type == ElementType::f16 ? "float16" : "int32";
+    for (const auto& param : p.params)
+      if (param.starts_with(t.name + "_") && param.find_first_not_of("0123456789", t.name.size() + 1) == std::string::npos)
+        shape += fmt::format("{}{}", shape.empty() ? "" : ",", p.timing_shape.at(param));
+    out += fmt::format("{}{{\"role\":\"{}\",\"dtype\":\"{}\",\"shape\":[{}]}}", out.size() > 1 ? "," : "",
+                       t.role == TensorRole::input ? "input" : "output", dtype, shape);
+  }
+  return out + "]";
+}
+
+/// `Shape{...}`'s values as the checker's units carry them (checker_interface.cpp's ShapeValues).
+inline std::string shape_values_initializer(const Problem& p, const Shape& s) {
+  std::string out = "ShapeValues{{";
+  for (std::size_t i = 0; i < p.params.size(); ++i) out += fmt::format("{}{}L", i ? ", " : "", s.at(p.params[i]));
+  return out + "}}";
+}
+
+/// The problem's unit of checker.cpp: the tensor table, the shapes, the tolerance, the bytes and
+/// FLOPs models, and the reference (harness/checker_problem.cpp.in), after the interface it defines.
 inline std::string checker_problem_part(const Problem& p) {
-  std::string size_functions, tensor_table, check_shapes, reference_args, shape_printer, shape_fields, shape_values;
+  std::string size_functions, tensor_table, check_shapes, reference_args, shape_printer, shape_fields;
   for (std::size_t i = 0; i < p.tensors.size(); ++i) {
     const auto& t = p.tensors[i];
-    size_functions += fmt::format("long size_of_{}(const Shape& shape) {{\n{}  return static_cast<long>({});\n}}\n", t.name, param_locals(p), t.size);
+    size_functions += fmt::format("long size_of_{}(const ShapeValues& values) {{\n  const Shape shape = to_shape(values);\n{}  return static_cast<long>({});\n}}\n",
+                                  t.name, param_locals(p), t.size);
     tensor_table += fmt::format("  {{\"{}\", {}, {}, {}, {}, {}, {}, {}, size_of_{}, {}}},\n", t.name, t.role == TensorRole::output ? "true" : "false",
                                 t.type == ElementType::f32 ? "true" : "false", t.init == "uniform" ? "true" : "false", t.scale, t.low, t.high,
                                 t.step, t.name, static_cast<int>(t.type));
     reference_args += fmt::format(", static_cast<{}{}*>(p[{}])", t.role == TensorRole::input ? "const " : "", element_type_name(t.type), i);
   }
-  for (const auto& s : p.check_shapes) check_shapes += "  " + shape_initializer(p, s) + ",\n";
+  for (const auto& s : p.check_shapes) check_shapes += "  " + shape_values_initializer(p, s) + ",\n";
   for (std::size_t i = 0; i < p.params.size(); ++i) {
     const auto& name = p.params[i];
     shape_printer += fmt::format("  out += \"{}{}=\" + std::to_string(shape.{});\n", i ? " " : "", name, name);
-    shape_values += fmt::format("  values[{}] = shape.{};\n", i, name);
+    shape_fields += fmt::format("  shape.{} = static_cast<long>(values.values[{}]);\n", name, i);
   }
-  // A KernelBench-format problem's reference is PyTorch's, asked of kevo's helper (harness/torch_reference.cpp).
-  const std::string call_reference =
-      p.torch ? "void torch_forward(const Shape& shape, void* const* p);  // the PyTorch helper's, after the process part\n"
-                "void call_reference(const Shape& shape, void* const* p) { torch_forward(shape, p); }"
-              : fmt::format("void call_reference(const Shape& shape, void* const* p) {{ reference(shape{}); }}", reference_args);
-  return fill_template(harness_files::checker_problem_cpp_in,
-                       {{"name", p.name}, {"size_functions", size_functions}, {"tensor_table", tensor_table}, {"check_shapes", check_shapes},
-                        {"timing_shape", shape_initializer(p, p.timing_shape)}, {"tol_abs", fmt::format("{:.17g}", p.tolerance.absolute)},
-                        {"tol_rel", fmt::format("{:.17g}", p.tolerance.relative)}, {"locals", param_locals(p)}, {"bytes_model", p.bytes_model},
-                        {"flops_model", p.flops_model}, {"shape_printer", shape_printer}, {"shape_values", shape_values},
-                        {"call_reference", call_reference}});
+  // A KernelBench-format problem's reference is PyTorch's, asked of kevo's helper by the body (harness/torch_reference.cpp),
+  // which takes the helper's command and the tensors' spec from here.
+  const std::string reference =
+      p.torch ? fmt::format("const char* const torch_python = R\"kevo_torch({})kevo_torch\";\nconst char* const torch_scale = \"{:.9g}\";\n"
+                            "const char* const torch_device = R\"kevo_torch({})kevo_torch\";\nconst char* const torch_spec = R\"kevo_torch({})kevo_torch\";\n",
+                            p.torch->python, p.torch->size_scale, p.torch->device, torch_tensor_spec(p))
+              : fmt::format("void problem_reference(const ShapeValues& values, void* const* p) {{ ::reference(to_shape(values){}); }}\n", reference_args);
+  return std::string(harness_files::checker_interface_cpp) +
+         fill_template(harness_files::checker_problem_cpp_in,
+                       {{"name", p.name}, {"shape_fields", shape_fields}, {"size_functions", size_functions}, {"tensor_table", tensor_table},
+                        {"check_shapes", check_shapes}, {"timing_shape", shape_values_initializer(p, p.timing_shape)},
+                        {"tol_abs", fmt::format("{:.17g}", p.tolerance.absolute)}, {"tol_rel", fmt::format("{:.17g}", p.tolerance.relative)},
+                        {"locals", param_locals(p)}, {"bytes_model", p.bytes_model}, {"flops_model", p.flops_model},
+                        {"shape_printer", shape_printer}, {"reference", reference}});
 }
 
 /// The wire between checker and runner, the same text in both: fixed-size messages on a
@@ -192,31 +219,20 @@ inline std::string checker_process_part() {
   return std::string(harness_files::checker_process_head_cpp) + std::string(wire_protocol) + std::string(harness_files::checker_process_cpp);
 }
 
+/// The reference's part of checker.cpp's body (between the process part and the target's part): the PyTorch
+/// helper's client for a KernelBench-format problem, else the plain C++ reference's (harness/plain_reference.cpp).
+inline std::string_view reference_part(const Problem& p) {
+  return p.torch ? harness_files::torch_reference_cpp : harness_files::plain_reference_cpp;
+}
+
+/// checker.cpp's body for `p`'s kind of reference and a target's part: the same for every such problem.
+inline std::string checker_body(const Problem& p, std::string_view target_part) {
+  return std::string(harness_files::checker_interface_cpp) + checker_process_part() + std::string(reference_part(p)) + std::string(target_part);
+}
+
 /// The CPU checker's own part: the arena in shared memory, inputs and reference outputs in the
 /// checker's memory, the checks and the order of calls (harness/cpu_checker.cpp).
 inline constexpr std::string_view cpu_checker_body = harness_files::cpu_checker_cpp;
-
-/// The JSON line the PyTorch helper's `serve` reads first: each kernel tensor's role, dtype and shape.
-inline std::string torch_tensor_spec(const Problem& p) {
-  std::string out = "[";
-  for (const auto& t : p.tensors) {
-    std::string shape, dtype = t.type == ElementType::f32 ? "float32" : t.type == ElementType::f16 ? "float16" : "int32";
-    for (const auto& param : p.params)
-      if (param.starts_with(t.name + "_") && param.find_first_not_of("0123456789", t.name.size() + 1) == std::string::npos)
-        shape += fmt::format("{}{}", shape.empty() ? "" : ",", p.timing_shape.at(param));
-    out += fmt::format("{}{{\"role\":\"{}\",\"dtype\":\"{}\",\"shape\":[{}]}}", out.size() > 1 ? "," : "",
-                       t.role == TensorRole::input ? "input" : "output", dtype, shape);
-  }
-  return out + "]";
-}
-
-/// The reference's part of checker.cpp (between the process part and the target's body): the PyTorch helper's
-/// client for a KernelBench-format problem, else the plain C++ reference's (harness/plain_reference.cpp).
-inline std::string reference_part(const Problem& p) {
-  if (!p.torch) return std::string(harness_files::plain_reference_cpp);
-  return fill_template(harness_files::torch_reference_cpp, {{"python", p.torch->python}, {"scale", fmt::format("{:.9g}", p.torch->size_scale)},
-                                                           {"device", p.torch->device}, {"spec", torch_tensor_spec(p)}});
-}
 
 /// A KernelBench-format problem's reference.cpp: candidates and the checker link one, but PyTorch is the
 /// reference, so this one only says so.
@@ -247,9 +263,16 @@ void reference(const Shape&{}) {{
 /// its wall time and the runner's CPU time over its CPUs, so work on other threads counts. Last,
 /// the timed inputs again with one element in 256 changed, at other addresses: a kernel that
 /// replays outputs it keyed on sampled inputs is caught. Prints one JSON line on stdout.
-inline std::string checker_source(const Problem& p) {
-  return detail::checker_problem_part(p) + detail::checker_process_part() + detail::reference_part(p) + std::string(detail::cpu_checker_body);
+///
+/// It is two units: `problem`, what is particular to the problem (small: compiled for each problem), and `body`,
+/// the same text for every problem with the same kind of reference (compiled once per build cache, then linked).
+struct CheckerSources {
+  std::string problem, body;
+};
+inline CheckerSources checker_sources(const Problem& p) {
+  return {detail::checker_problem_part(p), detail::checker_body(p, detail::cpu_checker_body)};
 }
+
 namespace detail {
 
 /// A runner's main for `p`, around a target's part: `includes`, and `helpers` that define

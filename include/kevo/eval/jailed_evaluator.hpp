@@ -133,7 +133,7 @@ struct EvaluatorStats {
 
 /// A Toolchain provides, as static members: `target`; `source_extension` (".cpp", ".cu");
 /// `default_compiler()`; `compile_flags(problem)`; `link_flags()`; `identity()` (what makes a build
-/// this machine's: the CPU, the GPU); `uses_gpu`; `checker_source(problem)`, `runner_source(problem)`;
+/// this machine's: the CPU, the GPU); `uses_gpu`; `checker_sources(problem)`, `runner_source(problem)`;
 /// `check_problem(problem)`; `roofline(cache_dir, compiler)` (empty where the checker measures it in
 /// each run); `compile_notes(compiler_stderr)` (registers and spills, for diagnostics);
 /// `compiler_roots(compiler)` (what the jailed compiler must see beyond /usr). The Executor runs
@@ -444,9 +444,11 @@ class JailedEvaluator {
   /// Runs the compiler with `args` in `directory`, as a compile: shared with other compiles, never
   /// beside a timed run. The compiler runs jailed: it sees the system's headers, the problem's
   /// generated files and `directory` (writable), nothing else (no `.incbin "/etc/shadow"`).
-  SandboxResult run_compiler(std::vector<std::string> args, const std::filesystem::path& directory) {
+  SandboxResult run_compiler(std::vector<std::string> args, const std::filesystem::path& directory,
+                             std::vector<std::filesystem::path> also_read = {}) {
     // Its /tmp holds the compiler's intermediate files, which for nvcc and CUB can pass a candidate's 64 MiB.
-    JailOptions options{.read_only = {problem_dir_}, .writable = {directory}, .working_directory = directory,
+    also_read.push_back(problem_dir_);
+    JailOptions options{.read_only = std::move(also_read), .writable = {directory}, .working_directory = directory,
                         .tmpfs_bytes = std::size_t{1} << 30, .seccomp = false};
     for (const auto& root : Toolchain::compiler_roots(options_.compiler)) options.read_only.push_back(root);
     // A C++ reference is compiled from the problem's directory; a PyTorch problem's directory (the user's, beside the
@@ -480,7 +482,7 @@ class JailedEvaluator {
     compiler_identity_ = options_.compiler + " " + version_of(version.stdout_text);
 
     const std::string header = problem_header(problem_);
-    const std::string checker = Toolchain::checker_source(problem_);
+    const CheckerSources checker = Toolchain::checker_sources(problem_);
     const std::string runner = Toolchain::runner_source(problem_);
     const std::string ext(Toolchain::source_extension);
     const std::string flags = join(compile_flags());
@@ -493,7 +495,7 @@ class JailedEvaluator {
     // The machine too (the CPU, the GPU): flags such as -march=native make a build this machine's, and
     // a cache directory may be shared (an NFS home) by machines of other kinds. And the screen's rules:
     // a build cached while asm was allowed is not taken once it is refused.
-    const std::uint64_t key = content_hash(header + checker + runner + problem_.reference_source + flags + compiler_identity_ +
+    const std::uint64_t key = content_hash(header + checker.problem + checker.body + runner + problem_.reference_source + flags + compiler_identity_ +
                                            Toolchain::identity() + (problem_.allow_asm ? "; asm allowed" : "") + library_text);
     std::string safe_name = problem_.name;  // the name becomes a directory name
     for (char& c : safe_name)
@@ -506,7 +508,7 @@ class JailedEvaluator {
     const auto grace = 2 * options_.compile_timeout + std::chrono::seconds(60);
     sweep_stale_temporaries(problem_dir_, grace);
     sweep_stale_temporaries(problem_dir_ / "builds", grace);
-    if (!write_file_atomically(problem_dir_ / "kevo_problem.hpp", header) || !write_file_atomically(problem_dir_ / ("checker" + ext), checker) ||
+    if (!write_file_atomically(problem_dir_ / "kevo_problem.hpp", header) || !write_file_atomically(problem_dir_ / ("checker" + ext), checker.problem) ||
         !write_file_atomically(problem_dir_ / ("runner" + ext), runner))
       return make_error(fmt::format("{}: cannot write the generated sources", problem_dir_.string()));
     for (const auto& h : *library) {
@@ -555,8 +557,10 @@ class JailedEvaluator {
     if (auto error = compile_object("checker" + ext, "checker.o"))
       return make_error(fmt::format("{}: the tensor sizes or the bytes/FLOPs model do not compile as C++: {}", manifest, *error));
     if (!fs::exists(problem_dir_ / "checker")) {
+      auto body = checker_body_object(checker.body, own);
+      if (!body) return make_error(fmt::format("{}: {}", manifest, body.error().message));
       const std::string temporary = "checker" + own;
-      const SandboxResult r = run_compiler(link_command({"checker.o", "reference.o"}, temporary), problem_dir_);
+      const SandboxResult r = run_compiler(link_command({"checker.o", body->string(), "reference.o"}, temporary), problem_dir_, {body->parent_path()});
       if (!r.ok()) {
         fs::remove(problem_dir_ / temporary, ec);
         return make_error(fmt::format("{}: the checker does not link with the reference: {}", manifest, trim_compiler_output(r.stderr_text + r.setup_error)));
@@ -565,6 +569,35 @@ class JailedEvaluator {
     }
     builds_ready_ = true;
     return {};
+  }
+
+  /// The checker's body, compiled: the same text for every problem of this target and kind of reference, so
+  /// compiled once per cache (in a directory named by its text, the flags and the compiler) and linked with each
+  /// problem's own small unit. Most of a checker's compile is this (about 4 s of g++ at -O2, more with nvcc).
+  expected<std::filesystem::path, Error> checker_body_object(const std::string& body, const std::string& own) {
+    namespace fs = std::filesystem;
+    const std::string ext(Toolchain::source_extension);
+    const std::string flags = join(compile_flags());
+    const fs::path dir = options_.cache_dir / "checker-bodies" /
+                         fmt::format("{}-{:016x}", to_string(Toolchain::target), content_hash(body + flags + compiler_identity_ + Toolchain::identity()));
+    const fs::path object = dir / "checker_body.o";
+    if (fs::exists(object)) return object;
+    std::error_code ec;
+    fs::create_directories(dir, ec);
+    sweep_stale_temporaries(dir, 2 * options_.compile_timeout + std::chrono::seconds(60));  // what killed compiles left
+    if (ec || !write_file_atomically(dir / ("checker_body" + ext), body)) return make_error(fmt::format("{}: cannot be written", dir.string()));
+    const std::string temporary = "checker_body.o" + own;
+    std::vector<std::string> args = compile_flags();
+    args.insert(args.end(), {"-c", "checker_body" + ext, "-o", temporary});
+    const SandboxResult r = run_compiler(args, dir);
+    if (!r.ok()) {
+      fs::remove(dir / temporary, ec);
+      if (r.timed_out) return make_error(fmt::format("kevo's checker did not compile within {} s", options_.compile_timeout.count()));
+      return make_error(fmt::format("kevo's checker does not compile with the problem's flags ({}): {}", flags,
+                                    trim_compiler_output(r.stderr_text + r.setup_error, (dir.string() + "/"))));
+    }
+    fs::rename(dir / temporary, object, ec);  // a rename: a second process compiling the same body replaces it whole
+    return object;
   }
 
   expected<void, Error> prepare_locked() {

@@ -1,4 +1,4 @@
-//! checker.cpp, part 3 of 4: the process side of a checker, the same for every target (after
+//! checker.cpp's body, its process side, the same for every target (after
 //! wire_protocol.cpp, inside the namespace checker_process_head.cpp opened).
 //! Lines that start with //! are not embedded (cmake/EmbedHarnessSources.cmake).
 // Elements past each tensor's end, poisoned, catch writes out of bounds.
@@ -199,7 +199,8 @@ CallTiming exchange(const Shape& shape, const std::vector<std::vector<std::size_
   command.kind = command_call;
   command.seq = ++sequence;
   command.count = calls.size();
-  shape_to_values(shape, command.shape);
+  static_assert(max_params == max_shape_params, "a Shape is what the wire carries");
+  std::memcpy(command.shape, shape.values, sizeof command.shape);
   for (std::size_t c = 0; c < calls.size(); ++c)
     for (std::size_t i = 0; i < tensor_count; ++i) command.offset[c][i] = calls[c][i];
   CallTiming timing;

@@ -1,5 +1,6 @@
-//! checker.cpp, part 2 of 4: the process part's includes; it opens the namespace that
-//! wire_protocol.cpp, checker_process.cpp and the target's checker body (which closes it) share.
+//! checker.cpp's body, the same for every problem (after checker_interface.cpp): the process part's includes; it
+//! opens the namespace that wire_protocol.cpp, checker_process.cpp, the reference part and the target's part (which
+//! closes it) share, where the problem is seen through checker_interface.cpp alone.
 //! Lines that start with //! are not embedded (cmake/EmbedHarnessSources.cmake).
 
 #include <dirent.h>
@@ -27,9 +28,15 @@
 #include <string>
 #include <vector>
 
+#ifdef __CUDACC__  // the CUDA part's __half, which a CUDA problem's own header brings to its unit
+#include <cuda_fp16.h>
+#endif
 #if defined(__x86_64__) && !defined(__CUDACC__)  // the CPU checker evicts a call's data (evict_call_data)
 #include <cpuid.h>
 #include <immintrin.h>
 #endif
 
 namespace {
+
+using namespace kevo_checker;
+using Shape = ShapeValues;  // the body's name for one call's sizes: the wire's form, never the problem's struct

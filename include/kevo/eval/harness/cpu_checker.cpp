@@ -1,4 +1,4 @@
-//! checker.cpp, part 4 of 4, for CPU problems: the arena, the checks, the order of calls and
+//! checker.cpp's body, its last part, for CPU problems: the arena, the checks, the order of calls and
 //! main(). It closes the namespace checker_process_head.cpp opened.
 //! Lines that start with //! are not embedded (cmake/EmbedHarnessSources.cmake).
 // An output element still holding this bit pattern was never written (a NaN no arithmetic makes).

@@ -1,4 +1,4 @@
-//! checker.cu, part 4 of 4, for CUDA problems (parts 1 to 3 as for checker.cpp): device
+//! checker.cu's body, its last part, for CUDA problems (the rest as for checker.cpp): device
 //! memory, inputs, checks and clock all on the device, and main(). It closes the namespace.
 //! Lines that start with //! are not embedded (cmake/EmbedHarnessSources.cmake).
 
@@ -566,7 +566,7 @@ void measure_roofline(double& gbytes_per_s, double& gflops) {
   }
   gbytes_per_s = static_cast<double>(bytes) / (best_ms * 1e-3) / 1e9;
   bool any_half = false;
-  for (const TensorInfo& t : tensors) any_half = any_half || t.kind == 2;
+  for (std::size_t i = 0; i < tensor_count; ++i) any_half = any_half || tensors[i].kind == 2;
   // Per SM and clock: 128 fp32 FMAs; dense fp16 on tensor cores 4096 FLOPs (Hopper), 2048 before it.
   const double per_sm_clock = any_half ? (major >= 9 ? 4096.0 : 2048.0) : 256.0;
   gflops = per_sm_clock * sms * clock_khz * 1e3 / 1e9;

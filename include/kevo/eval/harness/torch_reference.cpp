@@ -1,8 +1,9 @@
-//! checker.cpp, between parts 3 and 4, for a KernelBench-format problem: the reference is PyTorch's. The
+//! checker.cpp's body, before the target's part, for a KernelBench-format problem: the reference is PyTorch's. The
 //! checker talks to kevo's helper: one that kevo keeps running for its runs (--torch-helper, a connection), else
 //! one it starts itself (kevo_torch.py serve, beside this checker). It asks it for fresh inputs
 //! (the module's get_inputs() and parameters under a seed) and for the reference's outputs on given inputs.
-//! harness.hpp fills @python@, @scale@, @device@ and @spec@. Lines that start with //! are not embedded.
+//! The problem's unit gives the helper's command and the spec (torch_python, torch_scale, torch_device, torch_spec), so
+//! this text is the same for every problem. Lines that start with //! are not embedded.
 // The reference runs in PyTorch, in kevo's helper process beside this checker (never in the candidate's jail).
 constexpr bool inputs_from_torch = true;
 
@@ -57,7 +58,7 @@ void torch_expect_ok(const TorchHelper& h, const char* request) {
 
 // A run's first words to the helper: the kernel's tensors (the spec), answered "ready".
 void greet_torch_helper(const TorchHelper& h, const std::string& failure) {
-  const std::string spec = R"kevo_spec(@spec@)kevo_spec" "\n";
+  const std::string spec = std::string(torch_spec) + "\n";
   torch_write(h, spec.data(), spec.size());
   const std::string ready = torch_line(h);
   if (ready != "ready") torch_failed(failure + ready);
@@ -78,7 +79,7 @@ TorchHelper start_torch_helper() {
   posix_spawn_file_actions_adddup2(&actions, in[0], 0);
   posix_spawn_file_actions_adddup2(&actions, out[1], 1);
   if (torch_inherited_fd >= 0) posix_spawn_file_actions_adddup2(&actions, torch_inherited_fd, 3);
-  std::string python = "@python@", scale = "@scale@", device = "@device@";
+  std::string python = torch_python, scale = torch_scale, device = torch_device;
   std::string serve = "serve", scale_flag = "--scale", device_flag = "--device";
   char* argv[] = {python.data(), const_cast<char*>(helper.c_str()), serve.data(), const_cast<char*>(module.c_str()), scale_flag.data(),
                   scale.data(), device_flag.data(), device.data(), nullptr};
@@ -167,6 +168,9 @@ void torch_forward(const Shape& shape, void* const* p) {
     torch_read(h, p[i], count * 4);
   }
 }
+
+// The reference the target's part calls: PyTorch's.
+void call_reference(const Shape& shape, void* const* p) { torch_forward(shape, p); }
 
 // A request whose tensors cross in the memory shared through torch_inherited_fd: "ok", then a count for each
 // input or each output, as asked (the other tensors' counts are left 0).

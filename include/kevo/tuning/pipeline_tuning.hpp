@@ -1,5 +1,6 @@
-// kevo/eval/pipeline_tuning.hpp: a search that tunes the retrieval pipeline, and the tuning file
-// the pipeline then serves with. kevo-tune-pipeline (examples/tune_pipeline) runs it over the
+// kevo/tuning/pipeline_tuning.hpp: a search that tunes the retrieval pipeline, and the tuning file
+// the pipeline then serves with. An application of the loop, so it stands above it (tuning/ leans on
+// the loop, the store and the pipeline's evaluator; nothing below leans on tuning/). kevo-tune-pipeline (examples/tune_pipeline) runs it over the
 // device's timer (retrieval/tuning/pipeline_bench.cuh); tests run it over a stand-in landscape.
 //
 //   auto tuned = tune_pipeline(workload, policy_timer(device_timing), PipelinePolicy{}, store, {.budget = 40});
@@ -18,7 +19,12 @@
 #include <functional>
 #include <utility>
 
-namespace kevo::eval {
+namespace kevo::tuning {
+
+using eval::PipelineEvaluator;
+using eval::PipelineWorkload;
+using eval::PolicyFailure;
+using eval::PolicyTimer;
 
 /// A PolicyTimer over a device timing function: a policy that does not fit is a compile_error, one
 /// whose answers differ a wrong_answer, a device error a crash.
@@ -89,4 +95,4 @@ inline expected<void, Error> record_tuning(const std::filesystem::path& path, co
   return retrieval::write_tuning_file(path, file);
 }
 
-}  // namespace kevo::eval
+}  // namespace kevo::tuning
