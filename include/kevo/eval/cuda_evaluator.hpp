@@ -110,6 +110,14 @@ struct CudaToolchain {
                        most_spilled > 0 ? " (spills: fewer registers per thread or smaller tiles)" : "");
   }
   /// The whole toolkit (nvcc runs its own cicc, ptxas and fatbinary, and reads its headers).
+  /// The command that compiles the checker's problem unit (the body and everything else go through nvcc).
+  /// That unit holds no device code, so nvcc's host compiler builds it alone, without nvcc's ~4 s of passes
+  /// a problem: the same g++ that compiles nvcc's host side, so both sides of the link agree.
+  static std::vector<std::string> checker_problem_compiler(const std::string& compiler) {
+    const char* host = std::getenv("NVCC_CCBIN");
+    return {host && *host ? host : "g++", "-std=c++20", "-O2", "-isystem", (toolkit_root(compiler) / "include").string()};
+  }
+
   static std::vector<std::filesystem::path> compiler_roots(const std::string& compiler) {
     const auto root = toolkit_root(compiler);
     if (root.empty()) return {};

@@ -136,7 +136,9 @@ struct EvaluatorStats {
 /// this machine's: the CPU, the GPU); `uses_gpu`; `checker_sources(problem)`, `runner_source(problem)`;
 /// `check_problem(problem)`; `roofline(cache_dir, compiler)` (empty where the checker measures it in
 /// each run); `compile_notes(compiler_stderr)` (registers and spills, for diagnostics);
-/// `compiler_roots(compiler)` (what the jailed compiler must see beyond /usr). The Executor runs
+/// `compiler_roots(compiler)` (what the jailed compiler must see beyond /usr); optionally
+/// `checker_problem_compiler(compiler)` (the command, flags included, that builds the checker's problem
+/// unit, checker.cpp, where not the toolchain's compiler: CUDA's is the host's). The Executor runs
 /// each checked run (compiles stay here, in the build cache).
 template <class Toolchain, Executor RunExecutor = LocalExecutor>
 class JailedEvaluator {
@@ -446,6 +448,13 @@ class JailedEvaluator {
   /// generated files and `directory` (writable), nothing else (no `.incbin "/etc/shadow"`).
   SandboxResult run_compiler(std::vector<std::string> args, const std::filesystem::path& directory,
                              std::vector<std::filesystem::path> also_read = {}) {
+    args.insert(args.begin(), options_.compiler);
+    return run_compiler_command(std::move(args), directory, std::move(also_read));
+  }
+
+  /// The same with `command` whole: its first word the compiler to run.
+  SandboxResult run_compiler_command(std::vector<std::string> command, const std::filesystem::path& directory,
+                                     std::vector<std::filesystem::path> also_read = {}) {
     // Its /tmp holds the compiler's intermediate files, which for nvcc and CUB can pass a candidate's 64 MiB.
     also_read.push_back(problem_dir_);
     JailOptions options{.read_only = std::move(also_read), .writable = {directory}, .working_directory = directory,
@@ -460,14 +469,13 @@ class JailedEvaluator {
       r.setup_error = jail.error().message;
       return r;
     }
-    args.insert(args.begin(), options_.compiler);
     SandboxLimits limits = trusted_limits();
     limits.isolate = false;  // the jail's namespaces
     // A compile's load on the host's cores would skew a CPU timing, so they take turns; a GPU's
     // timing is the device's own clock, so its runs overlap the next candidates' compiles.
     std::shared_lock compiling(gate_, std::defer_lock);
     if constexpr (!Toolchain::uses_gpu) compiling.lock();
-    return run_sandboxed(jail->command(args), limits);
+    return run_sandboxed(jail->command(command), limits);
   }
 
   /// The generated sources, the reference, the runner and the checker, compiled (cached).
@@ -508,7 +516,10 @@ class JailedEvaluator {
     const auto grace = 2 * options_.compile_timeout + std::chrono::seconds(60);
     sweep_stale_temporaries(problem_dir_, grace);
     sweep_stale_temporaries(problem_dir_ / "builds", grace);
-    if (!write_file_atomically(problem_dir_ / "kevo_problem.hpp", header) || !write_file_atomically(problem_dir_ / ("checker" + ext), checker.problem) ||
+    // The checker's problem unit: built by the toolchain's compiler, or by the command the toolchain names for it.
+    constexpr bool own_problem_compiler = requires(const std::string& compiler) { Toolchain::checker_problem_compiler(compiler); };
+    const std::string problem_unit = own_problem_compiler ? "checker.cpp" : "checker" + ext;
+    if (!write_file_atomically(problem_dir_ / "kevo_problem.hpp", header) || !write_file_atomically(problem_dir_ / problem_unit, checker.problem) ||
         !write_file_atomically(problem_dir_ / ("runner" + ext), runner))
       return make_error(fmt::format("{}: cannot write the generated sources", problem_dir_.string()));
     for (const auto& h : *library) {
@@ -536,12 +547,15 @@ class JailedEvaluator {
     // and under one shared name a second linker recreated the file while the first's was renamed into
     // place and started, still open for writing in that linker: ETXTBSY ("Text file busy"), or a torn file.
     const std::string own = fmt::format(".tmp-{}-{}", ::getpid(), std::hash<std::thread::id>{}(std::this_thread::get_id()));
-    auto compile_object = [&](const std::string& source, const std::string& object) -> std::optional<std::string> {
+    // `command`: the compiler and its flags, where not the toolchain's own.
+    auto compile_object = [&](const std::string& source, const std::string& object,
+                              std::vector<std::string> command = {}) -> std::optional<std::string> {
       if (fs::exists(problem_dir_ / object)) return std::nullopt;
       const std::string temporary = object + own;
-      std::vector<std::string> args = base;
+      std::vector<std::string> args = command.empty() ? base : command;
+      if (!command.empty()) args.insert(args.end(), {"-I", problem_dir_.string()});
       args.insert(args.end(), {"-c", source, "-o", temporary});
-      const SandboxResult r = run_compiler(args, problem_dir_);
+      const SandboxResult r = command.empty() ? run_compiler(args, problem_dir_) : run_compiler_command(args, problem_dir_);
       if (!r.ok()) {
         fs::remove(problem_dir_ / temporary, ec);
         if (r.timed_out) return fmt::format("timed out after {} s", options_.compile_timeout.count());
@@ -554,7 +568,9 @@ class JailedEvaluator {
       return make_error(fmt::format("{} does not compile: {}", reference_path, *error));
     if (auto error = compile_object("runner" + ext, "runner.o"))
       return make_error(fmt::format("{}: kevo's runner does not compile for this problem: {}", manifest, *error));
-    if (auto error = compile_object("checker" + ext, "checker.o"))
+    std::vector<std::string> problem_compiler;
+    if constexpr (own_problem_compiler) problem_compiler = Toolchain::checker_problem_compiler(options_.compiler);
+    if (auto error = compile_object(problem_unit, "checker.o", problem_compiler))
       return make_error(fmt::format("{}: the tensor sizes or the bytes/FLOPs model do not compile as C++: {}", manifest, *error));
     if (!fs::exists(problem_dir_ / "checker")) {
       auto body = checker_body_object(checker.body, own);
