@@ -87,12 +87,6 @@ inline std::string param_locals(const Problem& p) {
   return out;
 }
 
-inline std::string shape_initializer(const Problem& p, const Shape& s) {
-  std::string out = "Shape{";
-  for (std::size_t i = 0; i < p.params.size(); ++i) out += fmt::format("{}{}L", i ? ", " : "", s.at(p.params[i]));
-  return out + "}";
-}
-
 inline std::string shape_text(const Problem& p, const Shape& s) {
   std::string out;
   for (const auto& name : p.params) out += fmt::format("{}{}={}", out.empty() ? "" : " ", name, s.at(name));

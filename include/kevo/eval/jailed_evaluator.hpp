@@ -547,30 +547,21 @@ class JailedEvaluator {
     // and under one shared name a second linker recreated the file while the first's was renamed into
     // place and started, still open for writing in that linker: ETXTBSY ("Text file busy"), or a torn file.
     const std::string own = fmt::format(".tmp-{}-{}", ::getpid(), std::hash<std::thread::id>{}(std::this_thread::get_id()));
-    // `command`: the compiler and its flags, where not the toolchain's own.
-    auto compile_object = [&](const std::string& source, const std::string& object,
-                              std::vector<std::string> command = {}) -> std::optional<std::string> {
-      if (fs::exists(problem_dir_ / object)) return std::nullopt;
-      const std::string temporary = object + own;
-      std::vector<std::string> args = command.empty() ? base : command;
-      if (!command.empty()) args.insert(args.end(), {"-I", problem_dir_.string()});
-      args.insert(args.end(), {"-c", source, "-o", temporary});
-      const SandboxResult r = command.empty() ? run_compiler(args, problem_dir_) : run_compiler_command(args, problem_dir_);
-      if (!r.ok()) {
-        fs::remove(problem_dir_ / temporary, ec);
-        if (r.timed_out) return fmt::format("timed out after {} s", options_.compile_timeout.count());
-        return trim_compiler_output(r.stderr_text + r.setup_error);
-      }
-      fs::rename(problem_dir_ / temporary, problem_dir_ / object, ec);
-      return std::nullopt;
+    std::vector<std::string> toolchain_command = base;
+    toolchain_command.insert(toolchain_command.begin(), options_.compiler);
+    auto compile_object = [&](const std::string& source, const std::string& object, const std::vector<std::string>& command) {
+      return compile_object_in(problem_dir_, command, source, object, own);
     };
-    if (auto error = compile_object(fs::absolute(reference_path).string(), "reference.o"))
+    if (auto error = compile_object(fs::absolute(reference_path).string(), "reference.o", toolchain_command))
       return make_error(fmt::format("{} does not compile: {}", reference_path, *error));
-    if (auto error = compile_object("runner" + ext, "runner.o"))
+    if (auto error = compile_object("runner" + ext, "runner.o", toolchain_command))
       return make_error(fmt::format("{}: kevo's runner does not compile for this problem: {}", manifest, *error));
-    std::vector<std::string> problem_compiler;
-    if constexpr (own_problem_compiler) problem_compiler = Toolchain::checker_problem_compiler(options_.compiler);
-    if (auto error = compile_object(problem_unit, "checker.o", problem_compiler))
+    std::vector<std::string> problem_command = toolchain_command;
+    if constexpr (own_problem_compiler) {
+      problem_command = Toolchain::checker_problem_compiler(options_.compiler);
+      problem_command.insert(problem_command.end(), {"-I", problem_dir_.string()});
+    }
+    if (auto error = compile_object(problem_unit, "checker.o", problem_command))
       return make_error(fmt::format("{}: the tensor sizes or the bytes/FLOPs model do not compile as C++: {}", manifest, *error));
     if (!fs::exists(problem_dir_ / "checker")) {
       auto body = checker_body_object(checker.body, own);
@@ -602,18 +593,31 @@ class JailedEvaluator {
     fs::create_directories(dir, ec);
     sweep_stale_temporaries(dir, 2 * options_.compile_timeout + std::chrono::seconds(60));  // what killed compiles left
     if (ec || !write_file_atomically(dir / ("checker_body" + ext), body)) return make_error(fmt::format("{}: cannot be written", dir.string()));
-    const std::string temporary = "checker_body.o" + own;
-    std::vector<std::string> args = compile_flags();
-    args.insert(args.end(), {"-c", "checker_body" + ext, "-o", temporary});
-    const SandboxResult r = run_compiler(args, dir);
+    std::vector<std::string> command = compile_flags();
+    command.insert(command.begin(), options_.compiler);
+    if (auto error = compile_object_in(dir, command, "checker_body" + ext, "checker_body.o", own))
+      return make_error(fmt::format("kevo's checker does not compile with the problem's flags ({}): {}", flags, *error));
+    return object;
+  }
+
+  /// Compiles `source` in `dir` into `object` there with `command` (the compiler and its flags): empty, or why
+  /// not. The object is written under a name of this process's and thread's own (`own`), then renamed: the cache
+  /// is shared, and a second process compiling the same object replaces it whole.
+  std::optional<std::string> compile_object_in(const std::filesystem::path& dir, std::vector<std::string> command, const std::string& source,
+                                               const std::string& object, const std::string& own) {
+    namespace fs = std::filesystem;
+    if (fs::exists(dir / object)) return std::nullopt;
+    const std::string temporary = object + own;
+    command.insert(command.end(), {"-c", source, "-o", temporary});
+    const SandboxResult r = run_compiler_command(std::move(command), dir);
+    std::error_code ec;
     if (!r.ok()) {
       fs::remove(dir / temporary, ec);
-      if (r.timed_out) return make_error(fmt::format("kevo's checker did not compile within {} s", options_.compile_timeout.count()));
-      return make_error(fmt::format("kevo's checker does not compile with the problem's flags ({}): {}", flags,
-                                    trim_compiler_output(r.stderr_text + r.setup_error, (dir.string() + "/"))));
+      if (r.timed_out) return fmt::format("timed out after {} s", options_.compile_timeout.count());
+      return trim_compiler_output(r.stderr_text + r.setup_error, dir == problem_dir_ ? std::string() : dir.string() + "/");
     }
-    fs::rename(dir / temporary, object, ec);  // a rename: a second process compiling the same body replaces it whole
-    return object;
+    fs::rename(dir / temporary, dir / object, ec);
+    return std::nullopt;
   }
 
   expected<void, Error> prepare_locked() {
