@@ -192,14 +192,20 @@ TEST_CASE("a CPU search through Slurm finds a verified best, every node evaluate
 TEST_CASE("a step cancelled or its srun killed mid-run is tried again: no evaluation lost or duplicated", "[slurm][cluster]") {
   auto cluster = slurm_cluster();
   if (!cluster) return;
-  eval::SlurmOptions options = test_options();
+  // Each step holds for a second before the real helper runs, so a kill always finds its step
+  // running: with the bare helper a step could end between squeue and the kill (on a loaded 2-core
+  // CI machine 31 of 33 kills came too late, and the search ended with 2 retries).
+  const fs::path helper = temp_dir("cancelled-helper") / "slow-helper.sh";
+  std::ofstream(helper) << "#!/bin/sh\nsleep 1\nexec " << KEVO_RUN_CHECKED_BIN << " \"$@\"\n";
+  fs::permissions(helper, fs::perms::owner_all | fs::perms::group_read | fs::perms::group_exec | fs::perms::others_read | fs::perms::others_exec);
+  eval::SlurmOptions options = test_options(helper);
   options.attempts = 12;  // more than the kills below: no evaluation can run out of attempts
   eval::SlurmExecutor slurm(options);
   SlurmCpuEvaluator evaluator(axpy(), {}, slurm);
   REQUIRE(evaluator.prepare());  // the reference's steps are not the ones killed here
 
   // Kills as soon as a step runs, by turns scancel of its job and SIGKILL of an srun of ours, until
-  // three have cost a step (a kill can find its step already done: on a busy machine 8 of 9 did).
+  // three have cost a step.
   std::atomic<bool> done{false};
   std::atomic<int> cancelled{0};
   std::thread killer([&] {
