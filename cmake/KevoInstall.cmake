@@ -1,7 +1,7 @@
 include(CMakePackageConfigHelpers)
 set(KEVO_CMAKE_DIR ${CMAKE_INSTALL_DATADIR}/cmake/kevo)
 
-install(TARGETS kevo_core kevo kevo_cuda EXPORT kevoTargets)
+install(TARGETS kevo_core kevo_retrieval kevo_llm kevo_sqlite kevo_jail kevo_retrieval_cuda kevo kevo_cuda EXPORT kevoTargets)
 # kevo::postgres where libpq was found: a consumer's find_package(kevo) then looks for libpq too.
 if(TARGET kevo_postgres)
   install(TARGETS kevo_postgres EXPORT kevoTargets)
@@ -14,7 +14,7 @@ install(DIRECTORY knowledge DESTINATION ${CMAKE_INSTALL_DATADIR}/kevo OPTIONAL)
 install(DIRECTORY problems DESTINATION ${CMAKE_INSTALL_DATADIR}/kevo)
 install(EXPORT kevoTargets NAMESPACE kevo:: DESTINATION ${KEVO_CMAKE_DIR})
 
-# Whether kevo::cuda was built with the toolkit (and so names CUDA::cudart), for kevoConfig.cmake.
+# Whether kevo::retrieval_cuda was built with the toolkit (and so names CUDA::cudart), for kevoConfig.cmake.
 if(KEVO_HAVE_CUDA)
   set(KEVO_CONFIG_WITH_CUDA ON)
 else()

@@ -101,8 +101,8 @@ TEST_CASE("without a GPU, preparing a CUDA problem is a clear error, not a crash
   REQUIRE_FALSE(ready);
   INFO(ready.error().message);
   CHECK_THAT(ready.error().message, Catch::Contains("cuda_axpy"));
-  // Said before any compile, in the words every kevo program stops with (kevo/eval/gpu_presence.hpp).
-  CHECK_THAT(ready.error().message, Catch::Contains(kevo::eval::no_nvidia_device_message));
+  // Said before any compile, in the words every kevo program stops with (kevo/gpu_presence.hpp).
+  CHECK_THAT(ready.error().message, Catch::Contains(kevo::no_nvidia_device_message));
   CHECK(evaluator.stats().compiles == 0);
   // An evaluation says the problem is not ready, and costs nothing.
   const kevo::Evaluation e = evaluator.evaluate(evaluator.default_candidate(), 1);

@@ -35,15 +35,15 @@ class GatedEngine final : public RetrievalBackend {
   std::string name() const override { return engine_.name(); }
   const Schema& schema() const override { return engine_.schema(); }
   const Model& model() const override { return engine_.model(); }
-  expected<std::vector<ScoredAd>, Error> search(const Request& request) override {
+  expected<std::vector<ScoredAd>, Error> search_checked(const CheckedRequest& request) override {
     enter(1);
-    return engine_.search(request);
+    return engine_.search_checked(request);
   }
-  expected<std::vector<std::vector<ScoredAd>>, Error> search_batch(std::span<const Request> requests) override {
+  expected<std::vector<std::vector<ScoredAd>>, Error> search_batch_checked(std::span<const CheckedRequest> requests) override {
     enter(requests.size());
     if (fail_next_.exchange(false)) return make_error("the device went away");
     if (throw_next_.exchange(false)) throw std::runtime_error("out of memory");
-    auto answers = engine_.search_batch(requests);
+    auto answers = engine_.search_batch_checked(requests);
     if (answers && short_next_.exchange(false)) answers->pop_back();
     return answers;
   }

@@ -16,7 +16,7 @@
 #include <thread>
 
 #include "kevo/retrieval/retrieval.hpp"
-#include "kevo/retrieval/serving.hpp"
+#include "serving.hpp"  // examples/retrieval_server
 #include "support/quantized_ads.hpp"
 #include "support/serving_client.hpp"
 
@@ -288,9 +288,9 @@ class FailingEngine final : public RetrievalBackend {
   std::string name() const override { return "failing"; }
   const Schema& schema() const override { return engine_.schema(); }
   const Model& model() const override { return engine_.model(); }
-  expected<std::vector<ScoredAd>, Error> search(const Request& r) override {
+  expected<std::vector<ScoredAd>, Error> search_checked(const CheckedRequest& r) override {
     if (failure) return make_error("search refused", *failure);
-    return engine_.search(r);
+    return engine_.search_checked(r);
   }
   expected<void, Error> upsert(std::span<const AdRecord> ads) override {
     if (failure) return make_error("upsert refused", *failure);
@@ -317,7 +317,7 @@ class TunedEngine final : public RetrievalBackend {
   std::string kernel_policy() const override { return "tuned for d=64 on \"this GPU\": scoring.stages=2"; }
   const Schema& schema() const override { return engine_.schema(); }
   const Model& model() const override { return engine_.model(); }
-  expected<std::vector<ScoredAd>, Error> search(const Request& r) override { return engine_.search(r); }
+  expected<std::vector<ScoredAd>, Error> search_checked(const CheckedRequest& r) override { return engine_.search_checked(r); }
   expected<void, Error> upsert(std::span<const AdRecord> ads) override { return engine_.upsert(ads); }
   expected<std::size_t, Error> expire(std::span<const std::uint32_t> ids) override { return engine_.expire(ids); }
 

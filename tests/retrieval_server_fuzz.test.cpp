@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "kevo/retrieval/retrieval.hpp"
-#include "kevo/retrieval/serving.hpp"
+#include "serving.hpp"  // examples/retrieval_server
 #include "support/serving_client.hpp"
 
 namespace kevo_tests::retrieval_server_fuzz_test {

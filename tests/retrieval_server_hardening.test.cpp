@@ -32,7 +32,7 @@
 #include <thread>
 
 #include "kevo/retrieval/retrieval.hpp"
-#include "kevo/retrieval/serving.hpp"
+#include "serving.hpp"  // examples/retrieval_server
 #include "kevo/retrieval/sharded_backend.hpp"
 #include "support/serving_client.hpp"
 
@@ -83,9 +83,9 @@ struct SleepingBackend final : RetrievalBackend {
   std::string name() const override { return engine.name(); }
   const Schema& schema() const override { return engine.schema(); }
   const Model& model() const override { return engine.model(); }
-  kevo::expected<std::vector<ScoredAd>, kevo::Error> search(const Request& r) override {
+  kevo::expected<std::vector<ScoredAd>, kevo::Error> search_checked(const CheckedRequest& r) override {
     std::this_thread::sleep_for(delay);
-    return engine.search(r);
+    return engine.search_checked(r);
   }
   kevo::expected<void, kevo::Error> upsert(std::span<const AdRecord> ads) override { return engine.upsert(ads); }
   kevo::expected<std::size_t, kevo::Error> expire(std::span<const std::uint32_t> ids) override { return engine.expire(ids); }

@@ -40,7 +40,7 @@ class CpuShard : public RetrievalBackend {
   std::string name() const override { return "cpu"; }
   const Schema& schema() const override { return engine_.schema(); }
   const Model& model() const override { return engine_.model(); }
-  expected<std::vector<ScoredAd>, Error> search(const Request& r) override { return engine_.search(r); }
+  expected<std::vector<ScoredAd>, Error> search_checked(const CheckedRequest& r) override { return engine_.search_checked(r); }
   expected<void, Error> upsert(std::span<const AdRecord> ads) override { return engine_.upsert(ads); }
   expected<std::size_t, Error> expire(std::span<const std::uint32_t> ids) override { return engine_.expire(ids); }
 
@@ -53,9 +53,9 @@ class FlakyShard final : public CpuShard {
  public:
   using CpuShard::CpuShard;
   std::string name() const override { return "flaky"; }
-  expected<std::vector<ScoredAd>, Error> search(const Request& r) override {
+  expected<std::vector<ScoredAd>, Error> search_checked(const CheckedRequest& r) override {
     if (failing) return make_error("the device went away", ErrorKind::backend);
-    return engine_.search(r);
+    return engine_.search_checked(r);
   }
   std::atomic<bool> failing{false};
 };
@@ -94,6 +94,23 @@ class RecordingShard final : public CpuShard {
   }
   int unchecked_batches = 0, checked_batches = 0;  // each shard is called from one thread at a time
   std::vector<std::uint32_t> checked_ids;
+};
+
+/// A CPU shard that records which request objects its searches were handed: an engine takes only
+/// the checked form (search_checked), so what it sees shows where the request was checked.
+class RequestRecordingShard final : public CpuShard {
+ public:
+  using CpuShard::CpuShard;
+  std::string name() const override { return "request-recording"; }
+  expected<std::vector<ScoredAd>, Error> search_checked(const CheckedRequest& request) override {
+    seen.push_back(&request.request());
+    return engine_.search_checked(request);
+  }
+  expected<std::vector<std::vector<ScoredAd>>, Error> search_batch_checked(std::span<const CheckedRequest> requests) override {
+    for (const CheckedRequest& request : requests) seen.push_back(&request.request());
+    return engine_.search_batch_checked(requests);
+  }
+  std::vector<const Request*> seen;  // each shard is called from one thread at a time
 };
 
 /// A ShardedBackend over `count` test doubles of type Shard, which `shards` points at.
@@ -145,6 +162,46 @@ TEST_CASE("each shard is handed its part checked once, and a bad ad anywhere cha
   const auto after = pool->search(request);
   REQUIRE(after);
   CHECK(*after == *before);
+}
+
+TEST_CASE("a request is checked once where it enters: the shards get the caller's own, and never a bad one", "[retrieval][sharded]") {
+  const Workload w = small_workload();
+  std::vector<RequestRecordingShard*> shards;
+  auto pool = pool_of_doubles(w, 3, shards);
+  std::vector<AdRecord> ads;
+  for (std::uint64_t i = 0; i < 600; ++i) ads.push_back(w.ad(i));
+  REQUIRE(pool->upsert(ads));
+
+  const Request request = w.request(1, RequestKind::broad, 50);
+  REQUIRE(pool->search(request));
+  for (RequestRecordingShard* shard : shards) CHECK(shard->seen == std::vector<const Request*>{&request});  // not a copy
+
+  std::vector<Request> batch = {w.request(2, RequestKind::typical, 10), w.request(3, RequestKind::broad, 20)};
+  for (RequestRecordingShard* shard : shards) shard->seen.clear();
+  REQUIRE(pool->search_batch(batch));
+  for (RequestRecordingShard* shard : shards) CHECK(shard->seen == std::vector<const Request*>{&batch[0], &batch[1]});
+
+  // A bad request reaches no engine: not K out of range on either side, nor a bad request in a batch.
+  for (RequestRecordingShard* shard : shards) shard->seen.clear();
+  for (int k : {0, kMaxK + 1}) {
+    auto refused = pool->search(w.request(4, RequestKind::typical, k));
+    REQUIRE_FALSE(refused);
+    CHECK_THAT(refused.error().message, Catch::StartsWith("K out of range: " + std::to_string(k)));
+  }
+  batch[1].routing = w.model().experts + 1;
+  auto refused = pool->search_batch(batch);
+  REQUIRE_FALSE(refused);
+  CHECK_THAT(refused.error().message, Catch::StartsWith("request 1 of the batch: routing width out of range"));
+  auto checked = check_requests(pool->schema(), pool->model(), batch);
+  REQUIRE_FALSE(checked);
+  CHECK(checked.error().message == refused.error().message);
+  for (RequestRecordingShard* shard : shards) CHECK(shard->seen.empty());
+
+  // Through the batching layer too: each caller's request is checked before it queues.
+  BatchingBackend batching(*pool);
+  REQUIRE(batching.search(request));
+  REQUIRE_FALSE(batching.search(w.request(5, RequestKind::typical, 0)));
+  for (RequestRecordingShard* shard : shards) CHECK(shard->seen == std::vector<const Request*>{&request});
 }
 
 TEST_CASE("check_ads names the first bad ad, and a checked batch carries its schema", "[retrieval][sharded]") {

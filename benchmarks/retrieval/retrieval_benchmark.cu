@@ -19,7 +19,7 @@
 #include <thread>
 #include <vector>
 
-#include "kevo/eval/gpu_presence.hpp"
+#include "kevo/gpu_presence.hpp"
 #include "kevo/retrieval/dispatch/cuda_backend.cuh"
 #include "kevo/retrieval/dispatch/fused_retrieval_pipeline.cuh"
 #include "kevo/retrieval/retrieval.hpp"
@@ -298,7 +298,7 @@ StageTimes time_stages(Pool& pool, const Request& request, std::uint64_t slots, 
   std::vector<double> t[5];
   for (int r = 0; r < repeats + 2; ++r) {
     cudaEventRecord(e[0], stream);
-    CHECK_OK(p.enqueue_prepare(request, temp, stream));
+    CHECK_OK(p.enqueue_prepare(check_request(p.schema(), p.model(), request).value(), temp, stream));
     cudaEventRecord(e[1], stream);
     CHECK_OK(p.enqueue_matching(*view, temp, stream));
     cudaEventRecord(e[2], stream);
@@ -354,7 +354,7 @@ auto with_matched_request(Pool& pool, const Request& request, std::uint64_t slot
   auto view = p.index().before_search(stream);
   CHECK_OK(view);
   view->slots = static_cast<std::uint32_t>(slots);
-  CHECK_OK(p.enqueue_prepare(request, pool.temp, stream));
+  CHECK_OK(p.enqueue_prepare(check_request(p.schema(), p.model(), request).value(), pool.temp, stream));
   CHECK_OK(p.enqueue_matching(*view, pool.temp, stream));
   auto result = body(*view, static_cast<unsigned char*>(pool.temp));
   CHECK_OK(p.index().after_search(stream));
@@ -1214,7 +1214,7 @@ void run_search_breakdown(Pool& pool, const Workload& workload, int repeats, Sea
           auto view = p.index().before_search(stream);
           CHECK_OK(view);
           KEVO_GPU_ASSERT(cudaEventRecord(events[0], stream));
-          CHECK_OK(p.enqueue_prepare(request, pool.temp, stream));
+          CHECK_OK(p.enqueue_prepare(check_request(p.schema(), p.model(), request).value(), pool.temp, stream));
           KEVO_GPU_ASSERT(cudaEventRecord(events[2], stream));
           CHECK_OK(p.enqueue_matching(*view, pool.temp, stream));
           CHECK_OK(p.enqueue_scoring(*view, pool.temp, request.routing, stream));
@@ -1295,7 +1295,7 @@ int main(int argc, char** argv) {
     }
   }
   // No driver or device here: a named stop, exit 2, before any work (as kevo's other GPU programs).
-  if (auto here = kevo::eval::nvidia_device_present(); !here) {
+  if (auto here = kevo::nvidia_device_present(); !here) {
     std::fprintf(stderr, "retrieval_benchmark: %s\n", here.error().message.c_str());
     return 2;
   }

@@ -15,7 +15,7 @@
 #include <kevo/eval/any_evaluator.hpp>
 #include <kevo/eval/cpu_evaluator.hpp>
 #include <kevo/eval/cuda_evaluator.hpp>
-#include <kevo/eval/gpu_presence.hpp>
+#include <kevo/gpu_presence.hpp>
 #include <kevo/detail/json_text.hpp>
 #include <kevo/knowledge/knowledge_base.hpp>
 #include <kevo/knowledge/llm_skill_writer.hpp>
@@ -240,7 +240,7 @@ int search(const Options& o, const kevo::Problem& problem, Synth synth, Retrieve
     kevo::eval::CpuEvaluator evaluator(problem);
     return prepared(evaluator);
   }
-  if (auto here = kevo::eval::nvidia_device_present(); !here) return fail(here.error().message, 2);
+  if (auto here = kevo::nvidia_device_present(); !here) return fail(here.error().message, 2);
   kevo::eval::CudaEvaluator evaluator(problem);
   return prepared(evaluator);
 }

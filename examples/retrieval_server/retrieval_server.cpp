@@ -2,7 +2,7 @@
 //
 // It loads a model (a safetensors file, or the workload's own), fills the ad pool from an ad file
 // (ad_file.hpp) or with the spec's synthetic workload, and serves top-K requests and real-time ad updates as JSON over HTTP
-// (kevo/retrieval/serving.hpp lists the endpoints). It runs on the GPU where one exists and on the
+// (serving.hpp lists the endpoints). It runs on the GPU where one exists and on the
 // CPU reference elsewhere; the GPU backend comes from cuda_backend.cu beside this file, a separate
 // translation unit because Boost.Beast does not compile under nvcc:
 //
@@ -14,9 +14,9 @@
 //   retrieval_server --port 8080 --backend cpu --shards 4      # one pool over four CPU engines
 //   retrieval_server --help   # every flag, its default and its range
 //   curl -s localhost:8080/search -d '{"features":[...256 floats...],"query":[{"category":0,"values":[1]}],"k":10}'
-#include <kevo/eval/gpu_presence.hpp>
+#include <kevo/gpu_presence.hpp>
 #include <kevo/retrieval/retrieval.hpp>
-#include <kevo/retrieval/serving.hpp>
+#include "serving.hpp"
 #include <kevo/retrieval/sharded_backend.hpp>
 #include <kevo/retrieval/tuning/tuning_file.hpp>
 
@@ -226,9 +226,11 @@ class NamedPool final : public RetrievalBackend {
   std::string kernel_policy() const override { return pool_->kernel_policy(); }
   const Schema& schema() const override { return pool_->schema(); }
   const Model& model() const override { return pool_->model(); }
-  kevo::expected<std::vector<ScoredAd>, kevo::Error> search(const Request& request) override { return pool_->search(request); }
-  kevo::expected<std::vector<std::vector<ScoredAd>>, kevo::Error> search_batch(std::span<const Request> requests) override {
-    return pool_->search_batch(requests);
+  kevo::expected<std::vector<ScoredAd>, kevo::Error> search_checked(const CheckedRequest& request) override {
+    return pool_->search_checked(request);
+  }
+  kevo::expected<std::vector<std::vector<ScoredAd>>, kevo::Error> search_batch_checked(std::span<const CheckedRequest> requests) override {
+    return pool_->search_batch_checked(requests);
   }
   kevo::expected<void, kevo::Error> upsert(std::span<const AdRecord> ads) override { return pool_->upsert(ads); }
   kevo::expected<std::size_t, kevo::Error> expire(std::span<const std::uint32_t> ids) override { return pool_->expire(ids); }
@@ -296,7 +298,7 @@ int main(int argc, char** argv) {
 #if defined(KEVO_RETRIEVAL_SERVER_CUDA)
   // A GPU asked for where no driver or device is: a named stop, exit 2, before any work.
   if (o.backend == "gpu" || !o.gpus.empty())
-    if (auto here = kevo::eval::nvidia_device_present(); !here)
+    if (auto here = kevo::nvidia_device_present(); !here)
       return std::fprintf(stderr, "retrieval_server: %s: %s\n", o.backend == "gpu" ? "--backend gpu" : ("--gpus " + o.gpus).c_str(),
                           here.error().message.c_str()), 2;
 #endif

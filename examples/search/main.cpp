@@ -159,7 +159,7 @@ int search_main(int argc, char** argv) {
     return fail(fmt::format("{}; kevo-llm-search takes it", problem->description), 2);
   // A cuda problem where no GPU is (and the runs stay here, not on Slurm's nodes): a named stop, exit 2, before any work.
   if (problem->target == kevo::Target::cuda && o.executor != "slurm")
-    if (auto here = kevo::eval::nvidia_device_present(); !here) return fail(here.error().message, 2);
+    if (auto here = kevo::nvidia_device_present(); !here) return fail(here.error().message, 2);
   if (o.store.empty()) o.store = fs::path("kevo-runs") / (problem->name + ".db");
   if (o.out.empty()) o.out = fs::path("kevo-runs") / (problem->name + ".best.cpp");
   if (o.report.empty()) o.report = fs::path("kevo-runs") / (problem->name + ".html");

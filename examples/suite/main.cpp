@@ -8,7 +8,7 @@
 // Each problem's search is kevo-search (or, with --llm, kevo-llm-search) run beside this program, so a
 // problem's failure stays its own. Killed at any moment, it resumes when run again with the same arguments:
 // problems whose search finished are read back, and an unfinished search continues from the store.
-#include <kevo/eval/gpu_presence.hpp>
+#include <kevo/gpu_presence.hpp>
 #include <kevo/eval/torch_problem.hpp>
 #include <kevo/report/suite_report.hpp>
 #include <kevo/store/sqlite_store.hpp>
@@ -135,7 +135,7 @@ int suite_main(int argc, char** argv) {
   if (files.empty()) return fail("no .py problem files found in what was given", 2);
   // --device cuda where no GPU is: a named stop, exit 2, before any search.
   if (o.device == "cuda")
-    if (auto here = kevo::eval::nvidia_device_present(); !here) return fail(here.error().message, 2);
+    if (auto here = kevo::nvidia_device_present(); !here) return fail(here.error().message, 2);
   std::error_code ec;
   fs::create_directories(o.out / "searches", ec);
   if (ec) return fail(fmt::format("{}: cannot be created: {}", o.out.string(), ec.message()), 2);

@@ -5,7 +5,7 @@
 //   kevo-tune-pipeline --ads 100000000 --budget 40 --out kevo-tuning.json
 #include "device_timer.hpp"
 
-#include <kevo/eval/gpu_presence.hpp>
+#include <kevo/gpu_presence.hpp>
 #include <kevo/tuning/pipeline_tuning.hpp>
 
 #include "../common/command_line.hpp"
@@ -76,7 +76,7 @@ int main(int argc, char** argv) {
   if (auto stop = kevo_examples::parse_command_line(app, argc, argv)) return *stop;
   o.device.dtype = *kevo::retrieval::embedding_type_named(o.dtype);
   std::string error;
-  if (auto here = kevo::eval::nvidia_device_present(); !here) return fail(here.error().message);  // exit 2, before any work
+  if (auto here = kevo::nvidia_device_present(); !here) return fail(here.error().message);  // exit 2, before any work
 #ifdef KEVO_DEVICE_CODE_CHECK_ONLY
   return fail("built with KEVO_CUDA_DEVICE_CODE=check (configured where no GPU was found): its device code is unoptimized PTX, built to be compiled, not timed; reconfigure with -DKEVO_CUDA_DEVICE_CODE=sass and build again");  // (CMakeLists.txt)
 #endif

@@ -19,6 +19,7 @@ run(${CMAKE_COMMAND} -S ${CONSUMER_SOURCE_DIR} -B ${WORK_DIR}/build -DCMAKE_PREF
 run(${CMAKE_COMMAND} --build ${WORK_DIR}/build --parallel 2)
 run(${WORK_DIR}/build/kevo_consumer)
 run(${WORK_DIR}/build/kevo_core_consumer)
+run(${WORK_DIR}/build/kevo_retrieval_consumer)
 # The installed kevo::postgres, against the test fixture's server (ctest gives its conninfo).
 if(EXPECT_POSTGRES)
   if(NOT EXISTS ${WORK_DIR}/build/kevo_postgres_consumer)
@@ -33,11 +34,25 @@ endif()
 if(CUDA_COMPILER)
   run(${WORK_DIR}/build/kevo_cuda_consumer)
 endif()
-# kevo::core links none of kevo's heavier dependencies.
-execute_process(COMMAND ldd ${WORK_DIR}/build/kevo_core_consumer OUTPUT_VARIABLE core_libraries)
-if(core_libraries MATCHES "libsqlite3|libssl|libcrypto|libsimdjson|libseccomp")
-  message(FATAL_ERROR "kevo_core_consumer links more than kevo::core should:\n${core_libraries}")
-endif()
+# Each wing links its own dependencies and none of the others' (issue 53): what the dynamic loader
+# would load for each consumer, by ldd.
+function(expect_links_none consumer forbidden)
+  if(NOT EXISTS ${WORK_DIR}/build/${consumer})
+    return()
+  endif()
+  execute_process(COMMAND ldd ${WORK_DIR}/build/${consumer} OUTPUT_VARIABLE libraries RESULT_VARIABLE rc)
+  if(NOT rc EQUAL 0 OR libraries STREQUAL "")
+    message(FATAL_ERROR "ldd could not read ${consumer} (${rc})")
+  endif()
+  if(libraries MATCHES "${forbidden}")
+    message(FATAL_ERROR "${consumer} links ${CMAKE_MATCH_0}, which its target should not bring:\n${libraries}")
+  endif()
+  message(STATUS "${consumer}: links none of ${forbidden}")
+endfunction()
+expect_links_none(kevo_core_consumer "libsqlite3|libssl|libcrypto|libsimdjson|libseccomp|libpq")
+expect_links_none(kevo_retrieval_consumer "libsqlite3|libssl|libcrypto|libseccomp|libpq|libcudart")
+expect_links_none(kevo_cuda_consumer "libsqlite3|libssl|libcrypto|libseccomp|libpq")
+expect_links_none(kevo_postgres_consumer "libsqlite3|libssl|libcrypto|libseccomp")
 # The installed kevo-search (where the build made it) finds a shipped problem by its name, in
 # share/kevo beside it, from a directory that holds no problems.
 if(EXISTS ${prefix}/bin/kevo-search)

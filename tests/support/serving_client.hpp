@@ -26,7 +26,7 @@
 #include <thread>
 #include <vector>
 
-#include "kevo/retrieval/serving.hpp"
+#include "serving.hpp"  // examples/retrieval_server: the HTTP server
 
 #if defined(KEVO_RETRIEVAL_SERVER_CUDA)
 #include "cuda_backend.hpp"  // examples/retrieval_server: make_cuda_backend

@@ -20,7 +20,7 @@
 #include <kevo/candidate.hpp>
 #include <kevo/eval/checked_run.hpp>
 #include <kevo/eval/executor.hpp>
-#include <kevo/eval/gpu_presence.hpp>
+#include <kevo/gpu_presence.hpp>
 #include <kevo/eval/harness.hpp>
 #include <kevo/eval/jail.hpp>
 #include <kevo/eval/library_headers.hpp>

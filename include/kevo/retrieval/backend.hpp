@@ -37,14 +37,29 @@ class RetrievalBackend {
   virtual std::string name() const = 0;
   virtual const Schema& schema() const = 0;
   virtual const Model& model() const = 0;
-  /// Top-K for one request; bad requests come back as errors with a message for the caller.
-  virtual expected<std::vector<ScoredAd>, Error> search(const Request& request) = 0;
-  /// Top-K for each of several requests, in order; an engine that serves a batch faster than its
-  /// requests one by one overrides this. A bad request fails the batch, naming its place in it.
-  virtual expected<std::vector<std::vector<ScoredAd>>, Error> search_batch(std::span<const Request> requests) {
+  /// Top-K for one request; a bad request comes back as an error with a message for the caller.
+  /// The request is checked here, once (check_request), and the engine takes the checked form.
+  expected<std::vector<ScoredAd>, Error> search(const Request& request) {
+    auto checked = check_request(schema(), model(), request);
+    if (!checked) return unexpected(checked.error());
+    return search_checked(*checked);
+  }
+  /// Top-K for each of several requests, in order. Every request is checked before any runs; a bad
+  /// one fails the batch, naming its place in it.
+  expected<std::vector<std::vector<ScoredAd>>, Error> search_batch(std::span<const Request> requests) {
+    auto checked = check_requests(schema(), model(), requests);
+    if (!checked) return unexpected(checked.error());
+    return search_batch_checked(*checked);
+  }
+  /// Top-K for a request that check_request accepted for this backend's schema and model. Errors
+  /// here are the engine's (a request whose vectors overflow fp16 is found only by running it).
+  virtual expected<std::vector<ScoredAd>, Error> search_checked(const CheckedRequest& request) = 0;
+  /// As search_checked for each request, in order; an engine that serves a batch faster than its
+  /// requests one by one overrides this. A failed search fails the batch, naming its place in it.
+  virtual expected<std::vector<std::vector<ScoredAd>>, Error> search_batch_checked(std::span<const CheckedRequest> requests) {
     std::vector<std::vector<ScoredAd>> all;
     for (std::size_t r = 0; r < requests.size(); ++r) {
-      auto top = search(requests[r]);
+      auto top = search_checked(requests[r]);
       if (!top) return batch_error(r, top.error());
       all.push_back(std::move(*top));
     }
@@ -102,26 +117,23 @@ class CpuRetrievalBackend final : public RetrievalBackend {
   const Schema& schema() const override { return pool_.schema(); }
   const Model& model() const override { return model_; }
 
-  expected<std::vector<ScoredAd>, Error> search(const Request& request) override {
-    if (auto ok = validate_request(pool_.schema(), model_, request); !ok) return unexpected(ok.error());
-    const RequestVectors vectors = compute_request_vectors(model_, request.features);
+  expected<std::vector<ScoredAd>, Error> search_checked(const CheckedRequest& request) override {
+    const RequestVectors vectors = compute_request_vectors(model_, request->features);
     if (auto ok = check_request_vectors(vectors); !ok) return unexpected(ok.error());
     std::shared_lock lock(mutex_);
-    return reference_search(pool_, vectors, request, threads_);
+    return reference_search(pool_, vectors, *request, threads_);
   }
 
   /// Every request of the batch sees the same pool: no update lands between them.
-  expected<std::vector<std::vector<ScoredAd>>, Error> search_batch(std::span<const Request> requests) override {
+  expected<std::vector<std::vector<ScoredAd>>, Error> search_batch_checked(std::span<const CheckedRequest> requests) override {
     std::vector<RequestVectors> vectors;
-    for (std::size_t r = 0; r < requests.size(); ++r) {  // validate all first, so a bad batch runs nothing
-      if (auto ok = validate_request(pool_.schema(), model_, requests[r]); !ok)
-        return batch_error(r, ok.error());
-      vectors.push_back(compute_request_vectors(model_, requests[r].features));
+    for (std::size_t r = 0; r < requests.size(); ++r) {  // every request's towers first, so a batch that fails runs nothing
+      vectors.push_back(compute_request_vectors(model_, requests[r]->features));
       if (auto ok = check_request_vectors(vectors.back()); !ok) return batch_error(r, ok.error());
     }
     std::shared_lock lock(mutex_);
     std::vector<std::vector<ScoredAd>> all;
-    for (std::size_t r = 0; r < requests.size(); ++r) all.push_back(reference_search(pool_, vectors[r], requests[r], threads_));
+    for (std::size_t r = 0; r < requests.size(); ++r) all.push_back(reference_search(pool_, vectors[r], *requests[r], threads_));
     return all;
   }
 
@@ -172,8 +184,7 @@ class BatchingBackend final : public RetrievalBackend {
   const Schema& schema() const override { return engine_.schema(); }
   const Model& model() const override { return engine_.model(); }
 
-  expected<std::vector<ScoredAd>, Error> search(const Request& request) override {
-    if (auto ok = validate_request(schema(), model(), request); !ok) return unexpected(ok.error());
+  expected<std::vector<ScoredAd>, Error> search_checked(const CheckedRequest& request) override {
     Waiting me{&request};
     std::unique_lock lock(mutex_);
     waiting_.push_back(&me);
@@ -183,8 +194,8 @@ class BatchingBackend final : public RetrievalBackend {
       run_oldest(lock);  // may not hold `me` when more than max_batch are waiting: then wait again
     }
   }
-  expected<std::vector<std::vector<ScoredAd>>, Error> search_batch(std::span<const Request> requests) override {
-    return engine_.search_batch(requests);
+  expected<std::vector<std::vector<ScoredAd>>, Error> search_batch_checked(std::span<const CheckedRequest> requests) override {
+    return engine_.search_batch_checked(requests);
   }
   expected<void, Error> upsert(std::span<const AdRecord> ads) override { return engine_.upsert(ads); }
   expected<void, Error> upsert_checked(const CheckedAds& ads) override { return engine_.upsert_checked(ads); }
@@ -210,7 +221,7 @@ class BatchingBackend final : public RetrievalBackend {
  private:
   using Answer = expected<std::vector<ScoredAd>, Error>;
   struct Waiting {
-    const Request* request;
+    const CheckedRequest* request;
     std::optional<Answer> answer;  // set under the lock
   };
 
@@ -237,9 +248,9 @@ class BatchingBackend final : public RetrievalBackend {
     if (batch.size() == 1) return {run_alone(*batch[0]->request)};
     std::vector<Answer> answers;
     try {
-      std::vector<Request> requests;
+      std::vector<CheckedRequest> requests;  // each refers to its caller's request: nothing copied
       for (const Waiting* w : batch) requests.push_back(*w->request);
-      auto all = engine_.search_batch(std::span<const Request>(requests.data(), requests.size()));
+      auto all = engine_.search_batch_checked(requests);
       if (all && all->size() == batch.size()) {
         for (auto& top : *all) answers.push_back(Answer(std::move(top)));
         return answers;
@@ -252,9 +263,9 @@ class BatchingBackend final : public RetrievalBackend {
     return answers;
   }
 
-  Answer run_alone(const Request& request) {
+  Answer run_alone(const CheckedRequest& request) {
     try {
-      return engine_.search(request);
+      return engine_.search_checked(request);
     } catch (const std::exception& e) {  // the engine's failure is the caller's answer, not a hang
       return make_error(std::string("search failed: ") + e.what(), ErrorKind::backend);
     }

@@ -112,8 +112,7 @@ class ShardedBackend final : public RetrievalBackend {
   const Model& model() const override { return shards_[0]->model(); }
 
   /// Every shard's answer merged; a failed shard fails the search, named.
-  expected<std::vector<ScoredAd>, Error> search(const Request& request) override {
-    if (auto ok = validate_request(schema(), model(), request); !ok) return unexpected(ok.error());
+  expected<std::vector<ScoredAd>, Error> search_checked(const CheckedRequest& request) override {
     ShardedAnswer answer = ask_all(request);
     if (!answer.complete()) return make_error(answer.failure, answer.failure_kind);
     return std::move(answer.top);
@@ -122,8 +121,9 @@ class ShardedBackend final : public RetrievalBackend {
   /// As search, but with `allow_partial` the shards that answered are merged and the failed ones
   /// listed, so that a caller can serve a marked partial answer. A bad request is still an error.
   expected<ShardedAnswer, Error> search_sharded(const Request& request) {
-    if (auto ok = validate_request(schema(), model(), request); !ok) return unexpected(ok.error());
-    ShardedAnswer answer = ask_all(request);
+    auto checked = check_request(schema(), model(), request);
+    if (!checked) return unexpected(checked.error());
+    ShardedAnswer answer = ask_all(*checked);
     if (!answer.complete() && (!options_.allow_partial || answer.failed_shards.size() == shards_.size()))
       return make_error(answer.failure, answer.failure_kind);
     return answer;
@@ -131,10 +131,8 @@ class ShardedBackend final : public RetrievalBackend {
 
   /// Each shard takes the whole batch (an engine answers a batch faster than one by one); each
   /// request's answers are merged.
-  expected<std::vector<std::vector<ScoredAd>>, Error> search_batch(std::span<const Request> requests) override {
-    for (std::size_t r = 0; r < requests.size(); ++r)
-      if (auto ok = validate_request(schema(), model(), requests[r]); !ok) return batch_error(r, ok.error());
-    auto per_shard = on_every_shard([&](RetrievalBackend& s, std::size_t) { return s.search_batch(requests); });
+  expected<std::vector<std::vector<ScoredAd>>, Error> search_batch_checked(std::span<const CheckedRequest> requests) override {
+    auto per_shard = on_every_shard([&](RetrievalBackend& s, std::size_t) { return s.search_batch_checked(requests); });
     std::vector<std::vector<ScoredAd>> merged(requests.size());
     for (std::size_t i = 0; i < per_shard.size(); ++i) {
       if (!per_shard[i]) return make_error(shard_failure(i, per_shard[i].error()), per_shard[i].error().kind);
@@ -146,7 +144,7 @@ class ShardedBackend final : public RetrievalBackend {
     for (std::size_t r = 0; r < requests.size(); ++r) {
       std::vector<std::vector<ScoredAd>> answers;
       for (auto& shard_answers : per_shard) answers.push_back(std::move((*shard_answers)[r]));
-      merged[r] = merge_ranked(std::move(answers), requests[r].k);
+      merged[r] = merge_ranked(std::move(answers), requests[r]->k);
     }
     return merged;
   }
@@ -252,8 +250,9 @@ class ShardedBackend final : public RetrievalBackend {
     }
   }
 
-  ShardedAnswer ask_all(const Request& request) {
-    auto answers = on_every_shard([&](RetrievalBackend& s, std::size_t) { return s.search(request); });
+  /// The shards are alike (one schema and model): a request checked for the pool is checked for each.
+  ShardedAnswer ask_all(const CheckedRequest& request) {
+    auto answers = on_every_shard([&](RetrievalBackend& s, std::size_t) { return s.search_checked(request); });
     ShardedAnswer out;
     std::vector<std::vector<ScoredAd>> answered;
     for (std::size_t i = 0; i < answers.size(); ++i) {
@@ -268,7 +267,7 @@ class ShardedBackend final : public RetrievalBackend {
     if (out.failed_shards.size() == shards_.size() &&
         std::all_of(answers.begin(), answers.end(), [&](const auto& a) { return a.error().message == answers[0].error().message; }))
       out.failure = answers[0].error().message;
-    out.top = merge_ranked(std::move(answered), request.k);
+    out.top = merge_ranked(std::move(answered), request->k);
     return out;
   }
 

@@ -2,7 +2,8 @@
 // (shared/spec/retrieval-model.md), and the validation every backend applies to a request.
 //
 //   kevo::retrieval::Request request{.features = x, .query = {{0, {3}}, {7, {1, 2}}}, .k = 100};
-//   if (auto ok = validate_request(schema, model, request); !ok) reply_400(ok.error().message);
+//   auto checked = check_request(schema, model, request);   // once, where the request enters
+//   if (!checked) reply_400(checked.error().message); else backend.search_checked(*checked);
 #pragma once
 
 #include <cmath>
@@ -179,6 +180,45 @@ inline expected<void, Error> validate_request(const Schema& schema, const Model&
 /// A batch's error: what went wrong with the request at `index`, naming its place in the batch.
 inline unexpected<Error> batch_error(std::size_t index, const Error& error) {
   return make_error("request " + std::to_string(index) + " of the batch: " + error.message, error.kind);
+}
+
+class CheckedRequest;
+expected<CheckedRequest, Error> check_request(const Schema& schema, const Model& model, const Request& request);
+
+/// A request that validate_request accepted for a schema and model: K in 1..kMaxK, a routing width
+/// in 1..E, known categories and values, finite features of the model's length. Only check_request
+/// makes one, where a request enters (a backend's search, the server, the pipeline's search); the
+/// engines below take this form and neither check it again nor clamp. It refers to the request and
+/// lives no longer than it does; it is valid for engines of the schema and model it was checked
+/// against (a sharded pool's shards are alike).
+class CheckedRequest {
+ public:
+  const Request& request() const { return *request_; }
+  const Request* operator->() const { return request_; }
+  const Request& operator*() const { return *request_; }
+
+ private:
+  explicit CheckedRequest(const Request& request) : request_(&request) {}
+  friend expected<CheckedRequest, Error> check_request(const Schema&, const Model&, const Request&);
+  const Request* request_;
+};
+
+inline expected<CheckedRequest, Error> check_request(const Schema& schema, const Model& model, const Request& request) {
+  if (auto ok = validate_request(schema, model, request); !ok) return unexpected(ok.error());
+  return CheckedRequest(request);
+}
+
+/// Every request of a batch checked before any runs; the first bad one's error names its place.
+inline expected<std::vector<CheckedRequest>, Error> check_requests(const Schema& schema, const Model& model,
+                                                                  std::span<const Request> requests) {
+  std::vector<CheckedRequest> checked;
+  checked.reserve(requests.size());
+  for (std::size_t r = 0; r < requests.size(); ++r) {
+    auto one = check_request(schema, model, requests[r]);
+    if (!one) return batch_error(r, one.error());
+    checked.push_back(*one);
+  }
+  return checked;
 }
 
 /// Checks one scale of an int8 pool's stored form: finite and not negative, and for int8_group32

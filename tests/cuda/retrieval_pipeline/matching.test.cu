@@ -18,7 +18,7 @@ TEST_CASE("matching and towers agree with the reference", "[cuda][matching]") {
     auto lock = pool.pipeline->index().search_lock();
     auto view = pool.pipeline->index().before_search(s.stream);
     REQUIRE(view);
-    REQUIRE(pool.pipeline->enqueue_prepare(request, s.temp, s.stream));
+    REQUIRE(pool.pipeline->enqueue_prepare(check_request(pool.pipeline->schema(), pool.pipeline->model(), request).value(), s.temp, s.stream));
     REQUIRE(pool.pipeline->enqueue_matching(*view, s.temp, s.stream));
     KEVO_GPU_ASSERT(cudaStreamSynchronize(s.stream));
     const TopKState state = s.state();

@@ -112,7 +112,7 @@ inline std::vector<std::uint32_t> device_eligible_ids(FusedRetrievalPipeline& pi
   auto lock = pipeline.index().search_lock();
   auto view = pipeline.index().before_search(s.stream);
   REQUIRE(view);
-  REQUIRE(pipeline.enqueue_prepare(request, s.temp, s.stream));
+  REQUIRE(pipeline.enqueue_prepare(check_request(pipeline.schema(), pipeline.model(), request).value(), s.temp, s.stream));
   REQUIRE(pipeline.enqueue_matching(*view, s.temp, s.stream));
   KEVO_GPU_ASSERT(cudaStreamSynchronize(s.stream));
   REQUIRE(pipeline.index().after_search(s.stream));

@@ -32,11 +32,11 @@ class CudaRetrievalBackend final : public RetrievalBackend {
   std::string name() const override { return "cuda"; }
   const Schema& schema() const override { return pipeline_->schema(); }
   const Model& model() const override { return pipeline_->model(); }
-  expected<std::vector<ScoredAd>, Error> search(const Request& request) override {
+  expected<std::vector<ScoredAd>, Error> search_checked(const CheckedRequest& request) override {
     if (auto ok = select_device(); !ok) return unexpected(ok.error());
     return pipeline_->search(request);
   }
-  expected<std::vector<std::vector<ScoredAd>>, Error> search_batch(std::span<const Request> requests) override {
+  expected<std::vector<std::vector<ScoredAd>>, Error> search_batch_checked(std::span<const CheckedRequest> requests) override {
     if (auto ok = select_device(); !ok) return unexpected(ok.error());
     return pipeline_->search_batch(requests);
   }

@@ -69,16 +69,22 @@ class FusedRetrievalPipeline final : public RetrievalDispatch {
   /// threads do better through a BatchingBackend (backend.hpp) over CudaRetrievalBackend, which
   /// answers the searches that queue as one batch.
   expected<std::vector<ScoredAd>, Error> search(const Request& request, std::uint32_t* eligible = nullptr) {
+    auto checked = check_request(schema(), model(), request);
+    if (!checked) return unexpected(checked.error());
+    return search(*checked, eligible);
+  }
+  /// As above, for a request checked where it entered (a backend's search, a server).
+  expected<std::vector<ScoredAd>, Error> search(const CheckedRequest& request, std::uint32_t* eligible = nullptr) {
     std::lock_guard lock(own_mutex_);
-    if (auto ok = search_async(request, own_temp_.get(), own_temp_bytes_, answer_output(0, request.k), own_stream_); !ok)
+    if (auto ok = search_async(request, own_temp_.get(), own_temp_bytes_, answer_output(0, request), own_stream_); !ok)
       return unexpected(ok.error());
-    KEVO_GPU_TRY(copy_answer_back(0, request.k));
+    KEVO_GPU_TRY(copy_answer_back(0, request));
     if (eligible) {  // matching's count, in the request's top-K state
       const auto* state = reinterpret_cast<const TopKState*>(static_cast<const unsigned char*>(own_temp_.get()) + temp_layout().state);
       KEVO_GPU_TRY(gpu_copy_async(eligible, &state->eligible_count, 4, own_stream_));
     }
     KEVO_GPU_TRY(gpu_stream_synchronize(own_stream_));
-    return read_answer(0, request.k);
+    return read_answer(0, request);
   }
 
   /// Searches several requests and waits for the answers, on the pipeline's own stream: groups of
@@ -87,16 +93,20 @@ class FusedRetrievalPipeline final : public RetrievalDispatch {
   /// request is checked before any runs. Each search sees every update wholly or not at all, but an
   /// update may land between two groups (or two one-by-one searches) of one batch.
   expected<std::vector<std::vector<ScoredAd>>, Error> search_batch(std::span<const Request> requests) {
+    auto checked = check_requests(schema(), model(), requests);
+    if (!checked) return unexpected(checked.error());
+    return search_batch(std::span<const CheckedRequest>(*checked));
+  }
+  /// As above, for requests checked where they entered.
+  expected<std::vector<std::vector<ScoredAd>>, Error> search_batch(std::span<const CheckedRequest> requests) {
     constexpr std::size_t group = kernels::kMaxBatchRequests;
-    for (std::size_t r = 0; r < requests.size(); ++r)
-      if (auto ok = validate_request(schema(), model(), requests[r]); !ok) return batch_error(r, ok.error());
     std::lock_guard lock(own_mutex_);
     std::vector<std::vector<ScoredAd>> all;
     for (std::size_t first = 0; first < requests.size(); first += group) {
       const std::size_t n = std::min(group, requests.size() - first);
       const auto some = requests.subspan(first, n);
       std::vector<SearchOutput> outs(n);
-      for (std::size_t r = 0; r < n; ++r) outs[r] = answer_output(r, some[r].k);
+      for (std::size_t r = 0; r < n; ++r) outs[r] = answer_output(r, some[r]);
       if (n >= static_cast<std::size_t>(policy().batch_scoring.one_pass_from)) {
         if (!own_batch_temp_) {  // the first one-pass batch pays for its temp storage (~37 B per ad of capacity)
           own_batch_temp_bytes_ = search_batch_temp_bytes();
@@ -109,10 +119,10 @@ class FusedRetrievalPipeline final : public RetrievalDispatch {
           if (auto ok = search_async(some[r], own_temp_.get(), own_temp_bytes_, outs[r], own_stream_); !ok)
             return batch_error(first + r, ok.error());
       }
-      for (std::size_t r = 0; r < n; ++r) KEVO_GPU_TRY(copy_answer_back(r, some[r].k));
+      for (std::size_t r = 0; r < n; ++r) KEVO_GPU_TRY(copy_answer_back(r, some[r]));
       KEVO_GPU_TRY(gpu_stream_synchronize(own_stream_));
       for (std::size_t r = 0; r < n; ++r) {
-        auto top = read_answer(r, some[r].k);
+        auto top = read_answer(r, some[r]);
         if (!top) return unexpected(top.error());
         all.push_back(std::move(*top));
       }
@@ -138,17 +148,18 @@ class FusedRetrievalPipeline final : public RetrievalDispatch {
   // search() and search_batch() have answer r written to slot r of own_answers_: its count, then K
   // ids, then K scores, contiguous, so that one copy into pinned memory brings it back.
   static constexpr std::size_t kAnswerWords = 1 + 2 * static_cast<std::size_t>(kMaxK);
-  SearchOutput answer_output(std::size_t r, int k) const {
-    k = std::clamp(k, 1, kMaxK);  // (a K out of range is refused before anything is written)
+  // They take the checked request: its K is in 1..kMaxK, so the slot holds its answer.
+  SearchOutput answer_output(std::size_t r, const CheckedRequest& request) const {
     std::uint32_t* slot = own_answers_.get() + r * kAnswerWords;
-    return {slot + 1, reinterpret_cast<float*>(slot + 1 + k), slot};
+    return {slot + 1, reinterpret_cast<float*>(slot + 1 + request->k), slot};
   }
-  gpu_error_t copy_answer_back(std::size_t r, int k) {
+  gpu_error_t copy_answer_back(std::size_t r, const CheckedRequest& request) {
     return gpu_copy_async(own_answers_host_.get() + r * kAnswerWords, own_answers_.get() + r * kAnswerWords,
-                          (1 + 2 * static_cast<std::size_t>(k)) * 4, own_stream_);
+                          (1 + 2 * static_cast<std::size_t>(request->k)) * 4, own_stream_);
   }
   /// Answer r, once its copy has landed.
-  expected<std::vector<ScoredAd>, Error> read_answer(std::size_t r, int k) const {
+  expected<std::vector<ScoredAd>, Error> read_answer(std::size_t r, const CheckedRequest& request) const {
+    const int k = request->k;
     const std::uint32_t* slot = own_answers_host_.get() + r * kAnswerWords;
     const std::uint32_t count = slot[0];
     if (count == kCountVectorsOverflowed) return make_error(kVectorsOverflowMessage);

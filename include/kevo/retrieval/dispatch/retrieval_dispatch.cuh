@@ -142,7 +142,14 @@ class RetrievalDispatch {
   /// Search from a fixed set of streams: the index keeps an event for each one that ever searched.
   expected<void, Error> search_async(const Request& request, void* d_temp, std::size_t temp_bytes, SearchOutput out,
                                      gpu_stream_t stream) {
-    if (auto ok = validate_request(schema(), model_, request); !ok) return ok;
+    auto checked = check_request(schema(), model_, request);
+    if (!checked) return unexpected(checked.error());
+    return search_async(*checked, d_temp, temp_bytes, out, stream);
+  }
+  /// As above, for a request checked where it entered (check_request against this pipeline's
+  /// schema and model): nothing below checks it again.
+  expected<void, Error> search_async(const CheckedRequest& request, void* d_temp, std::size_t temp_bytes, SearchOutput out,
+                                     gpu_stream_t stream) {
     const SearchTempLayout& l = layout_;
     if (d_temp == nullptr || temp_bytes < l.total) return make_error("search_async: temp storage too small");
     if (auto ok = check_alignment("search_async", d_temp, std::span(&out, 1)); !ok) return ok;
@@ -151,8 +158,8 @@ class RetrievalDispatch {
     if (!view) return unexpected(view.error());
     if (auto ok = enqueue_prepare(request, d_temp, stream); !ok) return ok;
     if (auto ok = enqueue_matching(*view, d_temp, stream); !ok) return ok;
-    if (auto ok = enqueue_scoring(*view, d_temp, request.routing, stream); !ok) return ok;
-    if (auto ok = enqueue_topk(*view, d_temp, request.k, out, stream); !ok) return ok;
+    if (auto ok = enqueue_scoring(*view, d_temp, request->routing, stream); !ok) return ok;
+    if (auto ok = enqueue_topk(*view, d_temp, request->k, out, stream); !ok) return ok;
     return index_->after_search(stream);
   }
 
@@ -167,13 +174,17 @@ class RetrievalDispatch {
   /// each request's top-K lands in its own `outs[r]`. The answers are the same as search_async's.
   expected<void, Error> search_batch_async(std::span<const Request> requests, void* d_temp, std::size_t temp_bytes,
                                            std::span<const SearchOutput> outs, gpu_stream_t stream) {
+    auto checked = check_requests(schema(), model_, requests);
+    if (!checked) return unexpected(checked.error());
+    return search_batch_async(std::span<const CheckedRequest>(*checked), d_temp, temp_bytes, outs, stream);
+  }
+  /// As above, for requests checked where they entered.
+  expected<void, Error> search_batch_async(std::span<const CheckedRequest> requests, void* d_temp, std::size_t temp_bytes,
+                                           std::span<const SearchOutput> outs, gpu_stream_t stream) {
     if (requests.empty() || requests.size() > static_cast<std::size_t>(kernels::kMaxBatchRequests))
       return make_error("search_batch_async takes 1 to " + std::to_string(kernels::kMaxBatchRequests) + " requests, not " +
                         std::to_string(requests.size()));
     if (outs.size() != requests.size()) return make_error("search_batch_async: one output per request");
-    for (std::size_t r = 0; r < requests.size(); ++r)
-      if (auto ok = validate_request(schema(), model_, requests[r]); !ok)
-        return batch_error(r, ok.error());
     const BatchTempLayout& b = batch_layout_;
     if (d_temp == nullptr || temp_bytes < b.total) return make_error("search_batch_async: temp storage too small");
     if (auto ok = check_alignment("search_batch_async", d_temp, outs); !ok) return ok;
@@ -183,7 +194,7 @@ class RetrievalDispatch {
     if (!view) return unexpected(view.error());
     KEVO_GPU_TRY(gpu_memset_async(t + b.listed, 0, 4, stream));  // first: matching follows the last tower directly
     for (std::size_t r = 0; r < requests.size(); ++r)
-      if (auto ok = prepare(requests[r], b.request, batch_region(t, r), stream); !ok) return ok;
+      if (auto ok = prepare(*requests[r], b.request, batch_region(t, r), stream); !ok) return ok;
     if (auto ok = enqueue_batch_matching(*view, t, requests.size(), stream); !ok) return ok;
     if (auto ok = enqueue_batch_scoring(*view, t, requests, stream); !ok) return ok;
     const auto* listed = reinterpret_cast<const std::uint32_t*>(t + b.listed);
@@ -194,7 +205,7 @@ class RetrievalDispatch {
           reinterpret_cast<const std::uint32_t*>(at + b.request.keys), listed,
           reinterpret_cast<TopKState*>(at + b.request.state));
       KEVO_GPU_TRY(gpu_last_error());
-      if (auto ok = topk(*view, b.request, at, list, listed, requests[r].k, outs[r], stream); !ok) return ok;
+      if (auto ok = topk(*view, b.request, at, list, listed, requests[r]->k, outs[r], stream); !ok) return ok;
     }
     return index_->after_search(stream);
   }
@@ -202,8 +213,8 @@ class RetrievalDispatch {
   // ---- the stages, for tests and benchmarks (search_async runs them in this order) ----
 
   /// Uploads features and query bits, resets top-K state and sets the bitmap, runs towers and gating keys.
-  expected<void, Error> enqueue_prepare(const Request& request, void* d_temp, gpu_stream_t stream) {
-    return prepare(request, layout_, static_cast<unsigned char*>(d_temp), stream);
+  expected<void, Error> enqueue_prepare(const CheckedRequest& request, void* d_temp, gpu_stream_t stream) {
+    return prepare(*request, layout_, static_cast<unsigned char*>(d_temp), stream);
   }
 
   /// Index matching: the eligible slots, and their count in the top-K state.
@@ -506,7 +517,7 @@ class RetrievalDispatch {
 
   /// Batched scoring over the batch's union list (128-thread blocks: every request's fragments and,
   /// with a ring, each warp's stages share one block's shared memory).
-  expected<void, Error> enqueue_batch_scoring(const IndexView& view, unsigned char* t, std::span<const Request> requests,
+  expected<void, Error> enqueue_batch_scoring(const IndexView& view, unsigned char* t, std::span<const CheckedRequest> requests,
                                               gpu_stream_t stream) {
     const BatchTempLayout& b = batch_layout_;
     kernels::ScoringRequests s{};
@@ -515,7 +526,7 @@ class RetrievalDispatch {
       s.vectors[r] = reinterpret_cast<const __half*>(at + b.request.vectors);
       s.keys[r] = reinterpret_cast<std::uint32_t*>(at + b.request.keys);
       s.chunk_max[r] = reinterpret_cast<std::uint32_t*>(at + b.request.chunk_max);
-      s.routing[r] = requests[r].routing;
+      s.routing[r] = requests[r]->routing;
     }
     s.count = static_cast<int>(requests.size());
     const BatchScoringPolicy& p = policy_.batch_scoring;

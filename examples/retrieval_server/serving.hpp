@@ -1,4 +1,7 @@
-// kevo/retrieval/serving.hpp: a Boost.Beast HTTP front end for any RetrievalBackend. JSON in
+// serving.hpp (examples/retrieval_server): a Boost.Beast HTTP front end for any RetrievalBackend.
+// An example's library, not kevo's: a serving binary links the pipeline (kevo::retrieval,
+// kevo::retrieval_cuda) into a server of its own, as Beast keeps its servers in example/. kevo's
+// server and its tests use this one, and the installed package does not carry it. JSON in
 // (simdjson), JSON out; every network operation has a timeout; a malformed request gets a 400
 // with a message and the server keeps serving. Host-only: a GPU backend is passed in as a
 // RetrievalBackend.
@@ -537,12 +540,15 @@ class RetrievalHttpServer {
   // vectors is found only by running its towers, and is the caller's.
   static HttpAnswer search_failed(const Error& e) { return error(status_for(e.kind), e.message); }
 
+  // The request is checked once, here, and the backend takes the checked form (search_checked). A
+  // CheckedRequest refers to its request, so the request is held where it will not move again.
   Prepared prepare_search(Request request) {
     using boost::beast::http::status;
-    if (auto ok = validate_request(backend_.schema(), backend_.model(), request); !ok)
-      return answer(error(status::bad_request, ok.error().message));
-    return {std::nullopt, [this, request = std::move(request)] {
-              auto top = backend_.search(request);
+    auto held = std::make_shared<const Request>(std::move(request));
+    auto checked = check_request(backend_.schema(), backend_.model(), *held);
+    if (!checked) return answer(error(status::bad_request, checked.error().message));
+    return {std::nullopt, [this, held, checked = *checked] {
+              auto top = backend_.search_checked(checked);
               if (!top) return search_failed(top.error());
               return HttpAnswer{status::ok, serving_detail::results_json(*top)};
             }, false};
@@ -550,12 +556,12 @@ class RetrievalHttpServer {
 
   Prepared prepare_batch(std::vector<Request> requests) {
     using boost::beast::http::status;
-    for (std::size_t r = 0; r < requests.size(); ++r)
-      if (auto ok = validate_request(backend_.schema(), backend_.model(), requests[r]); !ok)
-        return answer(error(status::bad_request, batch_error(r, ok.error()).error().message));
-    metrics_.batch(requests.size());
-    return {std::nullopt, [this, requests = std::move(requests)] {
-              auto answers = backend_.search_batch(std::span<const Request>(requests.data(), requests.size()));
+    auto held = std::make_shared<const std::vector<Request>>(std::move(requests));
+    auto checked = check_requests(backend_.schema(), backend_.model(), *held);
+    if (!checked) return answer(error(status::bad_request, checked.error().message));
+    metrics_.batch(held->size());
+    return {std::nullopt, [this, held, checked = std::move(*checked)] {
+              auto answers = backend_.search_batch_checked(checked);
               if (!answers) return search_failed(answers.error());
               std::string out = "{\"answers\":[";
               for (std::size_t r = 0; r < answers->size(); ++r)

@@ -1,7 +1,7 @@
-// kevo/eval/gpu_presence.hpp: whether an NVIDIA driver and at least one device are here, asked
+// kevo/gpu_presence.hpp: whether an NVIDIA driver and at least one device are here, asked
 // before any work that needs them (a cuda problem's compiles, a GPU benchmark), without linking CUDA.
 //
-//   if (auto here = kevo::eval::nvidia_device_present(); !here) return fail(here.error().message, 2);
+//   if (auto here = kevo::nvidia_device_present(); !here) return fail(here.error().message, 2);
 //   // "no NVIDIA driver or device here: cuda problems need one (no libcuda.so.1)"
 #pragma once
 
@@ -9,9 +9,9 @@
 
 #include <string>
 
-#include <dlfcn.h>  // in libc itself since glibc 2.34; kevo::kevo links ${CMAKE_DL_LIBS} for older ones
+#include <dlfcn.h>  // in libc itself since glibc 2.34; kevo::core links ${CMAKE_DL_LIBS} for older ones
 
-namespace kevo::eval {
+namespace kevo {
 
 /// The stop's own words, for those that check for it.
 inline constexpr const char* no_nvidia_device_message = "no NVIDIA driver or device here: cuda problems need one";
@@ -42,4 +42,4 @@ inline expected<void, Error> nvidia_device_present() {
   return {};
 }
 
-}  // namespace kevo::eval
+}  // namespace kevo
