@@ -33,7 +33,7 @@
 //   server.start();   // then io.run(); server.port() is the bound port
 //   server.drain(std::chrono::seconds(10), [&](bool finished) { io.stop(); });   // on SIGTERM
 //
-// Why one file of about 900 lines: the sessions, the worker queue, the drain and the metrics share
+// Why one file of about 930 lines: the sessions, the worker queue, the drain and the metrics share
 // the server's state; a request's path reads from top to bottom.
 #pragma once
 

@@ -13,7 +13,7 @@
 //   if (auto ready = evaluator.prepare(); !ready) return fail(ready.error().message);
 //   kevo::Evaluation e = evaluator.evaluate(candidate, /*seed=*/7);   // e.speedup over the reference
 //
-// Why one file of about 770 lines: the build cache, the timing gate and the reference's figures are
+// Why one file of about 1020 lines: the build cache, the timing gate and the reference's figures are
 // one object's state, which compile, evaluate, race and profile all use.
 #pragma once
 

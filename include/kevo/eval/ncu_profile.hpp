@@ -11,7 +11,7 @@
 //   kevo::Diagnostics d = kevo::eval::prefer_profile(roofline_diagnostics, *launches);
 //   fmt::print("{}\n", d.message);  // "memory-bound: DRAM 88% of peak, SM 21%; top stalls long_scoreboard 61%, ..."
 //
-// Why one file of about 470 lines: the metric names, the parser and the classifier must agree on
+// Why one file of about 500 lines: the metric names, the parser and the classifier must agree on
 // every name, and most of the file is those tables and the reasons behind each threshold.
 #pragma once
 

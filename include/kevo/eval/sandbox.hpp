@@ -22,7 +22,7 @@
 // - stdout and stderr are read through pipes with a cap; past it the group is killed;
 // - a wall-clock timeout kills the whole group; the child is always reaped.
 //
-// Why one file of about 500 lines: the plan made before fork (rlimits, uid, namespaces, descriptors)
+// Why one file of about 550 lines: the plan made before fork (rlimits, uid, namespaces, descriptors)
 // and the supervision after it are one protocol; split, the plan would travel between files.
 #pragma once
 

@@ -19,6 +19,10 @@
 //   matmul        a shared-memory tiled SGEMM with register blocking (block tile, thread tile, k step, vector
 //                 loads, register double buffering); matrix-vector products (n == 1 or m == 1) get a warp or a
 //                 block a row, or column tiles where the matrix is stored along the output index
+//
+// Why one file of about 1420 lines: most of it is the families' CUDA source, as text, beside the knob
+// domains and the launch arithmetic that fill it in; a knob's name, its domain and its use in the text
+// must agree, and they are read together.
 #pragma once
 
 #include <kevo/eval/harness.hpp>

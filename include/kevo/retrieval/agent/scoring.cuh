@@ -14,7 +14,7 @@
 //   auto tile = agent.load_tile(lane, slot_lo, slot_hi, valid_lo, valid_hi);
 //   float score = agent.score_tile(lane, tile);   // quad 0: row group, quad 1: row group + 8
 //
-// Why one file of about 560 lines: the tile's loads, the tensor-core products and the epilogue share
+// Why one file of about 610 lines: the tile's loads, the tensor-core products and the epilogue share
 // one register layout, which a split would have to restate in each part.
 #pragma once
 

@@ -16,7 +16,7 @@
 // stage runs under, which prebuilt kernel that selects, and the order of the launches; the
 // kernels are in one dispatch/*_kernels.cuh per algorithm and the per-thread work in agent/.
 //
-// Why one file of about 700 lines: each stage's launch, the temp layout it reads and the policy
+// Why one file of about 740 lines: each stage's launch, the temp layout it reads and the policy
 // checks that size its kernels must agree, and they are kept together so that they do.
 #pragma once
 
