@@ -109,7 +109,6 @@ struct CudaToolchain {
     return fmt::format("ptxas: up to {} registers, {} B shared memory, {} B spilled{}", most_registers, most_shared, most_spilled,
                        most_spilled > 0 ? " (spills: fewer registers per thread or smaller tiles)" : "");
   }
-  /// The whole toolkit (nvcc runs its own cicc, ptxas and fatbinary, and reads its headers).
   /// The command that compiles the checker's problem unit (the body and everything else go through nvcc).
   /// That unit holds no device code, so nvcc's host compiler builds it alone, without nvcc's ~4 s of passes
   /// a problem: the same g++ that compiles nvcc's host side, so both sides of the link agree.
@@ -118,6 +117,7 @@ struct CudaToolchain {
     return {host && *host ? host : "g++", "-std=c++20", "-O2", "-isystem", (toolkit_root(compiler) / "include").string()};
   }
 
+  /// The whole toolkit (nvcc runs its own cicc, ptxas and fatbinary, and reads its headers).
   static std::vector<std::filesystem::path> compiler_roots(const std::string& compiler) {
     const auto root = toolkit_root(compiler);
     if (root.empty()) return {};
