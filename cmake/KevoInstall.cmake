@@ -1,7 +1,7 @@
 include(CMakePackageConfigHelpers)
 set(KEVO_CMAKE_DIR ${CMAKE_INSTALL_DATADIR}/cmake/kevo)
 
-install(TARGETS kevo_core kevo_retrieval kevo_llm kevo_sqlite kevo_jail kevo_retrieval_cuda kevo kevo_cuda EXPORT kevoTargets)
+install(TARGETS kevo_core kevo_retrieval kevo_llm kevo_sqlite kevo_jail kevo_retrieval_cuda kevo_hip kevo kevo_cuda EXPORT kevoTargets)
 # kevo::postgres where libpq was found: a consumer's find_package(kevo) then looks for libpq too.
 if(TARGET kevo_postgres)
   install(TARGETS kevo_postgres EXPORT kevoTargets)

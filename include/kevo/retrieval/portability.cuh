@@ -1,9 +1,9 @@
 // kevo/retrieval/portability.cuh: with device_intrinsics.cuh, the one place that names the GPU
-// runtime, so that a HIP build can follow by filling in the other branch. The library's other
-// headers say gpu_* and KEVO_GPU_* for the runtime and gpu_cub for CUB (hipCUB mirrors it), and
-// inline PTX lives only in device_intrinsics.cuh. Device
-// code still calls CUDA's intrinsics by name (__shfl_xor_sync, __reduce_max_sync, __vcmpeq4,
-// __half) and assumes 32-lane warps: the HIP issue wraps what HIP lacks and handles 64-lane waves.
+// runtime, for CUDA (nvcc) and HIP on AMD (hipcc; KEVO_GPU_AMD, set there). The library's other
+// headers say gpu_* and KEVO_GPU_* for the runtime, gpu_cub for CUB's algorithms (rocPRIM behind
+// CUB's names on AMD: kevo/retrieval/rocprim_cub.cuh), and device_intrinsics.cuh's gpu_* for warp
+// intrinsics and inline PTX. Where AMD lacks a feature (programmatic dependent launch) the HIP
+// branch takes the plain path, said beside it.
 //
 //   kevo::retrieval::gpu_stream_t stream;
 //   KEVO_GPU_TRY(gpu_stream_create(&stream));   // returns kevo::Error from the enclosing function
@@ -14,6 +14,7 @@
 #include <cstdlib>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -22,21 +23,33 @@
 #include "kevo/expected.hpp"
 #include "kevo/retrieval/device_intrinsics.cuh"
 
-#if !defined(__HIPCC__)
+#if KEVO_GPU_AMD
+#include <hip/hip_cooperative_groups.h>
+#include "kevo/retrieval/rocprim_cub.cuh"
+#else
 #include <cooperative_groups.h>
 #include <cub/cub.cuh>
 #endif
 
 namespace kevo::retrieval {
 
+#if KEVO_GPU_AMD
+using gpu_error_t = hipError_t;
+using gpu_stream_t = hipStream_t;
+using gpu_event_t = hipEvent_t;
+inline constexpr gpu_error_t gpu_success = hipSuccess;
+inline constexpr gpu_error_t gpu_error_out_of_memory = hipErrorOutOfMemory;
+namespace gpu_cub = ::kevo::retrieval::rocprim_cub;
+inline const char* gpu_error_string(gpu_error_t e) { return hipGetErrorString(e); }
+#else
 using gpu_error_t = cudaError_t;
 using gpu_stream_t = cudaStream_t;
 using gpu_event_t = cudaEvent_t;
 inline constexpr gpu_error_t gpu_success = cudaSuccess;
 inline constexpr gpu_error_t gpu_error_out_of_memory = cudaErrorMemoryAllocation;
 namespace gpu_cub = ::cub;
-
 inline const char* gpu_error_string(gpu_error_t e) { return cudaGetErrorString(e); }
+#endif
 
 /// Turns a runtime error code into kevo::Error, naming the call.
 inline expected<void, Error> gpu_check(gpu_error_t e, const char* what) {
@@ -50,6 +63,103 @@ inline expected<void, Error> gpu_check(gpu_error_t e, const char* what) {
 // twin in one place. Copies name no direction: unified addressing tells the runtime (both
 // runtimes' "default" kind). Streams are non-blocking and events untimed, the only kinds used.
 
+#if KEVO_GPU_AMD
+// HIP on AMD: each wrapper's hip* twin, in the order of the CUDA branch below.
+template <class T>
+gpu_error_t gpu_malloc(T** pointer, std::size_t bytes) { return hipMalloc(reinterpret_cast<void**>(pointer), bytes); }
+inline gpu_error_t gpu_free(void* pointer) { return hipFree(pointer); }
+template <class T>
+gpu_error_t gpu_malloc_host(T** pointer, std::size_t bytes) {
+  return hipHostMalloc(reinterpret_cast<void**>(pointer), bytes, hipHostMallocDefault);
+}
+inline gpu_error_t gpu_free_host(void* pointer) { return hipHostFree(pointer); }
+inline gpu_error_t gpu_copy(void* dst, const void* src, std::size_t bytes) {
+  return hipMemcpy(dst, src, bytes, hipMemcpyDefault);
+}
+inline gpu_error_t gpu_copy_async(void* dst, const void* src, std::size_t bytes, gpu_stream_t stream) {
+  return hipMemcpyAsync(dst, src, bytes, hipMemcpyDefault, stream);
+}
+inline gpu_error_t gpu_memset(void* dst, int value, std::size_t bytes) { return hipMemset(dst, value, bytes); }
+inline gpu_error_t gpu_memset_async(void* dst, int value, std::size_t bytes, gpu_stream_t stream) {
+  return hipMemsetAsync(dst, value, bytes, stream);
+}
+inline gpu_error_t gpu_last_error() { return hipGetLastError(); }
+inline gpu_error_t gpu_stream_create(gpu_stream_t* stream) { return hipStreamCreateWithFlags(stream, hipStreamNonBlocking); }
+inline gpu_error_t gpu_stream_destroy(gpu_stream_t stream) { return hipStreamDestroy(stream); }
+inline gpu_error_t gpu_stream_synchronize(gpu_stream_t stream) { return hipStreamSynchronize(stream); }
+inline gpu_error_t gpu_stream_wait_event(gpu_stream_t stream, gpu_event_t event) { return hipStreamWaitEvent(stream, event, 0); }
+inline gpu_error_t gpu_event_create(gpu_event_t* event) { return hipEventCreateWithFlags(event, hipEventDisableTiming); }
+inline gpu_error_t gpu_event_destroy(gpu_event_t event) { return hipEventDestroy(event); }
+inline gpu_error_t gpu_event_record(gpu_event_t event, gpu_stream_t stream) { return hipEventRecord(event, stream); }
+inline gpu_error_t gpu_event_synchronize(gpu_event_t event) { return hipEventSynchronize(event); }
+inline gpu_error_t gpu_device_synchronize() { return hipDeviceSynchronize(); }
+inline gpu_error_t gpu_current_device(int* device) { return hipGetDevice(device); }
+inline gpu_error_t gpu_set_device(int device) { return hipSetDevice(device); }
+inline gpu_error_t gpu_multiprocessor_count(int* count, int device) {
+  return hipDeviceGetAttribute(count, hipDeviceAttributeMultiprocessorCount, device);
+}
+/// AMD has no opt-in beyond the per-block limit (its LDS): that limit is the most one block gets.
+inline gpu_error_t gpu_max_shared_memory_optin(int* bytes, int device) {
+  return hipDeviceGetAttribute(bytes, hipDeviceAttributeMaxSharedMemoryPerBlock, device);
+}
+template <class Kernel>
+gpu_error_t gpu_resident_blocks(int* blocks, Kernel* kernel, int threads, std::size_t dynamic_shared) {
+  return hipOccupancyMaxActiveBlocksPerMultiprocessor(blocks, kernel, threads, dynamic_shared);
+}
+template <class Kernel>
+std::size_t gpu_static_shared_bytes(Kernel* kernel) {
+  hipFuncAttributes attributes{};
+  if (hipFuncGetAttributes(&attributes, reinterpret_cast<const void*>(kernel)) != hipSuccess) return 0;
+  return attributes.sharedSizeBytes;
+}
+inline gpu_error_t gpu_allow_dynamic_shared(const void* kernel, int bytes) {
+  return hipFuncSetAttribute(kernel, hipFuncAttributeMaxDynamicSharedMemorySize, bytes);
+}
+inline gpu_error_t gpu_device_name(std::string* name, int device) {
+  hipDeviceProp_t properties{};
+  const gpu_error_t e = hipGetDeviceProperties(&properties, device);
+  if (e == hipSuccess) *name = properties.name;
+  return e;
+}
+/// HIP's version is major * 10^7 + minor * 10^5 + patch: "5.2" for HIP 5.2.
+inline gpu_error_t gpu_runtime_version(std::string* version) {
+  int v = 0;
+  const gpu_error_t e = hipRuntimeGetVersion(&v);
+  if (e == hipSuccess) *version = std::to_string(v / 10000000) + "." + std::to_string(v / 100000 % 100);
+  return e;
+}
+inline int gpu_device_count() {
+  int n = 0;
+  if (hipGetDeviceCount(&n) != hipSuccess) {
+    (void)gpu_last_error();
+    return 0;
+  }
+  return n;
+}
+
+namespace detail {
+/// An ordinary launch, or a cooperative one (which takes its arguments as an array of pointers).
+/// `after_prior` has no AMD counterpart (no programmatic dependent launch): the launch waits for the
+/// grid before it by stream order, and gpu_wait_for_prior_grid() returns at once.
+template <class... Params, class... Args>
+gpu_error_t launch(bool after_prior, bool cooperative, void (*kernel)(Params...), dim3 grid, dim3 block,
+                   std::size_t dynamic_shared, gpu_stream_t stream, Args&&... args) {
+  (void)after_prior;
+  if (!cooperative) {
+    kernel<<<grid, block, dynamic_shared, stream>>>(std::forward<Args>(args)...);
+    return hipGetLastError();
+  }
+  std::tuple<Params...> values{std::forward<Args>(args)...};
+  return std::apply(
+      [&](auto&... value) {
+        void* pointers[] = {static_cast<void*>(&value)..., nullptr};
+        return hipLaunchCooperativeKernel(reinterpret_cast<const void*>(kernel), grid, block, pointers,
+                                          static_cast<unsigned>(dynamic_shared), stream);
+      },
+      values);
+}
+}  // namespace detail
+#else
 template <class T>
 gpu_error_t gpu_malloc(T** pointer, std::size_t bytes) { return cudaMalloc(reinterpret_cast<void**>(pointer), bytes); }
 inline gpu_error_t gpu_free(void* pointer) { return cudaFree(pointer); }
@@ -151,6 +261,7 @@ gpu_error_t launch(bool after_prior, bool cooperative, void (*kernel)(Params...)
   return cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
 }
 }  // namespace detail
+#endif
 
 /// Launches `kernel` as a programmatic dependent of the kernel before it on `stream` (Hopper): the
 /// grid is scheduled while that one drains, instead of after, and must call
@@ -184,10 +295,10 @@ __device__ __forceinline__ void gpu_grid_sync() { cooperative_groups::this_grid(
 /// Long-lived allocations owned by one object (the index's arrays, the pipeline's weights): freed
 /// with their owner, moved with it, never copied (std::unique_ptr with the runtime's free).
 struct GpuFree {
-  void operator()(void* p) const { gpu_free(p); }
+  void operator()(void* p) const { (void)gpu_free(p); }
 };
 struct GpuFreeHost {
-  void operator()(void* p) const { gpu_free_host(p); }
+  void operator()(void* p) const { (void)gpu_free_host(p); }
 };
 template <class T>
 using DeviceBuffer = std::unique_ptr<T, GpuFree>;
@@ -214,7 +325,7 @@ class GpuScratch {
   GpuScratch(const GpuScratch&) = delete;
   GpuScratch& operator=(const GpuScratch&) = delete;
   ~GpuScratch() {
-    for (void* p : owned_) gpu_free(p);
+    for (void* p : owned_) (void)gpu_free(p);
   }
   template <class T>
   gpu_error_t allocate(T*& out, std::size_t count) {

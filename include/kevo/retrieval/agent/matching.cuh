@@ -84,9 +84,11 @@ __host__ __device__ inline std::uint32_t home(std::uint32_t bit, std::uint32_t s
 }
 }  // namespace table_entry
 
+/// No default member initializers: the matching kernel keeps an array of these in shared memory,
+/// which clang (HIP) allows only for trivially constructible types; `{}` still zeroes one.
 struct PostingRange {
-  std::uint64_t begin = 0;
-  std::uint32_t count = 0;
+  std::uint64_t begin;
+  std::uint32_t count;
 };
 
 /// The postings of `bit` in one segment (count 0 where none). A table is under half full, so a
@@ -133,7 +135,7 @@ __device__ __forceinline__ bool walk_clause_run(const std::uint32_t* clauses, st
 __device__ __forceinline__ std::uint32_t indexed_eligible4(std::uint32_t headers, std::uint32_t masks) {
   // Byte j equals 0x80 exactly when the ad is indexed and mask == need (need < 0x80, so an
   // exclusion's bit 7 in the mask never matches).
-  const std::uint32_t equal = __vcmpeq4(headers ^ 0x80808080u, masks) & headers & 0x80808080u;
+  const std::uint32_t equal = gpu_bytes_equal(headers ^ 0x80808080u, masks) & headers & 0x80808080u;
   return ((equal >> 7) * 0x01020408u) >> 24 & 0xfu;  // gathers bit 7 of byte j into bit j
 }
 

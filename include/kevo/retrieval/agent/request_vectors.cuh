@@ -16,7 +16,7 @@ __device__ __forceinline__ float warp_dot(const float* row, const float* x, int 
   float acc = 0.0f;
   for (int i = lane; i < n; i += 32) acc = __fmaf_rn(row[i], x[i], acc);
 #pragma unroll
-  for (int offset = 16; offset > 0; offset /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, offset);
+  for (int offset = 16; offset > 0; offset /= 2) acc += gpu_shfl_xor(gpu_all_lanes, acc, offset);
   return acc;
 }
 

@@ -305,7 +305,7 @@ struct AgentScoring {
     t.scale = Type == EmbeddingType::int8 ? stage.side[lane][Shape::side - 1] : 1.0f;
     if constexpr (Shape::group_scales) {
       // Rows group and group + 8 of this tile are scored, and their records copied, by lanes
-      // 4 group + 2 tile and + 1: the ring's wait and __syncwarp come before any consumer reads.
+      // 4 group + 2 tile and + 1: the ring's wait and gpu_sync_lanes come before any consumer reads.
       const int group = lane >> 2, quad = lane & 3;
       const int tail = Shape::side - Shape::scale_words;
       pick_group_scales(quad, reinterpret_cast<const std::uint32_t*>(&stage.side[4 * group + 2 * tile][tail]), t.group_lo);
@@ -371,10 +371,10 @@ struct AgentScoring {
     h.score[1] = odd ? acc_u[3] : acc_u[1];
     h.logit[0] = odd ? acc_g[2] : acc_g[0];
     h.logit[1] = odd ? acc_g[3] : acc_g[1];
-    h.score[2] = __shfl_xor_sync(0xffffffffu, odd ? acc_u[0] : acc_u[2], 1);
-    h.score[3] = __shfl_xor_sync(0xffffffffu, odd ? acc_u[1] : acc_u[3], 1);
-    h.logit[2] = __shfl_xor_sync(0xffffffffu, odd ? acc_g[0] : acc_g[2], 1);
-    h.logit[3] = __shfl_xor_sync(0xffffffffu, odd ? acc_g[1] : acc_g[3], 1);
+    h.score[2] = gpu_shfl_xor(gpu_all_lanes, odd ? acc_u[0] : acc_u[2], 1);
+    h.score[3] = gpu_shfl_xor(gpu_all_lanes, odd ? acc_u[1] : acc_u[3], 1);
+    h.logit[2] = gpu_shfl_xor(gpu_all_lanes, odd ? acc_g[0] : acc_g[2], 1);
+    h.logit[3] = gpu_shfl_xor(gpu_all_lanes, odd ? acc_g[1] : acc_g[3], 1);
     return h;
   }
 
@@ -503,8 +503,8 @@ struct AgentScoring {
     HalfRow other;
 #pragma unroll
     for (int p = 0; p < 4; ++p) {
-      other.score[p] = __shfl_xor_sync(0xffffffffu, mine.score[p], 2);
-      other.logit[p] = __shfl_xor_sync(0xffffffffu, mine.logit[p], 2);
+      other.score[p] = gpu_shfl_xor(gpu_all_lanes, mine.score[p], 2);
+      other.logit[p] = gpu_shfl_xor(gpu_all_lanes, mine.logit[p], 2);
     }
     return route(quad, mine, other, tile.bias, tile.scale);
   }
@@ -526,8 +526,8 @@ struct AgentScoring {
     for (int p = 0; p < 4; ++p) {
       mine.score[p] = upper ? second_half.score[p] : first_half.score[p];
       mine.logit[p] = upper ? second_half.logit[p] : first_half.logit[p];
-      other.score[p] = __shfl_xor_sync(0xffffffffu, upper ? first_half.score[p] : second_half.score[p], 2);
-      other.logit[p] = __shfl_xor_sync(0xffffffffu, upper ? first_half.logit[p] : second_half.logit[p], 2);
+      other.score[p] = gpu_shfl_xor(gpu_all_lanes, upper ? first_half.score[p] : second_half.score[p], 2);
+      other.logit[p] = gpu_shfl_xor(gpu_all_lanes, upper ? first_half.logit[p] : second_half.logit[p], 2);
     }
     return route(quad, mine, other, upper ? second.bias : first.bias, upper ? second.scale : first.scale);
   }
@@ -586,8 +586,8 @@ struct AgentScoring {
       for (int p = 0; p < 4; ++p) {
         mine[r].score[p] = upper ? second_half[r].score[p] : first_half[r].score[p];
         mine[r].logit[p] = upper ? second_half[r].logit[p] : first_half[r].logit[p];
-        other[r].score[p] = __shfl_xor_sync(0xffffffffu, upper ? first_half[r].score[p] : second_half[r].score[p], 2);
-        other[r].logit[p] = __shfl_xor_sync(0xffffffffu, upper ? first_half[r].logit[p] : second_half[r].logit[p], 2);
+        other[r].score[p] = gpu_shfl_xor(gpu_all_lanes, upper ? first_half[r].score[p] : second_half[r].score[p], 2);
+        other[r].logit[p] = gpu_shfl_xor(gpu_all_lanes, upper ? first_half[r].logit[p] : second_half[r].logit[p], 2);
       }
     const float bias = upper ? second.bias : first.bias, scale = upper ? second.scale : first.scale;
     bool top_two = true;

@@ -30,32 +30,32 @@ struct AgentTopKSelect {
 
   /// Finds the digit at `level` that holds the K-th key; marks the state done when the ads at that
   /// digit number at most `cap` (or no level is left). One block runs this. It reads past L1
-  /// (__ldcg) what other blocks wrote, which in one cooperative launch may be newer than L1's copy.
+  /// (gpu_load_past_l1) what other blocks wrote, which in one cooperative launch may be newer than L1's copy.
   __device__ static void select(int thread_rank, TopKState* state, int level, std::uint32_t k, std::uint32_t cap,
                                 TempStorage& storage) {
-    if (level == 0 && __ldcg(&state->eligible_count) <= k) {
+    if (level == 0 && gpu_load_past_l1(&state->eligible_count) <= k) {
       if (thread_rank == 0) {
         state->threshold = 1ull << 32;  // every eligible ad: key >= 1 (a batch's key 0 marks an ad not eligible)
         state->done = 1;
       }
       return;
     }
-    const std::uint32_t k_remaining = level == 0 ? k : __ldcg(&state->k_remaining);
+    const std::uint32_t k_remaining = level == 0 ? k : gpu_load_past_l1(&state->k_remaining);
     const std::uint32_t* histogram = state->histogram[level];
     // Thread 0 takes the highest bins, so an exclusive sum counts the keys above each range.
     const int top_bin = kTopKBins - 1 - thread_rank * bins_per_thread;
     std::uint32_t sum = 0;
-    for (int i = 0; i < bins_per_thread; ++i) sum += __ldcg(histogram + top_bin - i);
+    for (int i = 0; i < bins_per_thread; ++i) sum += gpu_load_past_l1(histogram + top_bin - i);
     std::uint32_t above = 0;
     Scan(storage.scan).ExclusiveSum(sum, above);
     if (above < k_remaining && above + sum >= k_remaining) {
       int bin = top_bin;
-      std::uint32_t count = __ldcg(histogram + bin);
+      std::uint32_t count = gpu_load_past_l1(histogram + bin);
       while (above + count < k_remaining) {
         above += count;
-        count = __ldcg(histogram + --bin);
+        count = gpu_load_past_l1(histogram + --bin);
       }
-      const unsigned long long previous = level == 0 ? 0ull : __ldcg(&state->prefix);
+      const unsigned long long previous = level == 0 ? 0ull : gpu_load_past_l1(&state->prefix);
       const unsigned long long prefix = (previous << topk_level_bits(level)) | static_cast<unsigned long long>(bin);
       state->prefix = prefix;
       state->k_remaining = k_remaining - above;

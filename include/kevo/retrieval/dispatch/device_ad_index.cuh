@@ -172,12 +172,12 @@ class DeviceAdIndex {
 
   ~DeviceAdIndex() {
     // Updates still in flight read the staging (the buffers are freed after this, as members).
-    if (update_stream_) gpu_stream_synchronize(update_stream_);
+    if (update_stream_) (void)gpu_stream_synchronize(update_stream_);
     for (StagingBuffer& b : staging_)
-      if (b.consumed) gpu_event_destroy(b.consumed);
-    for (auto& [stream, event] : search_events_) gpu_event_destroy(event);
-    if (updated_) gpu_event_destroy(updated_);
-    if (update_stream_) gpu_stream_destroy(update_stream_);
+      if (b.consumed) (void)gpu_event_destroy(b.consumed);
+    for (auto& [stream, event] : search_events_) (void)gpu_event_destroy(event);
+    if (updated_) (void)gpu_event_destroy(updated_);
+    if (update_stream_) (void)gpu_stream_destroy(update_stream_);
   }
   DeviceAdIndex(const DeviceAdIndex&) = delete;
   DeviceAdIndex& operator=(const DeviceAdIndex&) = delete;

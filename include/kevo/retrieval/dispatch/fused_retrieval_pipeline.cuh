@@ -43,7 +43,7 @@ class FusedRetrievalPipeline final : public RetrievalDispatch {
   }
 
   ~FusedRetrievalPipeline() override {  // (the owned buffers are freed after this, as members)
-    if (own_stream_) gpu_stream_destroy(own_stream_);
+    if (own_stream_) (void)gpu_stream_destroy(own_stream_);
   }
 
   /// set_policy, and the owned temp storage grown to match (waiting for the own stream first).

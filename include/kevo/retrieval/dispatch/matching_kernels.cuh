@@ -208,7 +208,7 @@ __global__ void __launch_bounds__(BlockThreads, 1536 / BlockThreads)  // 48 warp
         const std::uint32_t b[4] = {bytes.x, bytes.y, bytes.z, bytes.w};
         std::uint32_t f = 0;
 #pragma unroll
-        for (int k = 0; k < 4; ++k) f |= (__vcmpne4(b[k], 0u) & 0x01010101u) * 0x01020408u >> 24 << (4 * k);
+        for (int k = 0; k < 4; ++k) f |= (gpu_bytes_differ(b[k], 0u) & 0x01010101u) * 0x01020408u >> 24 << (4 * k);
         flags[l] = f;
         total += __popc(f);
       }

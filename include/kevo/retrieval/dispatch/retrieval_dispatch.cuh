@@ -101,7 +101,7 @@ class RetrievalDispatch {
   }
   virtual ~RetrievalDispatch() {  // (the device buffers are freed after this, as members)
     for (Upload& u : uploads_)
-      if (u.done) gpu_event_destroy(u.done);
+      if (u.done) (void)gpu_event_destroy(u.done);
   }
   RetrievalDispatch(const RetrievalDispatch&) = delete;
   RetrievalDispatch& operator=(const RetrievalDispatch&) = delete;

@@ -56,7 +56,7 @@ struct ScoringBlock {
 /// skips chunks by it), and `largest` starts again.
 __device__ __forceinline__ void finish_chunk(std::uint32_t& largest, std::uint32_t* chunk_max, std::uint32_t chunk,
                                              int lane) {
-  largest = __reduce_max_sync(0xffffffffu, largest);
+  largest = gpu_reduce_max(gpu_all_lanes, largest);
   if (lane == 0) chunk_max[chunk] = largest;
   largest = 0;
 }
@@ -78,7 +78,7 @@ __device__ __forceinline__ void stream_loaded_tiles(const AgentScoring<Dim, Type
   for (std::uint32_t chunk = first_chunk; chunk < chunks; chunk += stride) {
     const std::uint32_t begin = chunk * chunk_size, length = min(count - begin, chunk_size);
     for (std::uint32_t i = lane; i < length; i += 32) slots[i] = __ldg(eligible_list + begin + i);
-    __syncwarp();
+    gpu_sync_lanes(gpu_all_lanes);
     for (std::uint32_t tile = 0; tile < length; tile += 16 * TilesInFlight) {
       typename AgentScoring<Dim, Type>::Tile loaded[TilesInFlight];
 #pragma unroll
@@ -89,7 +89,7 @@ __device__ __forceinline__ void stream_loaded_tiles(const AgentScoring<Dim, Type
       }
       consume(loaded, begin, length, tile);
     }
-    __syncwarp();  // the next chunk overwrites the staged slots
+    gpu_sync_lanes(gpu_all_lanes);  // the next chunk overwrites the staged slots
     chunk_done(chunk);
   }
 }
@@ -188,7 +188,7 @@ __device__ __forceinline__ void stream_staged_pairs(const AgentScoring<Dim, Type
         // Chunk j's slots were fetched with the first pair of chunk j - 1, which the caller's wait
         // already covers when a chunk has at least Stages - 1 pairs; otherwise wait for them here.
         if (pairs_per_chunk + 1 < static_cast<std::uint32_t>(Stages)) gpu_copy_async_wait<0>();
-        __syncwarp();
+        gpu_sync_lanes(gpu_all_lanes);
         fetch_slots(at.chunk + 1);  // buffer (j + 1) % 2 was last read while issuing chunk j - 1
       }
       agent.stage_pair(lane, ring[at.stage], slot_buffers + (at.chunk & 1u) * chunk_size, at.pair * 32u,
@@ -201,13 +201,13 @@ __device__ __forceinline__ void stream_staged_pairs(const AgentScoring<Dim, Type
   fetch_slots(0);
   gpu_copy_async_commit();
   gpu_copy_async_wait<0>();
-  __syncwarp();
+  gpu_sync_lanes(gpu_all_lanes);
   StagedCursor<Stages> producer, consumer;
 #pragma unroll
   for (int q = 0; q < Stages - 1; ++q) produce(producer);
   for (; consumer.sequence < total_pairs; consumer.step(pairs_per_chunk)) {
     gpu_copy_async_wait<Stages - 2>();  // the consumer's pair has landed (the newest commit is Stages - 2 later)
-    __syncwarp();
+    gpu_sync_lanes(gpu_all_lanes);
     produce(producer);
     const std::uint32_t begin = chunk_begin(consumer.chunk), length = chunk_length(consumer.chunk);
     if (consumer.pair * 32u < length) consume(ring[consumer.stage], begin, length, consumer.pair);
@@ -310,7 +310,7 @@ __global__ void __launch_bounds__(BlockThreads)
 #pragma unroll
       for (int i = 0; i < Group; ++i) widths[i] = requests.routing[min(first_request + i, last)];
       float score[Group];
-      agent.score_tile_pair_group<Group>(lane, first, second, fragments + first_request, widths, score);
+      agent.template score_tile_pair_group<Group>(lane, first, second, fragments + first_request, widths, score);
 #pragma unroll
       for (int i = 0; i < Group; ++i) {
         const int r = first_request + i;

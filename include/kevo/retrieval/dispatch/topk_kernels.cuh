@@ -79,7 +79,7 @@ __global__ void __launch_bounds__(BlockThreads)
 /// One level of the radix select by this block: histograms the next digit of the ads that share
 /// the resolved prefix, and the block that finishes last resolves the level (no launch of its own:
 /// top-K's cost at small pools is mostly launches). `count`: how many positions the keys and
-/// `eligible_list` hold. State written by other blocks is read past L1 (__ldcg): in one cooperative
+/// `eligible_list` hold. State written by other blocks is read past L1 (gpu_load_past_l1): in one cooperative
 /// launch a block reads it again after each grid barrier.
 template <int BlockThreads>
 __device__ __forceinline__ void refine_level(const IndexView& index, const std::uint32_t* eligible_list,
@@ -93,7 +93,7 @@ __device__ __forceinline__ void refine_level(const IndexView& index, const std::
   const int rank = static_cast<int>(threadIdx.x);
   for (int i = rank; i < kTopKBins; i += BlockThreads) histogram[i] = 0;
   __syncthreads();
-  const unsigned long long prefix = __ldcg(&state->prefix);
+  const unsigned long long prefix = gpu_load_past_l1(&state->prefix);
   const int prefix_shift = topk_level_shift(level - 1), shift = topk_level_shift(level);
   const std::uint64_t digit_mask = (1ull << topk_level_bits(level)) - 1ull;
   const std::uint32_t chunks = (count + chunk_size - 1) / chunk_size;
@@ -128,7 +128,7 @@ __device__ __forceinline__ void compact_candidates(const IndexView& index, const
                                                    const std::uint32_t* keys, const std::uint32_t* chunk_max,
                                                    std::uint32_t count, TopKState* state, std::uint32_t chunk_size,
                                                    unsigned long long* candidates, std::uint32_t capacity) {
-  const unsigned long long threshold = __ldcg(&state->threshold);
+  const unsigned long long threshold = gpu_load_past_l1(&state->threshold);
   const std::uint32_t chunks = (count + chunk_size - 1) / chunk_size;
   const auto rank = static_cast<std::uint32_t>(threadIdx.x);
   for_each_hot_chunk<BlockThreads>(
@@ -184,7 +184,7 @@ __global__ void __launch_bounds__(BlockThreads)
   gpu_grid_sync();
   const std::uint32_t count = *listed;
   // Every block reads `done` after the same barrier, so all leave the loop at the same level.
-  for (int level = 1; level < kTopKLevels && !__ldcg(&state->done); ++level) {
+  for (int level = 1; level < kTopKLevels && !gpu_load_past_l1(&state->done); ++level) {
     refine_level<BlockThreads>(index, eligible_list, keys, chunk_max, count, state, level, chunk_size, k, cap);
     gpu_grid_sync();
   }
@@ -342,7 +342,7 @@ __global__ void __launch_bounds__(kTopKRankThreads)
     before += (pair.x > key) + (pair.y > key);
   }
 #pragma unroll
-  for (int offset = kTopKRankLanesPerCandidate / 2; offset > 0; offset /= 2) before += __shfl_xor_sync(~0u, before, offset);
+  for (int offset = kTopKRankLanesPerCandidate / 2; offset > 0; offset /= 2) before += gpu_shfl_xor(gpu_all_lanes, before, offset);
   if (lane == 0 && mine < count && before < results) write_result(key, before, out_ids, out_scores);
 }
 

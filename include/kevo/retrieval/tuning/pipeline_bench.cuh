@@ -65,7 +65,7 @@ __global__ void fill_embeddings(void* rows, float* side_values, const std::uint3
     for (int k = lane; k < dim; k += 32) {
       const float a = hashed_normal(seed, ad, k) * sigma;
       float group_max = fabsf(a);
-      for (int o = 16; o > 0; o /= 2) group_max = fmaxf(group_max, __shfl_xor_sync(0xffffffffu, group_max, o));
+      for (int o = 16; o > 0; o /= 2) group_max = fmaxf(group_max, gpu_shfl_xor(gpu_all_lanes, group_max, o));
       __half scale = __float2half_rn(group_max / 127.0f);
       if (127.0f * __half2float(scale) > 65504.0f) scale = __ushort_as_half(__half_as_ushort(scale) - 1);
       const float s = __half2float(scale);
@@ -78,7 +78,7 @@ __global__ void fill_embeddings(void* rows, float* side_values, const std::uint3
   const bool int8 = type == EmbeddingType::int8;
   float max_abs = 0.0f;
   for (int k = lane; k < dim; k += 32) max_abs = fmaxf(max_abs, fabsf(hashed_normal(seed, ad, k) * sigma));
-  for (int o = 16; o > 0; o /= 2) max_abs = fmaxf(max_abs, __shfl_xor_sync(0xffffffffu, max_abs, o));
+  for (int o = 16; o > 0; o /= 2) max_abs = fmaxf(max_abs, gpu_shfl_xor(gpu_all_lanes, max_abs, o));
   const float scale = max_abs / 127.0f;
   for (int k = lane; k < dim; k += 32) {
     const float a = hashed_normal(seed, ad, k) * sigma;
