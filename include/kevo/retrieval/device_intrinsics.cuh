@@ -78,8 +78,10 @@ __device__ __forceinline__ void gpu_sync_lanes(gpu_lane_mask_t lanes) {
 
 /// The largest `value` over `lanes`, returned to each of them.
 __device__ __forceinline__ std::uint32_t gpu_reduce_max(gpu_lane_mask_t lanes, std::uint32_t value) {
-#if KEVO_GPU_AMD
-  for (int distance = gpu_warp_size / 2; distance > 0; distance /= 2) {  // no reduce instruction: a butterfly
+  // AMD has no reduce instruction, and clang 15 (the candidate screen's CUDA parser) does not declare
+  // nvcc's __reduce_max_sync: both take a butterfly over the warp.
+#if KEVO_GPU_AMD || defined(__clang__)
+  for (int distance = gpu_warp_size / 2; distance > 0; distance /= 2) {
     const std::uint32_t other = gpu_shfl_xor(lanes, value, distance);
     value = other > value ? other : value;
   }

@@ -1,8 +1,8 @@
 // Scoring's routing tournament (agent/scoring.cuh's top_two_experts), checked on the host against
 // the spec's rule read plainly: order the experts by larger logit, then lower index, and take the
-// first two. It needs no GPU, so this runs in CI too. Logits are drawn from four values (one of
+// first two. It needs no GPU: a [host] test, run in CI too. Logits are drawn from four values (one of
 // them -inf, as masked experts are) so that ties, which decide by expert index, are common.
-#define CATCH_CONFIG_MAIN
+// (One of the files of test_cuda_retrieval_pipeline; its main is main.cu.)
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -15,7 +15,7 @@
 using namespace kevo::retrieval;
 
 TEST_CASE("routing's tournament picks the spec's top two experts, ties to the lower index, for every lane layout",
-          "[retrieval][scoring]") {
+          "[host][retrieval][scoring]") {
   const std::array<float, 4> values{-1.0f, 0.5f, 2.0f, -INFINITY};
   int checked = 0, tied = 0;
   for (int quad = 0; quad < 4; ++quad)
@@ -43,7 +43,7 @@ TEST_CASE("routing's tournament picks the spec's top two experts, ties to the lo
   CHECK(tied > checked / 2);  // the draw does exercise the tie rule
 }
 
-TEST_CASE("each lane layout holds every expert once, pairs of neighbours together", "[retrieval][scoring]") {
+TEST_CASE("each lane layout holds every expert once, pairs of neighbours together", "[host][retrieval][scoring]") {
   for (int quad = 0; quad < 4; ++quad) {
     std::array<int, 8> held{};
     for (int p = 0; p < 8; ++p) ++held[expert_at_position(quad, p)];

@@ -1,7 +1,7 @@
 // The bit layouts of matching's postings (agent/matching.cuh), checked on the host: they need no
-// GPU, so this runs in CI too. Every field is packed at its limits and read back, and the limits
+// GPU, so they are [host] tests and run in CI too. Every field is packed at its limits and read back, and the limits
 // the index enforces are shown to fit the fields.
-#define CATCH_CONFIG_MAIN
+// (One of the files of test_cuda_retrieval_pipeline; its main is main.cu.)
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -12,7 +12,7 @@
 
 using namespace kevo::retrieval;
 
-TEST_CASE("a hash-table entry keeps every query bit, start and count at their limits", "[retrieval][postings]") {
+TEST_CASE("a hash-table entry keeps every query bit, start and count at their limits", "[host][retrieval][postings]") {
   // The largest segment's postings and the largest schema's query bits must fit the fields.
   const std::uint64_t most_postings = std::uint64_t{kSegmentSlots} * kMaxIndexedClauses;
   const std::uint64_t most_bits = std::uint64_t{kMaxCategories} * kMaxCategoryValues;
@@ -29,7 +29,7 @@ TEST_CASE("a hash-table entry keeps every query bit, start and count at their li
       }
 }
 
-TEST_CASE("a bit's home position lies in its table and spreads the bits of one category", "[retrieval][postings]") {
+TEST_CASE("a bit's home position lies in its table and spreads the bits of one category", "[host][retrieval][postings]") {
   for (std::uint32_t size : {1u, 2u, 3u, 97u, 1000u, 65537u}) {
     std::vector<std::uint32_t> load(size, 0);
     const std::uint32_t keys = size / 2 + 1;  // what a reindex puts in a table of this size
@@ -43,7 +43,7 @@ TEST_CASE("a bit's home position lies in its table and spreads the bits of one c
   }
 }
 
-TEST_CASE("a posting holds a local slot and the mask bit it sets", "[retrieval][postings]") {
+TEST_CASE("a posting holds a local slot and the mask bit it sets", "[host][retrieval][postings]") {
   for (std::uint32_t slot : {0u, 1u, 4097u, kSegmentSlots - 1})
     for (std::uint32_t rank : {0u, 3u, static_cast<std::uint32_t>(kMaxIndexedCategories - 1),
                                static_cast<std::uint32_t>(posting_bits::exclusion_rank)}) {
@@ -65,7 +65,7 @@ TEST_CASE("a posting holds a local slot and the mask bit it sets", "[retrieval][
   REQUIRE((match_header::prefiltered & match_header::indexed) == 0);
 }
 
-TEST_CASE("a clause's mask bit is its category's rank among the restricted ones", "[retrieval][postings]") {
+TEST_CASE("a clause's mask bit is its category's rank among the restricted ones", "[host][retrieval][postings]") {
   // Restricted categories 1, 4, 5, 9, 12, 20, 21, 30 (eight): the eighth, 30, has no bit.
   const std::uint32_t allowed = (1u << 1) | (1u << 4) | (1u << 5) | (1u << 9) | (1u << 12) | (1u << 20) |
                                 (1u << 21) | (1u << 30);
