@@ -39,6 +39,8 @@ using gpu_stream_t = hipStream_t;
 using gpu_event_t = hipEvent_t;
 inline constexpr gpu_error_t gpu_success = hipSuccess;
 inline constexpr gpu_error_t gpu_error_out_of_memory = hipErrorOutOfMemory;
+using gpu_device_properties_t = hipDeviceProp_t;
+using gpu_function_attributes_t = hipFuncAttributes;
 namespace gpu_cub = ::kevo::retrieval::rocprim_cub;
 inline const char* gpu_error_string(gpu_error_t e) { return hipGetErrorString(e); }
 #else
@@ -47,6 +49,8 @@ using gpu_stream_t = cudaStream_t;
 using gpu_event_t = cudaEvent_t;
 inline constexpr gpu_error_t gpu_success = cudaSuccess;
 inline constexpr gpu_error_t gpu_error_out_of_memory = cudaErrorMemoryAllocation;
+using gpu_device_properties_t = cudaDeviceProp;
+using gpu_function_attributes_t = cudaFuncAttributes;
 namespace gpu_cub = ::cub;
 inline const char* gpu_error_string(gpu_error_t e) { return cudaGetErrorString(e); }
 #endif
@@ -106,20 +110,14 @@ template <class Kernel>
 gpu_error_t gpu_resident_blocks(int* blocks, Kernel* kernel, int threads, std::size_t dynamic_shared) {
   return hipOccupancyMaxActiveBlocksPerMultiprocessor(blocks, kernel, threads, dynamic_shared);
 }
-template <class Kernel>
-std::size_t gpu_static_shared_bytes(Kernel* kernel) {
-  hipFuncAttributes attributes{};
-  if (hipFuncGetAttributes(&attributes, reinterpret_cast<const void*>(kernel)) != hipSuccess) return 0;
-  return attributes.sharedSizeBytes;
+inline gpu_error_t gpu_function_attributes(gpu_function_attributes_t* attributes, const void* kernel) {
+  return hipFuncGetAttributes(attributes, kernel);
 }
 inline gpu_error_t gpu_allow_dynamic_shared(const void* kernel, int bytes) {
   return hipFuncSetAttribute(kernel, hipFuncAttributeMaxDynamicSharedMemorySize, bytes);
 }
-inline gpu_error_t gpu_device_name(std::string* name, int device) {
-  hipDeviceProp_t properties{};
-  const gpu_error_t e = hipGetDeviceProperties(&properties, device);
-  if (e == hipSuccess) *name = properties.name;
-  return e;
+inline gpu_error_t gpu_device_properties(gpu_device_properties_t* properties, int device) {
+  return hipGetDeviceProperties(properties, device);
 }
 /// HIP's version is major * 10^7 + minor * 10^5 + patch: "5.2" for HIP 5.2.
 inline gpu_error_t gpu_runtime_version(std::string* version) {
@@ -128,14 +126,7 @@ inline gpu_error_t gpu_runtime_version(std::string* version) {
   if (e == hipSuccess) *version = std::to_string(v / 10000000) + "." + std::to_string(v / 100000 % 100);
   return e;
 }
-inline int gpu_device_count() {
-  int n = 0;
-  if (hipGetDeviceCount(&n) != hipSuccess) {
-    (void)gpu_last_error();
-    return 0;
-  }
-  return n;
-}
+inline gpu_error_t gpu_get_device_count(int* count) { return hipGetDeviceCount(count); }
 
 namespace detail {
 /// An ordinary launch, or a cooperative one (which takes its arguments as an array of pointers).
@@ -203,13 +194,8 @@ template <class Kernel>
 gpu_error_t gpu_resident_blocks(int* blocks, Kernel* kernel, int threads, std::size_t dynamic_shared) {
   return cudaOccupancyMaxActiveBlocksPerMultiprocessor(blocks, kernel, threads, dynamic_shared);
 }
-/// The static shared memory `kernel` was compiled with (its __shared__ variables, as the compiler
-/// laid them out), or 0 where the runtime cannot say.
-template <class Kernel>
-std::size_t gpu_static_shared_bytes(Kernel* kernel) {
-  cudaFuncAttributes attributes{};
-  if (cudaFuncGetAttributes(&attributes, reinterpret_cast<const void*>(kernel)) != cudaSuccess) return 0;
-  return attributes.sharedSizeBytes;
+inline gpu_error_t gpu_function_attributes(gpu_function_attributes_t* attributes, const void* kernel) {
+  return cudaFuncGetAttributes(attributes, kernel);
 }
 /// Lets `kernel` (a __global__ function's address) take up to `bytes` of dynamic shared memory,
 /// past the default 48 KB.
@@ -217,13 +203,10 @@ inline gpu_error_t gpu_allow_dynamic_shared(const void* kernel, int bytes) {
   return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
 }
 
-/// The device's name ("NVIDIA H200") and the runtime's version ("13.0"): what a tuning file is keyed by.
-inline gpu_error_t gpu_device_name(std::string* name, int device) {
-  cudaDeviceProp properties{};
-  const gpu_error_t e = cudaGetDeviceProperties(&properties, device);
-  if (e == cudaSuccess) *name = properties.name;
-  return e;
+inline gpu_error_t gpu_device_properties(gpu_device_properties_t* properties, int device) {
+  return cudaGetDeviceProperties(properties, device);
 }
+/// The runtime's version ("13.0"), with the device's name what a tuning file is keyed by.
 inline gpu_error_t gpu_runtime_version(std::string* version) {
   int v = 0;
   const gpu_error_t e = cudaRuntimeGetVersion(&v);
@@ -231,15 +214,7 @@ inline gpu_error_t gpu_runtime_version(std::string* version) {
   return e;
 }
 
-/// Number of GPUs; 0 where the runtime finds none (or no driver).
-inline int gpu_device_count() {
-  int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess) {
-    (void)gpu_last_error();
-    return 0;
-  }
-  return n;
-}
+inline gpu_error_t gpu_get_device_count(int* count) { return cudaGetDeviceCount(count); }
 
 namespace detail {
 /// cudaLaunchKernelEx, as a programmatic dependent and cooperative where asked.
@@ -262,6 +237,35 @@ gpu_error_t launch(bool after_prior, bool cooperative, void (*kernel)(Params...)
 }
 }  // namespace detail
 #endif
+
+// ---- built on the wrappers above, alike for both runtimes ---------------------------------------
+
+/// The static shared memory `kernel` was compiled with (its __shared__ variables, as the compiler
+/// laid them out), or 0 where the runtime cannot say.
+template <class Kernel>
+std::size_t gpu_static_shared_bytes(Kernel* kernel) {
+  gpu_function_attributes_t attributes{};
+  if (gpu_function_attributes(&attributes, reinterpret_cast<const void*>(kernel)) != gpu_success) return 0;
+  return attributes.sharedSizeBytes;
+}
+
+/// The device's name ("NVIDIA H200"): with the runtime's version, what a tuning file is keyed by.
+inline gpu_error_t gpu_device_name(std::string* name, int device) {
+  gpu_device_properties_t properties{};
+  const gpu_error_t e = gpu_device_properties(&properties, device);
+  if (e == gpu_success) *name = properties.name;
+  return e;
+}
+
+/// Number of GPUs; 0 where the runtime finds none (or no driver).
+inline int gpu_device_count() {
+  int n = 0;
+  if (gpu_get_device_count(&n) != gpu_success) {
+    (void)gpu_last_error();
+    return 0;
+  }
+  return n;
+}
 
 /// Launches `kernel` as a programmatic dependent of the kernel before it on `stream` (Hopper): the
 /// grid is scheduled while that one drains, instead of after, and must call

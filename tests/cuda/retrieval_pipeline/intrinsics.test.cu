@@ -11,6 +11,7 @@
 #include "../support/pipeline_fixtures.cuh"
 
 using namespace kevo::retrieval;
+using kevo_tests::retrieval_pipeline::download;
 
 namespace {
 
@@ -44,24 +45,18 @@ __global__ void bytes_kernel(const std::uint32_t* a, const std::uint32_t* b, std
 }
 
 template <class T>
-T* to_device(const std::vector<T>& host) {
-  T* device = nullptr;
-  KEVO_GPU_ASSERT(gpu_malloc(&device, host.size() * sizeof(T)));
-  KEVO_GPU_ASSERT(gpu_copy(device, host.data(), host.size() * sizeof(T)));
+DeviceBuffer<T> to_device(const std::vector<T>& host) {
+  DeviceBuffer<T> device;
+  KEVO_GPU_ASSERT(gpu_allocate(device, host.size() * sizeof(T)));
+  KEVO_GPU_ASSERT(gpu_copy(device.get(), host.data(), host.size() * sizeof(T)));
   return device;
 }
 template <class T>
-T* poisoned(std::size_t count) {
-  T* device = nullptr;
-  KEVO_GPU_ASSERT(gpu_malloc(&device, count * sizeof(T)));
-  KEVO_GPU_ASSERT(gpu_memset(device, 0xab, count * sizeof(T)));
+DeviceBuffer<T> poisoned(std::size_t count) {
+  DeviceBuffer<T> device;
+  KEVO_GPU_ASSERT(gpu_allocate(device, count * sizeof(T)));
+  KEVO_GPU_ASSERT(gpu_memset(device.get(), 0xab, count * sizeof(T)));
   return device;
-}
-template <class T>
-std::vector<T> to_host(const T* device, std::size_t count) {
-  std::vector<T> host(count);
-  KEVO_GPU_ASSERT(gpu_copy(host.data(), device, count * sizeof(T)));
-  return host;
 }
 
 }  // namespace
@@ -94,14 +89,14 @@ TEST_CASE("AMD's plain paths equal the PTX instructions they stand in for", "[cu
     for (auto& x : a) x = half_pair();
     for (auto& x : b) x = half_pair();
     for (auto& x : c) x = value(random);
-    std::uint32_t* device_a = to_device(a);
-    std::uint32_t* device_b = to_device(b);
-    float* device_c = to_device(c);
-    float* by_tensor_cores = poisoned<float>(4 * threads);
-    float* by_shuffles = poisoned<float>(4 * threads);
-    products_kernel<<<warps / 4, 128>>>(device_a, device_b, device_c, by_tensor_cores, by_shuffles);
+    const auto device_a = to_device(a), device_b = to_device(b);
+    const auto device_c = to_device(c);
+    const auto by_tensor_cores = poisoned<float>(4 * threads), by_shuffles = poisoned<float>(4 * threads);
+    products_kernel<<<warps / 4, 128>>>(device_a.get(), device_b.get(), device_c.get(), by_tensor_cores.get(),
+                                        by_shuffles.get());
     KEVO_GPU_ASSERT(gpu_device_synchronize());
-    const std::vector<float> expected = to_host(by_tensor_cores, 4 * threads), got = to_host(by_shuffles, 4 * threads);
+    const auto expected = download<float>(by_tensor_cores.get(), 4 * threads);
+    const auto got = download<float>(by_shuffles.get(), 4 * threads);
     // The same 16 products per output, fp32 sums in another order: within a few ulps of the sum of |terms|.
     double worst = 0;
     for (std::size_t i = 0; i < expected.size(); ++i) {
@@ -111,9 +106,6 @@ TEST_CASE("AMD's plain paths equal the PTX instructions they stand in for", "[cu
       worst = std::max(worst, static_cast<double>(std::fabs(got[i] - expected[i])));
     }
     REQUIRE(std::any_of(expected.begin(), expected.end(), [&](float x) { return std::fabs(x - expected[0]) > 0.1f; }));
-    for (void* p : {static_cast<void*>(device_a), static_cast<void*>(device_b), static_cast<void*>(device_c),
-                    static_cast<void*>(by_tensor_cores), static_cast<void*>(by_shuffles)})
-      KEVO_GPU_ASSERT(gpu_free(p));
   }
   SECTION("the byte compare by arithmetic against __vcmpne4") {
     constexpr int n = 1 << 16;
@@ -122,20 +114,16 @@ TEST_CASE("AMD's plain paths equal the PTX instructions they stand in for", "[cu
       a[i] = random();
       b[i] = a[i] ^ (random() & 0x81008100u);
     }
-    std::uint32_t* device_a = to_device(a);
-    std::uint32_t* device_b = to_device(b);
-    std::uint32_t* by_instruction = poisoned<std::uint32_t>(n);
-    std::uint32_t* by_arithmetic = poisoned<std::uint32_t>(n);
-    bytes_kernel<<<n / 256, 256>>>(device_a, device_b, by_instruction, by_arithmetic, n);
+    const auto device_a = to_device(a), device_b = to_device(b);
+    const auto by_instruction = poisoned<std::uint32_t>(n), by_arithmetic = poisoned<std::uint32_t>(n);
+    bytes_kernel<<<n / 256, 256>>>(device_a.get(), device_b.get(), by_instruction.get(), by_arithmetic.get(), n);
     KEVO_GPU_ASSERT(gpu_device_synchronize());
-    const std::vector<std::uint32_t> expected = to_host(by_instruction, n), got = to_host(by_arithmetic, n);
+    const auto expected = download<std::uint32_t>(by_instruction.get(), n);
+    const auto got = download<std::uint32_t>(by_arithmetic.get(), n);
     for (int i = 0; i < n; ++i) {
       INFO("pair " << i);
       REQUIRE(expected[i] == bytes_differ_by_loop(a[i], b[i]));
       REQUIRE(got[i] == expected[i]);
     }
-    for (void* p : {static_cast<void*>(device_a), static_cast<void*>(device_b), static_cast<void*>(by_instruction),
-                    static_cast<void*>(by_arithmetic)})
-      KEVO_GPU_ASSERT(gpu_free(p));
   }
 }

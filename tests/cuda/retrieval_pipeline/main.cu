@@ -2,9 +2,10 @@
 // matching and towers, fused scoring (fp16 and int8), top-K, policies, the whole pipeline, batches,
 // updates during search, the synthetic pool's targeting (their shared fixtures:
 // ../support/pipeline_fixtures.cuh), and, on the host alone, the postings' bit layouts, scoring's
-// routing tournament and the portability layer's plain paths (their own unit each once: issue 50). Every output buffer is poisoned first and every element is
-// checked. Where no GPU exists, only the tests tagged [host] run, and it exits 77 (ctest: skipped)
-// once they pass: a failing host test still fails.
+// routing tournament and the portability layer's plain paths (their own unit each once: issue 50).
+// Every output buffer is poisoned first and every element is checked. Where no GPU exists, only
+// the tests tagged [host] run, and it exits 77 (ctest: skipped) once they pass: a failing host test
+// still fails.
 #define CATCH_CONFIG_RUNNER
 #include <catch2/catch.hpp>
 
