@@ -22,6 +22,7 @@ struct ProblemArgument {
   std::string python;        ///< --python: the interpreter with PyTorch (KernelBench-format files)
   double size_scale = 1.0;   ///< --size-scale: the module's size constants shrunk by this
   std::string device = "cpu";  ///< --device: where a KernelBench-format problem's kernels run
+  bool describe_only = false;  ///< --describe: say what the problem is and stop
 };
 
 /// The positional problem and the flags of a KernelBench-format file.
@@ -34,6 +35,17 @@ inline void describe_problem_argument(CLI::App& app, ProblemArgument& a) {
   app.add_option("--size-scale", a.size_scale, "KernelBench files: shrink the module's size constants (integers of 64 or more) by this factor")
       ->check(CLI::Range(1e-6, 1.0));
   app.add_option("--device", a.device, "KernelBench files: where the kernels run, cpu or cuda")->capture_default_str()->check(CLI::IsMember({"cpu", "cuda"}));
+  app.add_flag("--describe", a.describe_only, "say where the problem was found, what it is and its knobs, and stop without searching");
+}
+
+/// --describe's lines: where the problem came from, its target and tensors, and each knob's values.
+inline std::string describe_problem(const kevo::Problem& p) {
+  std::string out = fmt::format("{}: {} ({} target)\n  from {}\n", p.name, p.description, kevo::to_string(p.target), p.directory.string());
+  for (const auto& t : p.tensors)
+    out += fmt::format("  {} {}: {} of {}\n", t.role == kevo::TensorRole::input ? "input" : "output", t.name,
+                       t.type == kevo::ElementType::f32 ? "float" : t.type == kevo::ElementType::f16 ? "half" : "int", t.size);
+  for (const auto& k : p.knobs) out += fmt::format("  knob {} in {{{}}}, default {}\n", k.name, fmt::join(k.domain, ", "), k.default_value);
+  return out;
 }
 
 inline kevo::expected<kevo::Problem, kevo::Error> load_problem_argument(const ProblemArgument& a) {

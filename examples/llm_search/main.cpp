@@ -265,6 +265,7 @@ int llm_search_main(int argc, char** argv) {
   if (o.prices.size() == 2) o.price_input = o.prices[0], o.price_output = o.prices[1];
   auto problem = kevo_examples::load_problem_argument(o.problem);
   if (!problem) return fail(problem.error().message);
+  if (o.problem.describe_only) return fmt::print("{}", kevo_examples::describe_problem(*problem)), 0;
 
   const fs::path knowledge_db = o.knowledge_db.empty() ? fs::path("kevo-runs") / "knowledge.db" : o.knowledge_db;
   if (auto failed = make_parent("--knowledge-db", knowledge_db)) return *failed;
