@@ -10,6 +10,7 @@ namespace kr = kevo::retrieval;
 
 static_assert(KEVO_GPU_AMD, "this unit is compiled for AMD");
 static_assert(kr::gpu_warp_size == 64 && sizeof(kr::gpu_lane_mask_t) == 8, "CDNA's waves have 64 lanes");
+static_assert(kr::gpu_logical_warp_size == 32, "the kernels' logical warps: two a wave");
 
 // Lanes: shuffles, the lane barrier, the reduction, byte compares, and the loads past L1 and without hints.
 __global__ void lanes_kernel(const std::uint32_t* in, std::uint32_t* out, const uint4* rows) {
@@ -19,7 +20,7 @@ __global__ void lanes_kernel(const std::uint32_t* in, std::uint32_t* out, const 
     sum += kr::gpu_shfl_xor(kr::gpu_all_lanes, sum, distance);
   kr::gpu_sync_lanes(kr::gpu_all_lanes);
   const std::uint32_t largest = kr::gpu_reduce_max(kr::gpu_all_lanes, v);
-  const std::uint32_t neighbour = kr::gpu_shfl<32>(kr::gpu_all_lanes, v, (threadIdx.x + 1) & 31);
+  const std::uint32_t neighbour = kr::gpu_shfl<kr::gpu_logical_warp_size>(kr::gpu_all_lanes, v, (threadIdx.x + 1) % kr::gpu_logical_warp_size);
   const uint4 row = kr::gpu_load_streaming<128>(rows + threadIdx.x);
   out[threadIdx.x] = sum + largest + neighbour + kr::gpu_bytes_equal(v, row.x) + kr::gpu_bytes_differ(v, row.y) +
                      kr::gpu_load_past_l1(in + 1) + kr::gpu_byte_perm(row.z, row.w, 0x5410);

@@ -7,8 +7,9 @@
 // Two platforms, one source: CUDA (nvcc) and HIP on AMD (hipcc, KEVO_GPU_AMD). Where AMD has no
 // counterpart of a PTX feature, the AMD branch takes a plain path, said beside it: no programmatic
 // dependent launch (stream order already holds), loads without cache hints, cp.async as a plain copy.
-// AMD's CDNA GPUs (gfx90a, gfx940) run 64-lane waves: gpu_warp_size and gpu_lane_mask_t say so, and
-// code that assumes 32 lanes must use them, never a literal.
+// AMD's CDNA GPUs (gfx90a, gfx940) run 64-lane waves: gpu_warp_size and gpu_lane_mask_t say so. kevo's
+// kernels work in logical warps of 32 lanes on both (gpu_logical_warp_size), as CUB's logical warps may
+// be smaller than the hardware's: a CDNA wave runs two, and no lane math spells out 32.
 #pragma once
 
 #include <cstdint>
@@ -40,6 +41,12 @@ inline constexpr int gpu_warp_size = 32;
 using gpu_lane_mask_t = std::uint32_t;
 #endif
 inline constexpr gpu_lane_mask_t gpu_all_lanes = ~gpu_lane_mask_t{0};
+
+/// The lanes that kevo's kernels treat as one warp ("a warp a row", the m16n8k16 product's fragments),
+/// on both platforms: a CUDA warp, or half a CDNA wave. A logical warp's exchanges stay inside it (XOR
+/// distances below it, widths at most it), so the two in one wave never mix.
+inline constexpr int gpu_logical_warp_size = 32;
+static_assert(gpu_warp_size % gpu_logical_warp_size == 0, "a wave holds whole logical warps");
 
 /// `value` of the lane whose index is this lane's XOR `lane_mask`, among `lanes` (all of which call it).
 template <class T>
@@ -76,12 +83,12 @@ __device__ __forceinline__ void gpu_sync_lanes(gpu_lane_mask_t lanes) {
 #endif
 }
 
-/// The largest `value` over `lanes`, returned to each of them.
+/// The largest `value` over `lanes` of this logical warp, returned to each of them.
 __device__ __forceinline__ std::uint32_t gpu_reduce_max(gpu_lane_mask_t lanes, std::uint32_t value) {
   // AMD has no reduce instruction, and clang 15 (the candidate screen's CUDA parser) does not declare
-  // nvcc's __reduce_max_sync: both take a butterfly over the warp.
+  // nvcc's __reduce_max_sync: both take a butterfly over the logical warp.
 #if KEVO_GPU_AMD || defined(__clang__)
-  for (int distance = gpu_warp_size / 2; distance > 0; distance /= 2) {
+  for (int distance = gpu_logical_warp_size / 2; distance > 0; distance /= 2) {
     const std::uint32_t other = gpu_shfl_xor(lanes, value, distance);
     value = other > value ? other : value;
   }
@@ -150,27 +157,25 @@ __device__ __forceinline__ float dot2(std::uint32_t a, std::uint32_t b) {
 }  // namespace detail
 
 /// gpu_mma_m16n8k16's product without tensor cores: fp32 arithmetic over lane shuffles, in the same
-/// fragment layout, within each group of 32 lanes of a 1-D block. Lane l of a group holds rows l/4 and
+/// fragment layout, within each logical warp of a 1-D block. Lane l of a logical warp holds rows l/4 and
 /// l/4 + 8 of A (columns 2(l%4) + {0,1} and + 8) and column l/4 of B (those rows), and gets D's rows
-/// l/4 and l/4 + 8, columns 2(l%4) + {0,1}. All 32 lanes of the group call it. It is AMD's path until
+/// l/4 and l/4 + 8, columns 2(l%4) + {0,1}. All its 32 lanes call it. It is AMD's path until
 /// the scoring kernel has an MFMA tiling of its own (matrix cores lay fragments out across 64 lanes);
 /// tests/cuda checks it against mma.sync on the GPU.
 __device__ __forceinline__ void gpu_mma_m16n8k16_by_shuffles(float (&d)[4], std::uint32_t a0, std::uint32_t a1,
                                                              std::uint32_t a2, std::uint32_t a3, std::uint32_t b0,
                                                              std::uint32_t b1) {
-  const int lane = static_cast<int>(threadIdx.x) & 31;
+  const int lane = static_cast<int>(threadIdx.x) % gpu_logical_warp_size;
   const int group = lane >> 2, quad = lane & 3;
+  auto from = [](std::uint32_t value, int source) { return gpu_shfl<gpu_logical_warp_size>(gpu_all_lanes, value, source); };
 #pragma unroll
   for (int j = 0; j < 4; ++j) {
     // A's rows `group` and `group` + 8 at columns 2j, 2j + 1 (a0, a1) and 2j + 8, 2j + 9 (a2, a3): lane 4 group + j's.
     const int a_lane = 4 * group + j;
-    const std::uint32_t row_lo = gpu_shfl<32>(gpu_all_lanes, a0, a_lane), row8_lo = gpu_shfl<32>(gpu_all_lanes, a1, a_lane);
-    const std::uint32_t row_hi = gpu_shfl<32>(gpu_all_lanes, a2, a_lane), row8_hi = gpu_shfl<32>(gpu_all_lanes, a3, a_lane);
+    const std::uint32_t row_lo = from(a0, a_lane), row8_lo = from(a1, a_lane), row_hi = from(a2, a_lane), row8_hi = from(a3, a_lane);
     // B's columns 2 quad and 2 quad + 1 at those rows: lanes 4 (2 quad) + j and 4 (2 quad + 1) + j.
     const int b_lane = 8 * quad + j;
-    const std::uint32_t col0_lo = gpu_shfl<32>(gpu_all_lanes, b0, b_lane), col0_hi = gpu_shfl<32>(gpu_all_lanes, b1, b_lane);
-    const std::uint32_t col1_lo = gpu_shfl<32>(gpu_all_lanes, b0, b_lane + 4);
-    const std::uint32_t col1_hi = gpu_shfl<32>(gpu_all_lanes, b1, b_lane + 4);
+    const std::uint32_t col0_lo = from(b0, b_lane), col0_hi = from(b1, b_lane), col1_lo = from(b0, b_lane + 4), col1_hi = from(b1, b_lane + 4);
     d[0] += detail::dot2(row_lo, col0_lo) + detail::dot2(row_hi, col0_hi);
     d[1] += detail::dot2(row_lo, col1_lo) + detail::dot2(row_hi, col1_hi);
     d[2] += detail::dot2(row8_lo, col0_lo) + detail::dot2(row8_hi, col0_hi);

@@ -14,9 +14,9 @@ namespace kevo::retrieval {
 /// (per-lane fma chains, then a butterfly) is the one the CPU reference's ordered_dot follows.
 __device__ __forceinline__ float warp_dot(const float* row, const float* x, int n, int lane) {
   float acc = 0.0f;
-  for (int i = lane; i < n; i += 32) acc = __fmaf_rn(row[i], x[i], acc);
+  for (int i = lane; i < n; i += gpu_logical_warp_size) acc = __fmaf_rn(row[i], x[i], acc);
 #pragma unroll
-  for (int offset = 16; offset > 0; offset /= 2) acc += gpu_shfl_xor(gpu_all_lanes, acc, offset);
+  for (int offset = gpu_logical_warp_size / 2; offset > 0; offset /= 2) acc += gpu_shfl_xor(gpu_all_lanes, acc, offset);
   return acc;
 }
 

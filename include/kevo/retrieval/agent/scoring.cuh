@@ -62,7 +62,7 @@ struct ScoringShape {
 /// (conflict-free): b[n_tile][s][L] = {b0b1, b2b3} for expert (L / 4), d-range quarter (L % 4).
 template <int Dim>
 struct ScoringFragments {
-  uint2 b[2][Dim / 16][32];
+  uint2 b[2][Dim / 16][gpu_logical_warp_size];
 };
 
 /// Fills the fragments from the (16, d) fp16 vectors in the order the A loads use; call from every
@@ -94,8 +94,9 @@ __device__ __forceinline__ void load_scoring_fragments(ScoringFragments<Dim>& f,
                                                        int threads) {
   using Shape = ScoringShape<Dim, Type>;
   const std::uint32_t* words = reinterpret_cast<const std::uint32_t*>(vectors);  // (16, d/2)
-  for (int i = thread_rank; i < 2 * (Dim / 16) * 32; i += threads) {
-    const int lane = i % 32, s = (i / 32) % (Dim / 16), tile = i / (32 * (Dim / 16));
+  for (int i = thread_rank; i < 2 * (Dim / 16) * gpu_logical_warp_size; i += threads) {
+    constexpr int lanes = gpu_logical_warp_size;
+    const int lane = i % lanes, s = (i / lanes) % (Dim / 16), tile = i / (lanes * (Dim / 16));
     const int group = lane / 4, quad = lane % 4;
     const int row = tile * 8 + group;
     const int word = row * (Dim / 2) + Shape::value_offset(quad, s) / 2;
@@ -136,8 +137,8 @@ __device__ __forceinline__ void int8x4_to_half2x2(std::uint32_t q, std::uint32_t
 template <int Dim, EmbeddingType Type>
 struct StagedPair {
   static constexpr int pieces = 4 * ScoringShape<Dim, Type>::slice_loads;
-  uint4 rows[pieces][32];
-  float side[32][ScoringShape<Dim, Type>::side];  // of the row this lane scores: bias, then scale words
+  uint4 rows[pieces][gpu_logical_warp_size];
+  float side[gpu_logical_warp_size][ScoringShape<Dim, Type>::side];  // of the row this lane scores: bias, then scale words
 };
 
 /// An expert as routing ranks it: its gate logit and its score.

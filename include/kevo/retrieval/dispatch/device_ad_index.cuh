@@ -439,7 +439,7 @@ class DeviceAdIndex {
         KEVO_GPU_TRY(gpu_copy_async(clauses_.get() + arena_tail_, d + s.clauses, padded_clauses * 4, update_stream_));
       arena_tail_ += padded_clauses;
       if (written > 0)
-        kernels::scatter_ads<<<static_cast<unsigned>((written * 32 + 255) / 256), 256, 0, update_stream_>>>(
+        kernels::scatter_ads<<<static_cast<unsigned>((written * gpu_logical_warp_size + 255) / 256), 256, 0, update_stream_>>>(
             static_cast<std::uint32_t>(written), reinterpret_cast<std::uint32_t*>(d + s.slots),
             reinterpret_cast<std::uint32_t*>(d + s.ids), reinterpret_cast<std::uint32_t*>(d + s.targeting),
             reinterpret_cast<float*>(d + s.bias), with_rows ? reinterpret_cast<float*>(d + s.scale) : nullptr,
@@ -595,7 +595,7 @@ class DeviceAdIndex {
     auto ok = enqueue_batch(held, **staging, [&]() -> expected<void, Error> {
       auto* d = (*staging)->device.get();
       KEVO_GPU_TRY(gpu_copy_async(d, (*staging)->host.get(), s.total, update_stream_));
-      kernels::scatter_ads<<<static_cast<unsigned>((n * 32 + 255) / 256), 256, 0, update_stream_>>>(
+      kernels::scatter_ads<<<static_cast<unsigned>((n * gpu_logical_warp_size + 255) / 256), 256, 0, update_stream_>>>(
           static_cast<std::uint32_t>(n), reinterpret_cast<std::uint32_t*>(d + s.slots), nullptr,
           reinterpret_cast<std::uint32_t*>(d + s.targeting), nullptr, nullptr, nullptr, 0, ids_.get(), targeting_.get(), side_.get(),
           side_width(), 0, static_cast<uint4*>(embeddings_.get()), headers_.get());

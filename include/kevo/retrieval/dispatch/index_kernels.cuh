@@ -29,12 +29,12 @@ __global__ void scatter_ads(std::uint32_t count, const std::uint32_t* slots, con
                             const uint4* rows, int row_vectors, std::uint32_t* index_ids,
                             std::uint32_t* index_targeting, float* index_side, int side_width, int scale_words,
                             uint4* index_embeddings, std::uint8_t* index_headers) {
-  const std::uint32_t ad = (blockIdx.x * blockDim.x + threadIdx.x) / 32;
-  const int lane = static_cast<int>(threadIdx.x % 32);
+  const std::uint32_t ad = (blockIdx.x * blockDim.x + threadIdx.x) / gpu_logical_warp_size;
+  const int lane = static_cast<int>(threadIdx.x % gpu_logical_warp_size);
   if (ad >= count) return;
   const std::uint32_t slot = slots[ad];
   if (rows)
-    for (int i = lane; i < row_vectors; i += 32)
+    for (int i = lane; i < row_vectors; i += gpu_logical_warp_size)
       index_embeddings[static_cast<std::uint64_t>(slot) * row_vectors + i] = rows[static_cast<std::uint64_t>(ad) * row_vectors + i];
   if (lane == 0) {
     if (ids) index_ids[slot] = ids[ad];
@@ -252,12 +252,12 @@ __global__ void regroup_gather(const std::uint32_t* from, std::uint32_t slots, c
                                const std::uint32_t* targeting, const float* side, int side_width, const uint4* rows,
                                int row_vectors, std::uint32_t* new_ids, std::uint32_t* new_targeting, float* new_side,
                                uint4* new_rows) {
-  const int lane = static_cast<int>(threadIdx.x % 32);
-  const std::uint64_t warps = static_cast<std::uint64_t>(gridDim.x) * blockDim.x / 32;
-  for (std::uint64_t j = (static_cast<std::uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32; j < slots; j += warps) {
+  const int lane = static_cast<int>(threadIdx.x % gpu_logical_warp_size);
+  const std::uint64_t warps = static_cast<std::uint64_t>(gridDim.x) * blockDim.x / gpu_logical_warp_size;
+  for (std::uint64_t j = (static_cast<std::uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / gpu_logical_warp_size; j < slots; j += warps) {
     const std::uint64_t i = from[j];
-    for (int v = lane; v < row_vectors; v += 32) new_rows[j * row_vectors + v] = rows[i * row_vectors + v];
-    for (int w = lane; w < side_width; w += 32) new_side[j * side_width + w] = side[i * side_width + w];
+    for (int v = lane; v < row_vectors; v += gpu_logical_warp_size) new_rows[j * row_vectors + v] = rows[i * row_vectors + v];
+    for (int w = lane; w < side_width; w += gpu_logical_warp_size) new_side[j * side_width + w] = side[i * side_width + w];
     if (lane == 0) {
       new_ids[j] = ids[i];
       new_targeting[j] = targeting[i];

@@ -22,7 +22,7 @@ inline constexpr int kTowerThreads = 256;
 
 /// The blocks of a tower kernel over `rows` rows, one warp a row.
 __host__ __device__ constexpr unsigned tower_blocks(int rows) {
-  constexpr int warps = kTowerThreads / 32;
+  constexpr int warps = kTowerThreads / gpu_logical_warp_size;
   return static_cast<unsigned>((rows + warps - 1) / warps);
 }
 /// The blocks of prepare_request for a tower of `rows` hidden units: the query's block, then the tower's.
@@ -52,10 +52,10 @@ __global__ void __launch_bounds__(kTowerThreads)
       atomicOr(bitmap + (bits[i] >> 5), 1u << (bits[i] & 31u));
     return;
   }
-  const int row = static_cast<int>(((blockIdx.x - 1) * blockDim.x + threadIdx.x) / 32);
+  const int row = static_cast<int>(((blockIdx.x - 1) * blockDim.x + threadIdx.x) / gpu_logical_warp_size);
   if (row >= rows) return;
-  const float dot = warp_dot(w1 + static_cast<std::size_t>(row) * features, x, features, threadIdx.x % 32);
-  if (threadIdx.x % 32 == 0) hidden[row] = fmaxf(__fadd_rn(dot, c1[row]), 0.0f);
+  const float dot = warp_dot(w1 + static_cast<std::size_t>(row) * features, x, features, threadIdx.x % gpu_logical_warp_size);
+  if (threadIdx.x % gpu_logical_warp_size == 0) hidden[row] = fmaxf(__fadd_rn(dot, c1[row]), 0.0f);
 }
 
 /// u(E, d) = W2_e hidden_e + c2_e.
@@ -63,12 +63,12 @@ template <class = void>
 __global__ void tower_expert(const float* w2, const float* c2, const float* hidden, int hidden_dim, int dim, int rows,
                              float* u) {
   gpu_wait_for_prior_grid();  // where launched after prior (MatchingPolicy::launch_after_prior)
-  const int row = static_cast<int>((blockIdx.x * blockDim.x + threadIdx.x) / 32);
+  const int row = static_cast<int>((blockIdx.x * blockDim.x + threadIdx.x) / gpu_logical_warp_size);
   if (row >= rows) return;
   const int e = row / dim;
   const float dot = warp_dot(w2 + static_cast<std::size_t>(row) * hidden_dim,
-                             hidden + static_cast<std::size_t>(e) * hidden_dim, hidden_dim, threadIdx.x % 32);
-  if (threadIdx.x % 32 == 0) u[row] = __fadd_rn(dot, c2[row]);
+                             hidden + static_cast<std::size_t>(e) * hidden_dim, hidden_dim, threadIdx.x % gpu_logical_warp_size);
+  if (threadIdx.x % gpu_logical_warp_size == 0) u[row] = __fadd_rn(dot, c2[row]);
 }
 
 /// vectors(16, d) fp16: rows 0..7 = u_e, rows 8..15 = g_e = P u_e / sqrt(d); experts >= E are zero.
@@ -77,10 +77,10 @@ template <class = void>
 __global__ void tower_gate(const float* projection, const float* u, int dim, int experts, __half* vectors,
                            TopKState* state) {
   gpu_wait_for_prior_grid();  // where launched after prior (MatchingPolicy::launch_after_prior)
-  const int row = static_cast<int>((blockIdx.x * blockDim.x + threadIdx.x) / 32);
+  const int row = static_cast<int>((blockIdx.x * blockDim.x + threadIdx.x) / gpu_logical_warp_size);
   if (row >= kMaxGpuExperts * dim) return;
   const int e = row / dim, j = row % dim;
-  const int lane = threadIdx.x % 32;
+  const int lane = threadIdx.x % gpu_logical_warp_size;
   if (e >= experts) {
     if (lane == 0) vectors[row] = vectors[kMaxGpuExperts * dim + row] = __float2half_rn(0.0f);
     return;

@@ -278,7 +278,7 @@ class RetrievalDispatch {
           });
         } else {  // tiles streamed through a ring of `stages` in shared memory
           use(kernels::scoring_staged<Threads, Dim, Type, stages()>, Threads,
-              kernels::scoring_staged_dynamic_bytes<Dim, Type>(Threads / 32, stages(), chunk_size));
+              kernels::scoring_staged_dynamic_bytes<Dim, Type>(Threads / gpu_logical_warp_size, stages(), chunk_size));
           built = true;
         }
       });
@@ -294,7 +294,7 @@ class RetrievalDispatch {
     for_each_scoring_variant([&]<int Threads, int Dim, EmbeddingType Type>() {
       if constexpr (Threads == kBatchScoringThreads) {  // (only these are built)
         if (model_.dim != Dim || schema().embedding_type != Type) return;
-        const std::size_t bytes = kernels::scoring_batch_dynamic_bytes<Dim, Type>(Threads / 32, p.stages, chunk_size);
+        const std::size_t bytes = kernels::scoring_batch_dynamic_bytes<Dim, Type>(Threads / gpu_logical_warp_size, p.stages, chunk_size);
         dispatch_variant<BatchScoringPolicy, field_index<BatchScoringPolicy>("stages")>(p.stages, [&](auto stages) {
           dispatch_variant<BatchScoringPolicy, field_index<BatchScoringPolicy>("group")>(p.group, [&](auto group) {
             use(kernels::scoring_batch<Threads, Dim, Type, stages(), group()>, Threads, bytes);

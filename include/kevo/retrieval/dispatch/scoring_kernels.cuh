@@ -77,7 +77,7 @@ __device__ __forceinline__ void stream_loaded_tiles(const AgentScoring<Dim, Type
   const std::uint32_t chunks = (count + chunk_size - 1) / chunk_size;
   for (std::uint32_t chunk = first_chunk; chunk < chunks; chunk += stride) {
     const std::uint32_t begin = chunk * chunk_size, length = min(count - begin, chunk_size);
-    for (std::uint32_t i = lane; i < length; i += 32) slots[i] = __ldg(eligible_list + begin + i);
+    for (std::uint32_t i = lane; i < length; i += gpu_logical_warp_size) slots[i] = __ldg(eligible_list + begin + i);
     gpu_sync_lanes(gpu_all_lanes);
     for (std::uint32_t tile = 0; tile < length; tile += 16 * TilesInFlight) {
       typename AgentScoring<Dim, Type>::Tile loaded[TilesInFlight];
@@ -99,7 +99,7 @@ __global__ void __launch_bounds__(BlockThreads)
     scoring(IndexView index, const __half* vectors, const std::uint32_t* eligible_list, TopKState* state,
             std::uint32_t* keys, std::uint32_t* chunk_max, int routing, int experts, int tiles_per_chunk) {
   gpu_wait_for_prior_grid();  // launched as a programmatic dependent (gpu_launch_after_prior)
-  constexpr int warps = BlockThreads / 32;
+  constexpr int warps = BlockThreads / gpu_logical_warp_size;
   using Agent = AgentScoring<Dim, Type>;
   __shared__ ScoringBlock<Dim, Type> block;
   __shared__ std::uint32_t chunk_slots[warps][kMaxChunkSlots];
@@ -107,7 +107,7 @@ __global__ void __launch_bounds__(BlockThreads)
   block.begin(vectors, rank, BlockThreads);
 
   const Agent agent{index, &block.fragments, routing, experts};
-  const int lane = rank % 32, group = lane / 4, quad = lane % 4, warp = rank / 32;
+  const int lane = rank % gpu_logical_warp_size, group = lane / 4, quad = lane % 4, warp = rank / gpu_logical_warp_size;
   std::uint32_t largest = 0;
   stream_loaded_tiles<TilesInFlight>(
       agent, chunk_slots[warp], eligible_list, state->eligible_count, 16u * static_cast<std::uint32_t>(tiles_per_chunk),
@@ -178,7 +178,7 @@ __device__ __forceinline__ void stream_staged_pairs(const AgentScoring<Dim, Type
     if (j >= my_chunks) return;
     const std::uint32_t begin = chunk_begin(j), length = chunk_length(j);
     std::uint32_t* buffer = slot_buffers + (j & 1u) * chunk_size;
-    for (std::uint32_t i = 4u * lane; i < length; i += 128u)
+    for (std::uint32_t i = 4u * lane; i < length; i += 4u * gpu_logical_warp_size)
       gpu_copy_async_16(buffer + i, eligible_list + begin + i, min(16u, (length - i) * 4u));
   };
   // Issues the producer's pair (one commit group, empty past the end), then steps it.
@@ -222,13 +222,13 @@ __global__ void __launch_bounds__(BlockThreads)
     scoring_staged(IndexView index, const __half* vectors, const std::uint32_t* eligible_list, TopKState* state,
                    std::uint32_t* keys, std::uint32_t* chunk_max, int routing, int experts, int tiles_per_chunk) {
   gpu_wait_for_prior_grid();  // launched as a programmatic dependent (gpu_launch_after_prior)
-  constexpr int warps = BlockThreads / 32;
+  constexpr int warps = BlockThreads / gpu_logical_warp_size;
   using Agent = AgentScoring<Dim, Type>;
   using Stage = StagedPair<Dim, Type>;
   __shared__ ScoringBlock<Dim, Type> block;
   extern __shared__ uint4 staged_shared[];  // scoring_staged_dynamic_bytes
   const int rank = static_cast<int>(threadIdx.x);
-  const int lane = rank % 32, warp = rank / 32, group = lane / 4, quad = lane % 4;
+  const int lane = rank % gpu_logical_warp_size, warp = rank / gpu_logical_warp_size, group = lane / 4, quad = lane % 4;
   const std::uint32_t chunk_size = 16u * static_cast<std::uint32_t>(tiles_per_chunk);
   Stage* ring = reinterpret_cast<Stage*>(staged_shared) + warp * Stages;
   std::uint32_t* slot_buffers =
@@ -282,12 +282,12 @@ __global__ void __launch_bounds__(BlockThreads)
     scoring_batch(IndexView index, ScoringRequests requests, const std::uint32_t* eligible_list,
                   const std::uint8_t* request_masks, const std::uint32_t* listed, int experts, int tiles_per_chunk) {
   static_assert(kMaxBatchRequests % Group == 0 && (Stages == 0 || Stages == 2));
-  constexpr int warps = BlockThreads / 32;
+  constexpr int warps = BlockThreads / gpu_logical_warp_size;
   using Agent = AgentScoring<Dim, Type>;
   using Tile = typename Agent::Tile;
   extern __shared__ uint4 batch_shared[];  // scoring_batch_dynamic_bytes
   const int rank = static_cast<int>(threadIdx.x);
-  const int lane = rank % 32, warp = rank / 32, group = lane / 4, quad = lane % 4;
+  const int lane = rank % gpu_logical_warp_size, warp = rank / gpu_logical_warp_size, group = lane / 4, quad = lane % 4;
   const std::uint32_t chunk_size = 16u * static_cast<std::uint32_t>(tiles_per_chunk);
   auto* fragments = reinterpret_cast<ScoringFragments<Dim>*>(batch_shared);
   const int last = requests.count - 1;

@@ -54,33 +54,35 @@ __device__ inline float hashed_normal(std::uint64_t seed, std::uint64_t ad, int 
 template <class = void>
 __global__ void fill_embeddings(void* rows, float* side_values, const std::uint32_t* slot_ids, std::uint64_t n, int dim,
                                 EmbeddingType type, std::uint64_t seed) {
-  const std::uint64_t row = (static_cast<std::uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
-  const int lane = threadIdx.x % 32;
+  constexpr int lanes = gpu_logical_warp_size;
+  static_assert(lanes == 32, "an int8_group32 group is one pass of a logical warp");
+  const std::uint64_t row = (static_cast<std::uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / lanes;
+  const int lane = threadIdx.x % lanes;
   if (row >= n) return;
   const std::uint64_t ad = slot_ids[row];
   const float sigma = rsqrtf(static_cast<float>(dim));
   if (type == EmbeddingType::int8_group32) {
     const int side = side_width(type, dim);
     auto* scales = reinterpret_cast<__half*>(side_values + row * side + (side - scale_words(type, dim)));
-    for (int k = lane; k < dim; k += 32) {
+    for (int k = lane; k < dim; k += lanes) {
       const float a = hashed_normal(seed, ad, k) * sigma;
       float group_max = fabsf(a);
-      for (int o = 16; o > 0; o /= 2) group_max = fmaxf(group_max, gpu_shfl_xor(gpu_all_lanes, group_max, o));
+      for (int o = lanes / 2; o > 0; o /= 2) group_max = fmaxf(group_max, gpu_shfl_xor(gpu_all_lanes, group_max, o));
       __half scale = __float2half_rn(group_max / 127.0f);
       if (127.0f * __half2float(scale) > 65504.0f) scale = __ushort_as_half(__half_as_ushort(scale) - 1);
       const float s = __half2float(scale);
       static_cast<std::int8_t*>(rows)[row * dim + k] =
           s > 0.0f ? static_cast<std::int8_t>(fminf(127.f, fmaxf(-127.f, rintf(a / s)))) : std::int8_t{0};
-      if (lane == 0) scales[k / 32] = scale;
+      if (lane == 0) scales[k / lanes] = scale;
     }
     return;
   }
   const bool int8 = type == EmbeddingType::int8;
   float max_abs = 0.0f;
-  for (int k = lane; k < dim; k += 32) max_abs = fmaxf(max_abs, fabsf(hashed_normal(seed, ad, k) * sigma));
-  for (int o = 16; o > 0; o /= 2) max_abs = fmaxf(max_abs, gpu_shfl_xor(gpu_all_lanes, max_abs, o));
+  for (int k = lane; k < dim; k += lanes) max_abs = fmaxf(max_abs, fabsf(hashed_normal(seed, ad, k) * sigma));
+  for (int o = lanes / 2; o > 0; o /= 2) max_abs = fmaxf(max_abs, gpu_shfl_xor(gpu_all_lanes, max_abs, o));
   const float scale = max_abs / 127.0f;
-  for (int k = lane; k < dim; k += 32) {
+  for (int k = lane; k < dim; k += lanes) {
     const float a = hashed_normal(seed, ad, k) * sigma;
     if (int8) static_cast<std::int8_t*>(rows)[row * dim + k] = static_cast<std::int8_t>(fminf(127.f, fmaxf(-127.f, rintf(a / scale))));
     else static_cast<__half*>(rows)[row * dim + k] = __float2half_rn(a);
@@ -143,7 +145,7 @@ struct SyntheticPool {
 inline expected<void, Error> fill_synthetic_embeddings(DeviceAdIndex& index, const Workload& w, std::uint64_t embedding_seed) {
   if (auto ok = index.synchronize(); !ok) return ok;  // the upserts land before rows are written beside them
   const std::uint64_t slots = index.slot_count();
-  bench_detail::fill_embeddings<><<<static_cast<unsigned>((slots * 32 + 255) / 256), 256>>>(
+  bench_detail::fill_embeddings<><<<static_cast<unsigned>((slots * gpu_logical_warp_size + 255) / 256), 256>>>(
       index.embeddings(), index.side_values(), index.slot_ids(), slots, w.schema().dim, w.schema().embedding_type,
       embedding_seed);
   KEVO_GPU_TRY(gpu_last_error());
