@@ -54,8 +54,14 @@ grep -q "01_relu.py" "$work/out/suite.html"
 "$suite" "${args[@]}" > "$work/third.txt" 2>&1
 [ "$(grep -c "finished earlier" "$work/third.txt")" = 3 ] || { echo "a finished search ran again"; cat "$work/third.txt"; exit 1; }
 
-# kevo-search on a .py: the family problem searched; the one no family matches refused by name (exit 2).
+# kevo-search on a .py: --describe says what PyTorch taught it and searches nothing; the family problem
+# searched; the one no family matches refused by name (exit 2).
 cd "$work"
+"$search" "$problems/04_softmax.py" --size-scale 0.02 --describe > described.txt
+grep -q "^04_softmax: KernelBench-format problem .*04_softmax.py, the softmax family" described.txt &&
+  grep -q "^  input x: float of " described.txt && grep -q "^  knob " described.txt ||
+  { echo "--describe did not describe 04_softmax.py"; cat described.txt; exit 1; }
+[ ! -e kevo-runs ] || { echo "--describe searched"; exit 1; }
 "$search" "$problems/04_softmax.py" --size-scale 0.02 --budget 1 --json softmax.json > softmax.txt
 tail -1 softmax.txt | grep -Eq '^best: [0-9]+\.[0-9]x over PyTorch eager \(verified\)$' || { echo "bad last line"; cat softmax.txt; exit 1; }
 grep -q '"speedup_over_eager":' softmax.json && grep -q '"family":"softmax"' softmax.json && grep -q '"size_scale":0.02' softmax.json
