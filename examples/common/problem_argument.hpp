@@ -13,6 +13,7 @@
 
 #include <cstdlib>
 #include <filesystem>
+#include <optional>
 #include <string>
 
 namespace kevo_examples {
@@ -36,6 +37,16 @@ inline void describe_problem_argument(CLI::App& app, ProblemArgument& a) {
       ->check(CLI::Range(1e-6, 1.0));
   app.add_option("--device", a.device, "KernelBench files: where the kernels run, cpu or cuda")->capture_default_str()->check(CLI::IsMember({"cpu", "cuda"}));
   app.add_flag("--describe", a.describe_only, "say where the problem was found, what it is and its knobs, and stop without searching");
+}
+
+/// Why a problem of this target cannot be searched by any program here, said before any work (exit 2);
+/// nothing for cpu and cuda. hip: no evaluator runs HIP candidates yet (README, Portability: kevo's HIP
+/// code is compiled for AMD and never run, and HIP's NVIDIA platform does not build against CUDA 13).
+inline std::optional<std::string> unsearchable_target(const kevo::Problem& p) {
+  if (p.target != kevo::Target::hip) return std::nullopt;
+  return fmt::format("{}: a hip problem, and kevo has no HIP evaluator yet (its HIP code is compiled for AMD, never run: "
+                     "README, Portability); nothing searched",
+                     p.name);
 }
 
 /// --describe's lines: where the problem came from, its target and tensors, and each knob's values.

@@ -266,6 +266,7 @@ int llm_search_main(int argc, char** argv) {
   auto problem = kevo_examples::load_problem_argument(o.problem);
   if (!problem) return fail(problem.error().message);
   if (o.problem.describe_only) return fmt::print("{}", kevo_examples::describe_problem(*problem)), 0;
+  if (auto why = kevo_examples::unsearchable_target(*problem)) return fail(*why, 2);
 
   const fs::path knowledge_db = o.knowledge_db.empty() ? fs::path("kevo-runs") / "knowledge.db" : o.knowledge_db;
   if (auto failed = make_parent("--knowledge-db", knowledge_db)) return *failed;

@@ -156,6 +156,7 @@ int search_main(int argc, char** argv) {
   auto problem = kevo_examples::load_problem_argument(o.problem);
   if (!problem) return fail(problem.error().message);
   if (o.problem.describe_only) return fmt::print("{}", kevo_examples::describe_problem(*problem)), 0;
+  if (auto why = kevo_examples::unsearchable_target(*problem)) return fail(*why, 2);
   if (problem->torch && problem->torch->family.empty())
     return fail(fmt::format("{}; kevo-llm-search takes it", problem->description), 2);
   // A cuda problem where no GPU is (and the runs stay here, not on Slurm's nodes): a named stop, exit 2, before any work.
