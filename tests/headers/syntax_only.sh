@@ -16,4 +16,4 @@ case "$1" in
   *nvcc) "$@" -fdevice-syntax-only -Xcompiler=-fsyntax-only ;;
   *) "$@" -fsyntax-only ;;
 esac
-[ -n "$object" ] && : > "$object"
+if [ -n "$object" ]; then : > "$object"; fi  # (as a bare `&&` list, no -o would end the script with status 1)
